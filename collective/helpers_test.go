@@ -1,0 +1,72 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// inprocGroups builds a connected group of n ranks over an in-process network.
+func inprocGroups(t testing.TB, n int, gen uint64, opts Options) []*Group {
+	t.Helper()
+	net := NewInprocNetwork()
+	peers := make([]string, n)
+	for i := range peers {
+		peers[i] = fmt.Sprintf("inproc-%d", i)
+	}
+	groups := make([]*Group, n)
+	errs := make([]error, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			groups[r], errs[r] = Join(ctx, net, Membership{Job: "test", Generation: gen, Rank: r, Peers: peers}, opts)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d join: %v", r, err)
+		}
+	}
+	t.Cleanup(func() { closeGroups(groups) })
+	return groups
+}
+
+func closeGroups(groups []*Group) {
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Add(1)
+		go func() { defer wg.Done(); g.Close() }()
+	}
+	wg.Wait()
+}
+
+// onEveryRank runs f concurrently for every rank and returns the errors.
+func onEveryRank(groups []*Group, f func(r int, g *Group) error) []error {
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for r, g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = f(r, g)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func mustAll(t testing.TB, errs []error) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}

@@ -1,0 +1,64 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+)
+
+// InprocNetwork connects ranks living in one process through net.Pipe, so the
+// algorithms run unchanged without sockets (unit tests, single-process runs).
+type InprocNetwork struct {
+	mu    sync.Mutex
+	slots map[connKey]chan net.Conn
+}
+
+// NewInprocNetwork returns an empty network; every rank of a group must
+// Connect through the same one.
+func NewInprocNetwork() *InprocNetwork {
+	return &InprocNetwork{slots: map[connKey]chan net.Conn{}}
+}
+
+func (n *InprocNetwork) slot(k connKey) chan net.Conn {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ch, ok := n.slots[k]
+	if !ok {
+		ch = make(chan net.Conn, 1)
+		n.slots[k] = ch
+	}
+	return ch
+}
+
+func (n *InprocNetwork) forget(k connKey) {
+	n.mu.Lock()
+	delete(n.slots, k)
+	n.mu.Unlock()
+}
+
+// Connect implements Transport.
+func (n *InprocNetwork) Connect(ctx context.Context, m Membership) ([]net.Conn, error) {
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	conns := make([]net.Conn, m.World())
+	for j := range m.Rank {
+		a, b := net.Pipe()
+		conns[j] = a
+		n.slot(connKey{m.Job, m.Generation, m.Rank, j}) <- b
+	}
+	for j := m.Rank + 1; j < m.World(); j++ {
+		k := connKey{m.Job, m.Generation, j, m.Rank}
+		select {
+		case c := <-n.slot(k):
+			n.forget(k)
+			conns[j] = c
+		case <-ctx.Done():
+			closeAll(conns)
+			return nil, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrTimeout,
+				Detail: fmt.Sprintf("rank %d did not connect", j), Err: ctx.Err()}
+		}
+	}
+	return conns, nil
+}

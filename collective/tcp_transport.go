@@ -1,0 +1,325 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// TCPOptions configure a TCPTransport.
+type TCPOptions struct {
+	// Bind is the listen address, e.g. "127.0.0.1:0" or "0.0.0.0:7070".
+	Bind string
+	// Advertise is the address peers dial; empty means the bound address, which
+	// is only right when Bind names a concrete interface.
+	Advertise string
+	// HandshakeTimeout bounds reading a dialer's hello (default 10s).
+	HandshakeTimeout time.Duration
+	Logger           *zap.Logger
+}
+
+// TCPTransport is the framed-TCP transport. One listener serves every
+// generation of a job, so a rebuilt group reuses the same port.
+type TCPTransport struct {
+	ln        net.Listener
+	advertise string
+	hsTimeout time.Duration
+	log       *zap.Logger
+
+	mu         sync.Mutex
+	arrivals   map[connKey]arrival
+	rejects    map[connKey]error
+	newest     map[string]uint64 // newest generation Connect was called for, per job
+	lastReject string
+	changed    chan struct{} // closed and replaced whenever arrivals or rejects change
+	closed     bool
+	wg         sync.WaitGroup
+}
+
+type arrival struct {
+	conn  net.Conn
+	hello *phalanxpb.Hello
+}
+
+// ListenTCP binds the transport's listener and starts accepting peers.
+func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
+	if opts.Bind == "" {
+		return nil, fmt.Errorf("collective: TCP transport needs a bind address")
+	}
+	ln, err := net.Listen("tcp", opts.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("collective: listen on %s: %w", opts.Bind, err)
+	}
+	t := &TCPTransport{
+		ln:        ln,
+		advertise: opts.Advertise,
+		hsTimeout: opts.HandshakeTimeout,
+		log:       opts.Logger,
+		arrivals:  map[connKey]arrival{},
+		rejects:   map[connKey]error{},
+		newest:    map[string]uint64{},
+		changed:   make(chan struct{}),
+	}
+	if t.advertise == "" {
+		t.advertise = ln.Addr().String()
+	}
+	if t.hsTimeout <= 0 {
+		t.hsTimeout = 10 * time.Second
+	}
+	if t.log == nil {
+		t.log = zap.NewNop()
+	}
+	t.wg.Add(1)
+	go t.acceptLoop()
+	return t, nil
+}
+
+// Addr is the address peers should dial.
+func (t *TCPTransport) Addr() string { return t.advertise }
+
+// Close stops accepting and closes connections no group has claimed.
+func (t *TCPTransport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	for k, a := range t.arrivals {
+		a.conn.Close()
+		delete(t.arrivals, k)
+	}
+	t.notifyLocked()
+	t.mu.Unlock()
+	err := t.ln.Close()
+	t.wg.Wait()
+	return err
+}
+
+func (t *TCPTransport) notifyLocked() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+func (t *TCPTransport) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.log.Warn("data-plane accept failed", zap.Error(err))
+			continue
+		}
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			t.admit(c)
+		}()
+	}
+}
+
+// admit reads a dialer's hello and parks the connection until the Connect call
+// of its generation claims it. Garbage, other protocol versions and dead
+// generations are refused here, with the reason sent back when it can be.
+func (t *TCPTransport) admit(c net.Conn) {
+	c.SetDeadline(time.Now().Add(t.hsTimeout))
+	hello := &phalanxpb.Hello{}
+	ver, err := readHandshake(c, hello)
+	if err == nil && ver != ProtocolVersion {
+		err = fmt.Errorf("peer speaks data-plane protocol version %d, this rank speaks %d", ver, ProtocolVersion)
+	}
+	key := connKey{hello.GetJob(), hello.GetGeneration(), int(hello.GetFromRank()), int(hello.GetToRank())}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err == nil && t.closed {
+		err = fmt.Errorf("transport closed")
+	}
+	if err == nil && key.gen < t.newest[key.job] {
+		err = fmt.Errorf("generation %d is older than the current generation %d", key.gen, t.newest[key.job])
+	}
+	if err != nil {
+		reason := fmt.Sprintf("refused data-plane connection from %s: %v", c.RemoteAddr(), err)
+		t.lastReject = reason
+		t.log.Warn("refused data-plane connection", zap.Stringer("from", c.RemoteAddr()), zap.Error(err))
+		if ver != 0 {
+			writeHandshake(c, &phalanxpb.HelloReply{ProtocolVersion: ProtocolVersion, Error: reason})
+			if key.job != "" {
+				t.rejects[key] = &OpError{Op: "connect", Rank: key.from, ReportedBy: key.to, Kind: ErrProtocol, Detail: reason}
+				t.notifyLocked()
+			}
+		}
+		c.Close()
+		return
+	}
+	if old, ok := t.arrivals[key]; ok {
+		old.conn.Close()
+	}
+	t.arrivals[key] = arrival{conn: c, hello: hello}
+	t.notifyLocked()
+}
+
+// Connect dials every lower rank and waits for every higher rank to dial it.
+func (t *TCPTransport) Connect(ctx context.Context, m Membership) ([]net.Conn, error) {
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, &OpError{Op: "connect", Rank: -1, Kind: ErrClosed, Detail: "transport closed"}
+	}
+	if m.Generation > t.newest[m.Job] {
+		t.newest[m.Job] = m.Generation
+	}
+	for k, a := range t.arrivals { // connections of dead generations are never claimed
+		if k.job == m.Job && k.gen < m.Generation {
+			a.conn.Close()
+			delete(t.arrivals, k)
+		}
+	}
+	t.mu.Unlock()
+
+	conns := make([]net.Conn, m.World())
+	errs := make([]error, m.World())
+	var wg sync.WaitGroup
+	for j := range m.World() {
+		if j == m.Rank {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if j < m.Rank {
+				conns[j], errs[j] = t.dial(ctx, m, j)
+			} else {
+				conns[j], errs[j] = t.await(ctx, m, j)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		closeAll(conns)
+		return nil, err
+	}
+	return conns, nil
+}
+
+func (t *TCPTransport) dial(ctx context.Context, m Membership, j int) (net.Conn, error) {
+	addr := m.Peers[j]
+	backoff := 5 * time.Millisecond
+	var lastErr error
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			var refused bool
+			c, refused, err = t.greet(ctx, c, m, j)
+			if err == nil {
+				return c, nil
+			}
+			if refused {
+				return nil, err
+			}
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return nil, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrTimeout,
+				Detail: fmt.Sprintf("could not reach rank %d at %s", j, addr), Err: lastErr}
+		case <-time.After(backoff): // retry back-off while the peer starts listening
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// greet sends our hello and reads the acceptor's reply. refused is true when
+// the peer answered with a refusal, which retrying cannot fix.
+func (t *TCPTransport) greet(ctx context.Context, c net.Conn, m Membership, j int) (net.Conn, bool, error) {
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := writeHandshake(c, helloFor(m, j)); err != nil {
+		c.Close()
+		return nil, false, err
+	}
+	reply := &phalanxpb.HelloReply{}
+	ver, err := readHandshake(c, reply)
+	if err != nil {
+		c.Close()
+		if ver != 0 {
+			return nil, true, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrProtocol,
+				Detail: fmt.Sprintf("rank %d at %s answered the handshake with garbage", j, m.Peers[j]), Err: err}
+		}
+		return nil, false, err
+	}
+	if !reply.GetOk() || ver != ProtocolVersion {
+		c.Close()
+		kind := ErrProtocol
+		if reply.GetError() == errWorldMismatch {
+			kind = ErrMismatch
+		}
+		detail := reply.GetError()
+		if ver != ProtocolVersion {
+			detail = fmt.Sprintf("rank %d at %s speaks data-plane protocol version %d, this rank speaks %d: %s", j, m.Peers[j], ver, ProtocolVersion, detail)
+		}
+		return nil, true, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: kind, Detail: detail}
+	}
+	c.SetDeadline(time.Time{})
+	return c, false, nil
+}
+
+const errWorldMismatch = "world size mismatch"
+
+// await claims the connection rank j dialed to us, answering its hello.
+func (t *TCPTransport) await(ctx context.Context, m Membership, j int) (net.Conn, error) {
+	key := connKey{m.Job, m.Generation, j, m.Rank}
+	for {
+		t.mu.Lock()
+		a, ok := t.arrivals[key]
+		rej := t.rejects[key]
+		last := t.lastReject
+		changed := t.changed
+		closed := t.closed
+		if ok {
+			delete(t.arrivals, key)
+		}
+		delete(t.rejects, key)
+		t.mu.Unlock()
+		switch {
+		case ok:
+			if int(a.hello.GetWorld()) != m.World() {
+				writeHandshake(a.conn, &phalanxpb.HelloReply{ProtocolVersion: ProtocolVersion, Error: errWorldMismatch})
+				a.conn.Close()
+				return nil, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrMismatch,
+					Detail: fmt.Sprintf("rank %d believes the world has %d ranks, this rank %d", j, a.hello.GetWorld(), m.World())}
+			}
+			if err := writeHandshake(a.conn, &phalanxpb.HelloReply{ProtocolVersion: ProtocolVersion, Ok: true}); err != nil {
+				a.conn.Close()
+				return nil, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrPeerLost, Err: err}
+			}
+			a.conn.SetDeadline(time.Time{})
+			return a.conn, nil
+		case rej != nil:
+			return nil, rej
+		case closed:
+			return nil, &OpError{Op: "connect", Rank: j, Kind: ErrClosed, Detail: "transport closed"}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			detail := fmt.Sprintf("rank %d (%s) did not connect", j, m.Peers[j])
+			if last != "" {
+				detail += "; last refused connection: " + last
+			}
+			return nil, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrTimeout, Detail: detail, Err: ctx.Err()}
+		}
+	}
+}
