@@ -1,0 +1,295 @@
+package collective
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/phalanx-rt/phalanx/internal/launch"
+)
+
+// The process tests run each rank as a child process: this test binary
+// re-executed with PHALANX_TEST_RANK set, driven by one command per stdin line:
+//
+//	allreduce <algo> <n>...   one allreduce per size; answers "ok <sha256 of each result>"
+//	loop <n>                  allreduces until one fails; answers "looping" after the first, then "err <kind> <rank>"
+//	rejoin <gen> <rank> <peers,...>  closes the group and joins a new generation on the same port; answers "joined"
+//
+// Failures answer "err <kind> <rank> <message>".
+
+func TestMain(m *testing.M) {
+	if os.Getenv("PHALANX_TEST_RANK") != "" {
+		os.Exit(childMain())
+	}
+	os.Exit(m.Run())
+}
+
+func childMain() int {
+	rank, _ := strconv.Atoi(os.Getenv("PHALANX_TEST_RANK"))
+	timeout, _ := time.ParseDuration(os.Getenv("PHALANX_TEST_TIMEOUT"))
+	opts := Options{Timeout: timeout}
+	tr, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	in := bufio.NewReader(os.Stdin)
+	peers, err := launch.Announce(os.Stdout, in, tr.Addr())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx := context.Background()
+	g, err := Join(ctx, tr, Membership{Job: "proc-test", Generation: 1, Rank: rank, Peers: peers}, opts)
+	if err != nil {
+		fmt.Printf("err %s\n", describe(err))
+		return 1
+	}
+	for {
+		line, err := in.ReadString('\n')
+		if err != nil {
+			return 0
+		}
+		f := strings.Fields(line)
+		switch f[0] {
+		case "allreduce":
+			algo, _ := ParseAlgorithm(f[1])
+			var sums []string
+			for _, s := range f[2:] {
+				n, _ := strconv.Atoi(s)
+				x := childInput(g.Rank(), n)
+				if err := g.AllReduceWith(ctx, Float32s(x), Sum, algo); err != nil {
+					fmt.Printf("err %s\n", describe(err))
+					break
+				}
+				h := sha256.Sum256(bytesOf(x))
+				sums = append(sums, hex.EncodeToString(h[:8]))
+			}
+			if len(sums) == len(f)-2 {
+				fmt.Printf("ok %s\n", strings.Join(sums, " "))
+			}
+		case "loop":
+			n, _ := strconv.Atoi(f[1])
+			x := make([]float32, n)
+			for i := 0; ; i++ {
+				if err := g.AllReduce(ctx, Float32s(x), Sum); err != nil {
+					fmt.Printf("err %s\n", describe(err))
+					break
+				}
+				if i == 0 {
+					fmt.Println("looping")
+				}
+			}
+		case "rejoin":
+			gen, _ := strconv.ParseUint(f[1], 10, 64)
+			r, _ := strconv.Atoi(f[2])
+			g.Close()
+			g, err = Join(ctx, tr, Membership{Job: "proc-test", Generation: gen, Rank: r, Peers: strings.Split(f[3], ",")}, opts)
+			if err != nil {
+				fmt.Printf("err %s\n", describe(err))
+				continue
+			}
+			fmt.Println("joined")
+		}
+	}
+}
+
+// childInput is rank r's deterministic input of n elements.
+func childInput(r, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32((r+1)*(i%13)) * 0.25
+	}
+	return x
+}
+
+func describe(err error) string {
+	var oe *OpError
+	if !errors.As(err, &oe) {
+		return "other -1 " + err.Error()
+	}
+	kind := map[error]string{ErrPeerLost: "peer-lost", ErrTimeout: "timeout", ErrMismatch: "mismatch",
+		ErrProtocol: "protocol", ErrAborted: "aborted", ErrClosed: "closed"}[oe.Kind]
+	return fmt.Sprintf("%s %d %s", kind, oe.Rank, strings.ReplaceAll(err.Error(), "\n", " "))
+}
+
+// startRanks starts n child ranks joined as generation 1.
+func startRanks(t *testing.T, n int, timeout time.Duration) []*launch.Proc {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	procs, err := launch.Start(ctx, n, func(rank int) *exec.Cmd {
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT="+timeout.String())
+		cmd.Stderr = os.Stderr
+		return cmd
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range procs {
+			p.Signal(syscall.SIGCONT)
+			p.In.Close()
+		}
+		launch.Kill(procs)
+	})
+	return procs
+}
+
+func tell(t *testing.T, procs []*launch.Proc, cmd string) {
+	t.Helper()
+	for _, p := range procs {
+		if _, err := fmt.Fprintln(p.In, cmd); err != nil {
+			t.Fatalf("rank %d: %v", p.Rank, err)
+		}
+	}
+}
+
+func expect(t *testing.T, p *launch.Proc, prefix string) string {
+	t.Helper()
+	line, err := p.ReadLine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(line, prefix) {
+		t.Fatalf("rank %d (pid %d): got %q, want %q...", p.Rank, p.Pid(), line, prefix)
+	}
+	return line
+}
+
+// TestProcessesAllReduce: N = 2..4 OS processes over loopback TCP agree bit for
+// bit and match the sum computed here.
+func TestProcessesAllReduce(t *testing.T) {
+	sizes := []int{0, 1, 13, 4099, 1<<20 + 3}
+	var sizeArgs []string
+	for _, n := range sizes {
+		sizeArgs = append(sizeArgs, strconv.Itoa(n))
+	}
+	for n := 2; n <= 4; n++ {
+		procs := startRanks(t, n, 30*time.Second)
+		for _, algo := range []string{"ring", "rd", "auto"} {
+			tell(t, procs, "allreduce "+algo+" "+strings.Join(sizeArgs, " "))
+			var first string
+			for _, p := range procs {
+				line := expect(t, p, "ok")
+				if first == "" {
+					first = line
+				} else if line != first {
+					t.Fatalf("world %d %s: rank %d got %q, rank 0 %q", n, algo, p.Rank, line, first)
+				}
+			}
+			for i, size := range sizes {
+				want := make([]float32, size)
+				for r := range n {
+					for j, v := range childInput(r, size) {
+						want[j] += v
+					}
+				}
+				h := sha256.Sum256(bytesOf(want))
+				if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
+					t.Errorf("world %d %s size %d: result differs from the sum", n, algo, size)
+				}
+			}
+		}
+	}
+}
+
+// TestProcessKilledMidOperation: SIGKILL one of four ranks while they loop on
+// allreduce; every survivor gets ErrPeerLost naming it, then the survivors
+// rebuild generation 2 on the same ports and allreduce correctly.
+func TestProcessKilledMidOperation(t *testing.T) {
+	procs := startRanks(t, 4, 30*time.Second)
+	tell(t, procs, "loop 262144")
+	for _, p := range procs {
+		expect(t, p, "looping")
+	}
+	victim := procs[2]
+	if err := victim.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	survivors := []*launch.Proc{procs[0], procs[1], procs[3]}
+	for _, p := range survivors {
+		line := expect(t, p, "err")
+		if f := strings.Fields(line); f[1] != "peer-lost" || f[2] != "2" {
+			t.Errorf("rank %d: %q, want ErrPeerLost naming rank 2", p.Rank, line)
+		}
+	}
+	rebuild(t, survivors)
+}
+
+// TestProcessStoppedMidOperation: SIGSTOP one rank; every survivor gets
+// ErrTimeout naming it; generation 2 without it works; the stopped rank, once
+// continued, fails rather than returning a result.
+func TestProcessStoppedMidOperation(t *testing.T) {
+	procs := startRanks(t, 4, 2*time.Second)
+	tell(t, procs, "loop 65536")
+	for _, p := range procs {
+		expect(t, p, "looping")
+	}
+	victim := procs[1]
+	if err := victim.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	survivors := []*launch.Proc{procs[0], procs[2], procs[3]}
+	for _, p := range survivors {
+		line := expect(t, p, "err")
+		if f := strings.Fields(line); f[1] != "timeout" || f[2] != "1" {
+			t.Errorf("rank %d: %q, want ErrTimeout naming rank 1", p.Rank, line)
+		}
+	}
+	rebuild(t, survivors)
+	if err := victim.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, victim, "err")
+}
+
+// rebuild joins the survivors as generation 2 (ranks renumbered in order, same
+// ports) and checks an allreduce.
+func rebuild(t *testing.T, survivors []*launch.Proc) {
+	t.Helper()
+	var addrs []string
+	for _, p := range survivors {
+		addrs = append(addrs, p.Addr)
+	}
+	for i, p := range survivors {
+		fmt.Fprintf(p.In, "rejoin 2 %d %s\n", i, strings.Join(addrs, ","))
+	}
+	for _, p := range survivors {
+		expect(t, p, "joined")
+	}
+	tell(t, survivors, "allreduce auto 1000 300000")
+	var first string
+	for _, p := range survivors {
+		line := expect(t, p, "ok")
+		if first != "" && line != first {
+			t.Fatalf("generation 2 ranks disagree: %q vs %q", line, first)
+		}
+		first = line
+	}
+	want := make([]float32, 1000)
+	for r := range survivors {
+		for j, v := range childInput(r, 1000) {
+			want[j] += v
+		}
+	}
+	h := sha256.Sum256(bytesOf(want))
+	if got := strings.Fields(first)[1]; got != hex.EncodeToString(h[:8]) {
+		t.Errorf("generation 2 allreduce differs from the sum")
+	}
+}

@@ -1,0 +1,148 @@
+// Package launch starts a group of worker processes on this host and hands
+// each the data-plane addresses of all: every child announces the address it
+// listens on, and once all have, each receives the full list. It is the
+// rendezvous of a single-host job until the coordinator takes over; it is not a
+// supervisor and does not restart anything.
+package launch
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+const (
+	addrPrefix  = "phalanx-addr "
+	peersPrefix = "phalanx-peers "
+)
+
+// Proc is one started child.
+type Proc struct {
+	Rank int
+	Cmd  *exec.Cmd
+	Addr string // the data-plane address it announced
+	In   io.WriteCloser
+	Out  *bufio.Reader // its stdout after the announcement
+}
+
+// Pid is the child's process id.
+func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
+
+// Signal sends sig to the child.
+func (p *Proc) Signal(sig syscall.Signal) error { return p.Cmd.Process.Signal(sig) }
+
+// ReadLine returns the child's next stdout line, without its newline.
+func (p *Proc) ReadLine() (string, error) {
+	s, err := p.Out.ReadString('\n')
+	if err != nil {
+		return strings.TrimRight(s, "\n"), fmt.Errorf("rank %d (pid %d) stdout: %w", p.Rank, p.Pid(), err)
+	}
+	return strings.TrimRight(s, "\n"), nil
+}
+
+// Start starts n children made by command(rank), waits for every
+// announcement, then sends each the peer list. On error every started child is
+// killed. The commands' Stdin and Stdout must be unset; Stderr is the caller's.
+func Start(ctx context.Context, n int, command func(rank int) *exec.Cmd) ([]*Proc, error) {
+	procs := make([]*Proc, 0, n)
+	fail := func(err error) ([]*Proc, error) {
+		Kill(procs)
+		return nil, err
+	}
+	for r := range n {
+		cmd := command(r)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return fail(err)
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return fail(err)
+		}
+		if err := cmd.Start(); err != nil {
+			return fail(fmt.Errorf("launch: starting rank %d: %w", r, err))
+		}
+		procs = append(procs, &Proc{Rank: r, Cmd: cmd, In: in, Out: bufio.NewReader(out)})
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			line, err := p.ReadLine()
+			if err != nil {
+				errs[p.Rank] = fmt.Errorf("launch: rank %d exited before announcing its address: %w", p.Rank, err)
+				return
+			}
+			addr, ok := strings.CutPrefix(line, addrPrefix)
+			if !ok || addr == "" {
+				errs[p.Rank] = fmt.Errorf("launch: rank %d announced %q, want %q<address>", p.Rank, line, addrPrefix)
+				return
+			}
+			p.Addr = addr
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		Kill(procs)
+		<-done
+		return nil, fmt.Errorf("launch: waiting for addresses: %w", ctx.Err())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fail(err)
+	}
+	addrs := make([]string, n)
+	for i, p := range procs {
+		addrs[i] = p.Addr
+	}
+	line := peersPrefix + strings.Join(addrs, ",") + "\n"
+	for _, p := range procs {
+		if _, err := io.WriteString(p.In, line); err != nil {
+			return fail(fmt.Errorf("launch: sending peers to rank %d: %w", p.Rank, err))
+		}
+	}
+	return procs, nil
+}
+
+// Kill sends SIGKILL to every child still running and reaps it.
+func Kill(procs []*Proc) {
+	for _, p := range procs {
+		if p.Cmd.Process != nil && p.Cmd.ProcessState == nil {
+			p.Cmd.Process.Kill()
+			p.Cmd.Wait()
+		}
+	}
+}
+
+// Announce is the child's side: it writes its address to w and returns the
+// peer list read from r.
+func Announce(w io.Writer, r *bufio.Reader, addr string) ([]string, error) {
+	if _, err := fmt.Fprintf(w, "%s%s\n", addrPrefix, addr); err != nil {
+		return nil, fmt.Errorf("launch: announcing address: %w", err)
+	}
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, fmt.Errorf("launch: reading peer list: %w", err)
+	}
+	list, ok := strings.CutPrefix(strings.TrimSpace(line), strings.TrimSpace(peersPrefix))
+	if !ok {
+		return nil, fmt.Errorf("launch: got %q, want a %q line", line, peersPrefix)
+	}
+	peers := strings.Split(strings.TrimSpace(list), ",")
+	for i, p := range peers {
+		if p == "" {
+			return nil, fmt.Errorf("launch: empty address for rank %d in %q", i, line)
+		}
+	}
+	return peers, nil
+}
