@@ -241,8 +241,10 @@ func (g *Group) begin(ctx context.Context, op opCode, dt DType, count int, arg u
 		return err
 	}
 	if err := ctx.Err(); err != nil {
+		// Skipping an operation the peers will run desynchronises the group.
+		err = g.fail(&OpError{Op: op.String(), Rank: -1, ReportedBy: g.rank, Kind: ErrAborted, Err: err})
 		g.mu.Unlock()
-		return &OpError{Op: op.String(), Rank: -1, ReportedBy: g.rank, Kind: ErrAborted, Err: err}
+		return err
 	}
 	if op != opSendRecv {
 		g.seq++

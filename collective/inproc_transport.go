@@ -7,8 +7,10 @@ import (
 	"sync"
 )
 
-// InprocNetwork connects ranks living in one process through net.Pipe, so the
-// algorithms run unchanged without sockets (unit tests, single-process runs).
+// InprocNetwork connects ranks living in one process through buffered
+// in-memory pipes that behave like sockets (bounded buffers, deadlines,
+// half-close), so the algorithms run unchanged without the kernel (unit tests,
+// single-process runs).
 type InprocNetwork struct {
 	mu    sync.Mutex
 	slots map[connKey]chan net.Conn
@@ -44,7 +46,7 @@ func (n *InprocNetwork) Connect(ctx context.Context, m Membership) ([]net.Conn, 
 	}
 	conns := make([]net.Conn, m.World())
 	for j := range m.Rank {
-		a, b := net.Pipe()
+		a, b := bufferedPipe(fmt.Sprintf("inproc-%d", m.Rank), fmt.Sprintf("inproc-%d", j))
 		conns[j] = a
 		n.slot(connKey{m.Job, m.Generation, m.Rank, j}) <- b
 	}

@@ -124,6 +124,9 @@ func (l *link) sendLoop() {
 			}
 		case <-g.dead:
 			l.sendAbort()
+			if cw, ok := l.conn.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite() // peers that missed the abort see the end of the stream
+			}
 			return
 		case <-g.closing:
 			if g.failure() == nil && !l.peerBye.Load() {

@@ -149,12 +149,12 @@ func (t *TCPTransport) admit(c net.Conn) {
 	if err != nil {
 		reason := fmt.Sprintf("refused data-plane connection from %s: %v", c.RemoteAddr(), err)
 		t.lastReject = reason
+		t.notifyLocked()
 		t.log.Warn("refused data-plane connection", zap.Stringer("from", c.RemoteAddr()), zap.Error(err))
 		if ver != 0 {
 			writeHandshake(c, &phalanxpb.HelloReply{ProtocolVersion: ProtocolVersion, Error: reason})
 			if key.job != "" {
 				t.rejects[key] = &OpError{Op: "connect", Rank: key.from, ReportedBy: key.to, Kind: ErrProtocol, Detail: reason}
-				t.notifyLocked()
 			}
 		}
 		c.Close()
@@ -189,8 +189,13 @@ func (t *TCPTransport) Connect(ctx context.Context, m Membership) ([]net.Conn, e
 	t.mu.Unlock()
 
 	conns := make([]net.Conn, m.World())
-	errs := make([]error, m.World())
-	var wg sync.WaitGroup
+	var (
+		wg       sync.WaitGroup
+		errMu    sync.Mutex
+		firstErr error
+	)
+	ctx, cancel := context.WithCancel(ctx) // the first failure ends the other attempts
+	defer cancel()
 	for j := range m.World() {
 		if j == m.Rank {
 			continue
@@ -198,17 +203,26 @@ func (t *TCPTransport) Connect(ctx context.Context, m Membership) ([]net.Conn, e
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var err error
 			if j < m.Rank {
-				conns[j], errs[j] = t.dial(ctx, m, j)
+				conns[j], err = t.dial(ctx, m, j)
 			} else {
-				conns[j], errs[j] = t.await(ctx, m, j)
+				conns[j], err = t.await(ctx, m, j)
+			}
+			if err != nil {
+				errMu.Lock()
+				if firstErr == nil {
+					firstErr = err
+					cancel()
+				}
+				errMu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if firstErr != nil {
 		closeAll(conns)
-		return nil, err
+		return nil, firstErr
 	}
 	return conns, nil
 }
@@ -285,7 +299,6 @@ func (t *TCPTransport) await(ctx context.Context, m Membership, j int) (net.Conn
 		t.mu.Lock()
 		a, ok := t.arrivals[key]
 		rej := t.rejects[key]
-		last := t.lastReject
 		changed := t.changed
 		closed := t.closed
 		if ok {
@@ -315,6 +328,9 @@ func (t *TCPTransport) await(ctx context.Context, m Membership, j int) (net.Conn
 		select {
 		case <-changed:
 		case <-ctx.Done():
+			t.mu.Lock()
+			last := t.lastReject
+			t.mu.Unlock()
 			detail := fmt.Sprintf("rank %d (%s) did not connect", j, m.Peers[j])
 			if last != "" {
 				detail += "; last refused connection: " + last

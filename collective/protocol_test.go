@@ -1,0 +1,240 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// tcpPair returns rank 0 as a real group of generation gen and rank 1 as the
+// raw, handshaken connection a fake peer writes to.
+func tcpPair(t *testing.T, gen uint64) (*Group, net.Conn) {
+	t.Helper()
+	t0, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { t0.Close(); t1.Close() })
+	peers := []string{t0.Addr(), t1.Addr()}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type res struct {
+		conns []net.Conn
+		err   error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := t1.Connect(ctx, Membership{Job: "proto", Generation: gen, Rank: 1, Peers: peers})
+		ch <- res{c, err}
+	}()
+	g, err := Join(ctx, t0, Membership{Job: "proto", Generation: gen, Rank: 0, Peers: peers}, Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { g.Close(); r.conns[0].Close() })
+	return g, r.conns[0]
+}
+
+func encoded(h header, payload []byte) []byte {
+	b := make([]byte, headerSize)
+	h.length = uint32(len(payload))
+	h.encode(b)
+	return append(b, payload...)
+}
+
+// TestMalformedFrames: a handshaken peer that then speaks garbage makes the
+// operation fail with an error naming it, never a hang or a sum.
+func TestMalformedFrames(t *testing.T) {
+	const gen = 2
+	job := JobHash("proto")
+	good := header{kind: kindData, op: opAllReduce, dtype: Float32, src: 1, gen: gen, seq: 1, job: job, count: 4,
+		arg: allreduceArg(Sum, AlgoRecursiveDoubling)}
+	withVersion := func(v byte) []byte {
+		b := encoded(good, make([]byte, 16))
+		b[4] = v
+		return b
+	}
+	mutate := func(f func(h *header)) []byte {
+		h := good
+		f(&h)
+		return encoded(h, make([]byte, 16))
+	}
+	cases := []struct {
+		name   string
+		stream []byte
+		close  bool
+		kind   error
+		detail string
+	}{
+		{"garbage", bytes.Repeat([]byte{0xab}, 200), false, ErrProtocol, "bad frame magic"},
+		{"other-version", withVersion(9), false, ErrProtocol, "protocol version 9"},
+		{"corrupt-header", func() []byte { b := encoded(good, make([]byte, 16)); b[20] ^= 1; return b }(), false, ErrProtocol, "checksum"},
+		{"older-generation", mutate(func(h *header) { h.gen = gen - 1 }), false, ErrProtocol, "generation 1"},
+		{"other-job", mutate(func(h *header) { h.job = JobHash("intruder") }), false, ErrProtocol, "another job"},
+		{"wrong-sender", mutate(func(h *header) { h.src = 5 }), false, ErrProtocol, "from rank 5"},
+		{"unknown-kind", mutate(func(h *header) { h.kind = 77 }), false, ErrProtocol, "unknown frame kind"},
+		{"wrong-count", mutate(func(h *header) { h.count = 5 }), false, ErrMismatch, "5 elements"},
+		{"wrong-length", encoded(good, make([]byte, 12)), false, ErrProtocol, "12 bytes"},
+		{"truncated", encoded(good, make([]byte, 16))[:headerSize+7], true, ErrPeerLost, "mid-frame"},
+		{"hang-up", nil, true, ErrPeerLost, "lost"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g, fake := tcpPair(t, gen)
+			done := make(chan error, 1)
+			go func() { done <- g.AllReduceWith(context.Background(), Float32s(make([]float32, 4)), Sum, AlgoRecursiveDoubling) }()
+			fake.Write(tc.stream)
+			if tc.close {
+				fake.Close()
+			}
+			err := <-done
+			var oe *OpError
+			if !errors.Is(err, tc.kind) || !errors.As(err, &oe) || oe.Rank != 1 || !strings.Contains(err.Error(), tc.detail) {
+				t.Fatalf("got %v, want %v naming rank 1 and mentioning %q", err, tc.kind, tc.detail)
+			}
+			if err2 := g.Barrier(context.Background()); !errors.Is(err2, tc.kind) {
+				t.Errorf("the failed group accepted another operation: %v", err2)
+			}
+		})
+	}
+}
+
+// TestAbortFrameRelaysCause: a peer's abort frame fails this rank's operation
+// with the peer's failure kind and blamed rank.
+func TestAbortFrameRelaysCause(t *testing.T) {
+	g, fake := tcpPair(t, 1)
+	reason := []byte("rank 3 went silent")
+	h := header{kind: kindAbort, op: opCode(kindCode(ErrTimeout)), src: 1, index: 3, gen: 1, job: JobHash("proto")}
+	done := make(chan error, 1)
+	go func() { done <- g.Barrier(context.Background()) }()
+	fake.Write(encoded(h, reason))
+	err := <-done
+	var oe *OpError
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &oe) || oe.Rank != 3 || oe.ReportedBy != 1 {
+		t.Fatalf("got %v, want ErrTimeout about rank 3 reported by rank 1", err)
+	}
+}
+
+func rawHello(t *testing.T, addr string, version uint16, hello *phalanxpb.Hello) (*phalanxpb.HelloReply, error) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body, _ := proto.Marshal(hello)
+	pre := []byte{0x50, 0x48, 0x48, 0x53, byte(version), byte(version >> 8), byte(len(body)), byte(len(body) >> 8)}
+	c.Write(append(pre, body...))
+	reply := &phalanxpb.HelloReply{}
+	_, err = readHandshake(c, reply)
+	return reply, err
+}
+
+// TestHandshakeRefusals: garbage, another protocol version, a dead generation
+// and a different world size are refused with errors that say so, on both
+// sides where both are ours.
+func TestHandshakeRefusals(t *testing.T) {
+	newT := func() *TCPTransport {
+		tr, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0", HandshakeTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		return tr
+	}
+	short := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		t.Cleanup(cancel)
+		return ctx
+	}
+
+	t.Run("garbage", func(t *testing.T) {
+		tr := newT()
+		c, _ := net.Dial("tcp", tr.Addr())
+		c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+		c.Close()
+		_, err := tr.Connect(short(), Membership{Job: "j", Generation: 1, Rank: 0, Peers: []string{tr.Addr(), "127.0.0.1:1"}})
+		if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "bad handshake magic") {
+			t.Fatalf("got %v, want a timeout that mentions the refused garbage", err)
+		}
+	})
+
+	t.Run("other-version", func(t *testing.T) {
+		tr := newT()
+		hello := &phalanxpb.Hello{ProtocolVersion: 2, Job: "j", Generation: 1, FromRank: 1, ToRank: 0, World: 2}
+		reply, err := rawHello(t, tr.Addr(), 2, hello)
+		if err != nil || reply.GetOk() || !strings.Contains(reply.GetError(), "version 2") {
+			t.Fatalf("peer of version 2 got reply %v, %v", reply, err)
+		}
+		_, err = tr.Connect(short(), Membership{Job: "j", Generation: 1, Rank: 0, Peers: []string{tr.Addr(), "x"}})
+		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "version 2") {
+			t.Fatalf("acceptor got %v, want ErrProtocol about version 2", err)
+		}
+	})
+
+	t.Run("dialer-sees-other-version", func(t *testing.T) {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		defer ln.Close()
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			readHandshake(c, &phalanxpb.Hello{})
+			body, _ := proto.Marshal(&phalanxpb.HelloReply{ProtocolVersion: 3, Ok: true})
+			c.Write(append([]byte{0x50, 0x48, 0x48, 0x53, 3, 0, byte(len(body)), 0}, body...))
+		}()
+		tr := newT()
+		_, err := tr.Connect(short(), Membership{Job: "j", Generation: 1, Rank: 1, Peers: []string{ln.Addr().String(), tr.Addr()}})
+		if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "version 3") {
+			t.Fatalf("got %v, want ErrProtocol about version 3", err)
+		}
+	})
+
+	t.Run("dead-generation", func(t *testing.T) {
+		tr := newT()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // only registers generation 5 as current
+		tr.Connect(ctx, Membership{Job: "j", Generation: 5, Rank: 0, Peers: []string{tr.Addr(), "x"}})
+		hello := &phalanxpb.Hello{ProtocolVersion: ProtocolVersion, Job: "j", Generation: 4, FromRank: 1, ToRank: 0, World: 2}
+		reply, err := rawHello(t, tr.Addr(), ProtocolVersion, hello)
+		if err != nil || reply.GetOk() || !strings.Contains(reply.GetError(), "older than the current generation 5") {
+			t.Fatalf("stale generation got reply %v, %v", reply, err)
+		}
+	})
+
+	t.Run("world-mismatch", func(t *testing.T) {
+		t0, t1 := newT(), newT()
+		errs := make(chan error, 2)
+		go func() {
+			_, err := t0.Connect(short(), Membership{Job: "j", Generation: 1, Rank: 0, Peers: []string{t0.Addr(), t1.Addr()}})
+			errs <- err
+		}()
+		go func() {
+			_, err := t1.Connect(short(), Membership{Job: "j", Generation: 1, Rank: 1, Peers: []string{t0.Addr(), t1.Addr(), "x"}})
+			errs <- err
+		}()
+		for range 2 {
+			if err := <-errs; !errors.Is(err, ErrMismatch) {
+				t.Errorf("got %v, want ErrMismatch", err)
+			}
+		}
+	})
+}
