@@ -434,7 +434,3 @@ func (g *Group) workBuf(n int) []byte {
 	}
 	return g.work[:n]
 }
-
-func (g *Group) mismatch(op string, format string, args ...any) error {
-	return &OpError{Op: op, Rank: -1, ReportedBy: g.rank, Kind: ErrMismatch, Detail: fmt.Sprintf(format, args...)}
-}

@@ -15,7 +15,7 @@ import (
 // another version still gets a readable refusal.
 const (
 	handshakeMagic   uint32 = 0x53484850 // "PHHS"
-	maxHandshakeBody        = 4096
+	maxHandshakeBody int    = 4096
 )
 
 func writeHandshake(w io.Writer, m proto.Message) error {
@@ -48,7 +48,7 @@ func readHandshake(r io.Reader, m proto.Message) (uint16, error) {
 	}
 	ver := binary.LittleEndian.Uint16(pre[4:])
 	n := binary.LittleEndian.Uint16(pre[6:])
-	if n > maxHandshakeBody {
+	if int(n) > maxHandshakeBody {
 		return ver, fmt.Errorf("handshake body of %d bytes exceeds %d", n, maxHandshakeBody)
 	}
 	body := make([]byte, n)

@@ -98,7 +98,9 @@ func TestMalformedFrames(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g, fake := tcpPair(t, gen)
 			done := make(chan error, 1)
-			go func() { done <- g.AllReduceWith(context.Background(), Float32s(make([]float32, 4)), Sum, AlgoRecursiveDoubling) }()
+			go func() {
+				done <- g.AllReduceWith(context.Background(), Float32s(make([]float32, 4)), Sum, AlgoRecursiveDoubling)
+			}()
 			fake.Write(tc.stream)
 			if tc.close {
 				fake.Close()

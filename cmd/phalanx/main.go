@@ -1,0 +1,113 @@
+// Command phalanx runs Phalanx jobs and their tools. Each subcommand explains
+// its flags with --help.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+const usage = `phalanx: a runtime for fault-tolerant, elastic distributed training.
+
+Usage:
+  phalanx bench allreduce [flags]   allreduce figures over N local processes (nccl-tests style)
+  phalanx bench tcp [flags]         raw single-stream loopback TCP throughput, the reference line
+  phalanx version                   print the version
+
+Run "phalanx <command> [<subcommand>] --help" for the flags of each.
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "phalanx:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+func exitCode(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}
+
+// usageError is a mistake in the command line.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return usagef("no command given")
+	}
+	switch args[0] {
+	case "bench":
+		return runBench(ctx, args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "phalanx", version)
+		return nil
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return usagef("unknown command %q", args[0])
+}
+
+// newLogger writes JSON logs to stderr at the given level.
+func newLogger(level string, stderr io.Writer) (*zap.Logger, error) {
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(stderr), lvl)), nil
+}
+
+// newFlagSet returns a flag set whose --help prints the summary and the flags.
+func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: phalanx %s [flags]\n\n%s\n\nFlags:\n", name, summary)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
