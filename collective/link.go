@@ -49,6 +49,7 @@ type link struct {
 
 	// send goroutine only
 	wbuf   []byte
+	iov    [2][]byte // backing of bufs: WriteTo consumes the slice, not this
 	bufs   net.Buffers
 	broken bool // a write failed part-way: the stream is no longer framed
 
@@ -73,7 +74,6 @@ func newLink(g *Group, peer int, c net.Conn) *link {
 		recvq: make(chan recvReq, maxQueued),
 		recvd: make(chan error, maxQueued),
 		wbuf:  make([]byte, headerSize+smallFrame),
-		bufs:  make(net.Buffers, 0, 2),
 	}
 	l.lastHeard.Store(time.Now().UnixNano())
 	return l
@@ -86,7 +86,8 @@ func (l *link) writeFrame(h *header, p []byte) error {
 		n := copy(l.wbuf[headerSize:], p)
 		_, err = l.conn.Write(l.wbuf[:headerSize+n])
 	} else {
-		l.bufs = append(l.bufs[:0], l.wbuf[:headerSize], p)
+		l.iov = [2][]byte{l.wbuf[:headerSize], p}
+		l.bufs = l.iov[:]
 		_, err = l.bufs.WriteTo(l.conn)
 	}
 	if err != nil {
