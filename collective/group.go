@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -77,9 +78,10 @@ type Group struct {
 	log   *zap.Logger
 	links []*link
 
-	mu      sync.Mutex // held for the whole of an operation
-	seq     uint64     // collective operations started
-	cur     header     // template of the running operation's data frames
+	mu      sync.Mutex    // held for the whole of an operation
+	seq     uint64        // collective operations started
+	cur     header        // template of the running operation's data frames
+	curSeq  atomic.Uint64 // cur.seq, for the link goroutines' error reports
 	timer   *time.Timer
 	ctx     context.Context
 	ctxDone <-chan struct{}
@@ -251,6 +253,7 @@ func (g *Group) begin(ctx context.Context, op opCode, dt DType, count int, arg u
 	}
 	g.cur = header{kind: kindData, op: op, dtype: dt, src: uint32(g.rank), gen: g.m.Generation,
 		seq: g.seq, job: g.job, count: uint64(count), arg: arg}
+	g.curSeq.Store(g.seq)
 	g.ctx, g.ctxDone = ctx, ctx.Done()
 	timeout := g.opts.Timeout
 	if d, ok := ctx.Deadline(); ok {

@@ -176,7 +176,7 @@ func (l *link) lost(op, detail string, err error) error {
 	if detail == "" {
 		detail = "connection to rank " + fmt.Sprint(l.peer) + " failed"
 	}
-	return &OpError{Op: op, Seq: g.cur.seq, Rank: l.peer, ReportedBy: g.rank, Kind: ErrPeerLost, Detail: detail, Err: err}
+	return &OpError{Op: op, Seq: g.curSeq.Load(), Rank: l.peer, ReportedBy: g.rank, Kind: ErrPeerLost, Detail: detail, Err: err}
 }
 
 func (l *link) protocol(detail string, err error) error {
