@@ -33,9 +33,9 @@ func (g *Group) binomialBroadcast(data []byte, root int) error {
 // root: every rank forwards a segment as soon as it has it, so the time is
 // about (segments + N − 2) segment transfers. Best for large messages.
 func (g *Group) chainBroadcast(data []byte, root int) error {
-	N, es := g.world, 1
+	N := g.world
 	vr := (g.rank - root + N) % N
-	seg := max(g.opts.SegmentBytes, (len(data)+maxQueued-1)/maxQueued) / es
+	seg := max(g.opts.SegmentBytes, (len(data)+maxQueued-1)/maxQueued) // bytes: dtype-agnostic
 	n := nsegs(len(data), seg)
 	next, prev := g.links[(g.rank+1)%N], g.links[(g.rank+N-1)%N]
 	span := func(k int) (int, int) {

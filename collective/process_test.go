@@ -209,26 +209,38 @@ func TestProcessesAllReduce(t *testing.T) {
 	}
 }
 
+// signalMidLoop starts four ranks looping on allreduce of n elements, sends
+// sig to rank victim, and checks that every survivor reports kind naming the
+// victim. It returns the victim and the survivors in rank order.
+func signalMidLoop(t *testing.T, timeout time.Duration, n, victim int, sig syscall.Signal, kind string) (*launch.Proc, []*launch.Proc) {
+	t.Helper()
+	procs := startRanks(t, 4, timeout)
+	tell(t, procs, fmt.Sprintf("loop %d", n))
+	for _, p := range procs {
+		expect(t, p, "looping")
+	}
+	if err := procs[victim].Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	var survivors []*launch.Proc
+	for _, p := range procs {
+		if p.Rank == victim {
+			continue
+		}
+		survivors = append(survivors, p)
+		line := expect(t, p, "err")
+		if f := strings.Fields(line); f[1] != kind || f[2] != strconv.Itoa(victim) {
+			t.Errorf("rank %d: %q, want %s naming rank %d", p.Rank, line, kind, victim)
+		}
+	}
+	return procs[victim], survivors
+}
+
 // TestProcessKilledMidOperation: SIGKILL one of four ranks while they loop on
 // allreduce; every survivor gets ErrPeerLost naming it, then the survivors
 // rebuild generation 2 on the same ports and allreduce correctly.
 func TestProcessKilledMidOperation(t *testing.T) {
-	procs := startRanks(t, 4, 30*time.Second)
-	tell(t, procs, "loop 262144")
-	for _, p := range procs {
-		expect(t, p, "looping")
-	}
-	victim := procs[2]
-	if err := victim.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	survivors := []*launch.Proc{procs[0], procs[1], procs[3]}
-	for _, p := range survivors {
-		line := expect(t, p, "err")
-		if f := strings.Fields(line); f[1] != "peer-lost" || f[2] != "2" {
-			t.Errorf("rank %d: %q, want ErrPeerLost naming rank 2", p.Rank, line)
-		}
-	}
+	_, survivors := signalMidLoop(t, 30*time.Second, 262144, 2, syscall.SIGKILL, "peer-lost")
 	rebuild(t, survivors)
 }
 
@@ -236,22 +248,7 @@ func TestProcessKilledMidOperation(t *testing.T) {
 // ErrTimeout naming it; generation 2 without it works; the stopped rank, once
 // continued, fails rather than returning a result.
 func TestProcessStoppedMidOperation(t *testing.T) {
-	procs := startRanks(t, 4, 2*time.Second)
-	tell(t, procs, "loop 65536")
-	for _, p := range procs {
-		expect(t, p, "looping")
-	}
-	victim := procs[1]
-	if err := victim.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	survivors := []*launch.Proc{procs[0], procs[2], procs[3]}
-	for _, p := range survivors {
-		line := expect(t, p, "err")
-		if f := strings.Fields(line); f[1] != "timeout" || f[2] != "1" {
-			t.Errorf("rank %d: %q, want ErrTimeout naming rank 1", p.Rank, line)
-		}
-	}
+	victim, survivors := signalMidLoop(t, 2*time.Second, 65536, 1, syscall.SIGSTOP, "timeout")
 	rebuild(t, survivors)
 	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
