@@ -16,7 +16,9 @@ const DefaultBucketBytes = 25 << 20
 // reduced strictly in order, so every rank issues the same operations. A
 // tensor larger than a bucket is reduced in place, without a copy.
 //
-// Tensors must be marked ready in the same bucket order on every rank.
+// Tensors must be marked ready in the same bucket order on every rank. A Fuser
+// is driven by one goroutine; buffers and channels are reused from round to
+// round, so a training step costs no allocation.
 type Fuser[T Float] struct {
 	ctx     context.Context // of the background allreduces
 	g       *Group
@@ -26,7 +28,10 @@ type Fuser[T Float] struct {
 	where   []int // tensor → bucket
 	launch  chan int
 	done    []chan error
-	pending []int // tensors of each bucket not yet ready
+	pending []int   // tensors of each bucket not yet ready; -1 once launched
+	ready   []bool  // tensor marked ready this round
+	got     []bool  // bucket's result received this round
+	errs    []error // bucket's result
 }
 
 type bucket[T Float] struct {
@@ -61,18 +66,30 @@ func NewFuser[T Float](ctx context.Context, g *Group, tensors [][]T, op ReduceOp
 		f.buckets = append(f.buckets, b)
 	}
 	f.done = make([]chan error, len(f.buckets))
+	for k := range f.done {
+		f.done[k] = make(chan error, 1)
+	}
 	f.pending = make([]int, len(f.buckets))
+	f.ready = make([]bool, len(tensors))
+	f.got = make([]bool, len(f.buckets))
+	f.errs = make([]error, len(f.buckets))
 	f.Reset()
 	go f.run()
 	return f
 }
 
-// Reset prepares the Fuser for another round (the next step).
+// Reset prepares the Fuser for another round (the next step). A bucket
+// launched and not waited for is waited for first (the group's timeout bounds
+// it), so no result of this round leaks into the next.
 func (f *Fuser[T]) Reset() {
 	for k, b := range f.buckets {
-		f.done[k] = make(chan error, 1)
+		if f.pending[k] < 0 && !f.got[k] {
+			<-f.done[k]
+		}
 		f.pending[k] = b.last - b.first
+		f.got[k], f.errs[k] = false, nil
 	}
+	clear(f.ready)
 }
 
 func (f *Fuser[T]) run() {
@@ -95,6 +112,10 @@ func (f *Fuser[T]) MarkReady(i int) error {
 	if i < 0 || i >= len(f.tensors) {
 		return fmt.Errorf("collective fuser: tensor %d outside 0..%d", i, len(f.tensors)-1)
 	}
+	if f.ready[i] {
+		return fmt.Errorf("collective fuser: tensor %d marked ready twice in one round", i)
+	}
+	f.ready[i] = true
 	k := f.where[i]
 	b := &f.buckets[k]
 	if b.fused != nil {
@@ -115,9 +136,18 @@ func (f *Fuser[T]) MarkReady(i int) error {
 
 // WaitBucket waits for bucket k's allreduce and copies its results back.
 func (f *Fuser[T]) WaitBucket(ctx context.Context, k int) error {
+	if k < 0 || k >= len(f.buckets) {
+		return fmt.Errorf("collective fuser: bucket %d outside 0..%d", k, len(f.buckets)-1)
+	}
+	if f.pending[k] >= 0 {
+		return fmt.Errorf("collective fuser: bucket %d not launched: %d of its tensors are not marked ready", k, f.pending[k])
+	}
+	if f.got[k] {
+		return f.errs[k] // results were copied back by the first wait
+	}
 	select {
 	case err := <-f.done[k]:
-		f.done[k] <- err // later waits see it too
+		f.got[k], f.errs[k] = true, err
 		if err != nil {
 			return err
 		}

@@ -79,3 +79,41 @@ func TestFuserOverlap(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestFuserRounds: a Fuser is reused across steps; misuse is an error, not a
+// corrupted bucket.
+func TestFuserRounds(t *testing.T) {
+	groups := inprocGroups(t, 2, 1, Options{})
+	ctx := context.Background()
+	mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
+		ts := [][]float32{{1, 2}, {3}, {4, 5, 6}}
+		f := NewFuser(ctx, g, ts, Sum, 12) // buckets: [0,1] [2]
+		defer f.Close()
+		for round := range 3 {
+			if round > 0 {
+				f.Reset()
+			}
+			if err := f.WaitBucket(ctx, 1); err == nil {
+				t.Errorf("round %d: waiting for a bucket not launched succeeded", round)
+			}
+			for i := range ts {
+				if err := f.MarkReady(i); err != nil {
+					return err
+				}
+			}
+			if err := f.MarkReady(1); err == nil {
+				t.Errorf("round %d: marking tensor 1 twice succeeded", round)
+			}
+			if err := f.Wait(ctx); err != nil {
+				return err
+			}
+			if err := f.Wait(ctx); err != nil { // a second wait is harmless
+				return err
+			}
+		}
+		if want := float32(1 << 3); ts[0][0] != want || ts[2][2] != 6*want {
+			t.Errorf("after 3 rounds got %v", ts)
+		}
+		return nil
+	}))
+}

@@ -22,7 +22,7 @@ type Options struct {
 	// when an operation times out is the one named in ErrTimeout.
 	Heartbeat time.Duration
 	// SegmentBytes is the unit in which large tensors are pipelined through the
-	// ring (default 256 KiB).
+	// ring (default 1 MiB).
 	SegmentBytes int
 	// Algorithm picks the allreduce algorithm (default AlgoAuto).
 	Algorithm Algorithm
@@ -43,7 +43,7 @@ func (o *Options) setDefaults() {
 		o.Heartbeat = min(max(o.Timeout/10, 20*time.Millisecond), time.Second)
 	}
 	if o.SegmentBytes <= 0 {
-		o.SegmentBytes = 256 << 10
+		o.SegmentBytes = 1 << 20
 	}
 	o.SegmentBytes = max(o.SegmentBytes, 64) &^ 7 // whole elements of every dtype
 	if o.SmallBytes <= 0 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -59,6 +60,7 @@ type allreduceConfig struct {
 	asRank    int
 	bind      string
 	logLevel  string
+	threads   int
 	rawArgs   []string
 }
 
@@ -75,7 +77,8 @@ func benchAllReduce(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.IntVar(&c.iters, "iters", 0, "timed iterations per size; 0 picks by size (at least 20, about 256 MiB moved)")
 	fs.IntVar(&c.warmup, "warmup", 5, "untimed iterations per size")
 	fs.DurationVar(&c.timeout, "timeout", time.Minute, "per-operation timeout")
-	segment := fs.String("segment", "256KiB", "ring pipelining segment size")
+	segment := fs.String("segment", "1MiB", "ring pipelining segment size")
+	fs.IntVar(&c.threads, "threads", 0, "with --transport tcp: OS threads running Go code in each rank process (GOMAXPROCS);\n0 = this machine's cores divided by --ranks, at least 1")
 	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object per size and nothing else on stdout")
 	fs.IntVar(&c.asRank, "as-rank", -1, "internal: run as this rank of a benchmark launched by phalanx itself")
 	fs.StringVar(&c.bind, "bind", "127.0.0.1:0", "with --as-rank: data-plane listen address")
@@ -98,6 +101,9 @@ func benchAllReduce(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if c.segment, err = parseSize(*segment); err != nil || c.segment < 64 {
 		return usagef("--segment %q: want a size of at least 64 bytes", *segment)
+	}
+	if c.threads < 0 {
+		return usagef("--threads %d: must not be negative", c.threads)
 	}
 	if c.iters < 0 || c.warmup < 0 {
 		return usagef("--iters and --warmup must not be negative")
@@ -273,6 +279,7 @@ func benchProcesses(ctx context.Context, c allreduceConfig, out chan<- allreduce
 
 // benchRankProcess is one rank of benchProcesses.
 func benchRankProcess(ctx context.Context, c allreduceConfig, stdout io.Writer, log *zap.Logger) error {
+	runtime.GOMAXPROCS(launch.ThreadsPerRank(c.threads, c.ranks))
 	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.bind, Logger: log})
 	if err != nil {
 		return err

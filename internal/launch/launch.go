@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -145,4 +146,15 @@ func Announce(w io.Writer, r *bufio.Reader, addr string) ([]string, error) {
 		}
 	}
 	return peers, nil
+}
+
+// ThreadsPerRank is how many OS threads (GOMAXPROCS) each of ranks worker
+// processes on this host should run Go code on: want when positive, else the
+// host's cores shared evenly, at least one. Oversubscribed cores make every
+// idle rank's scheduler spin against the ranks doing work.
+func ThreadsPerRank(want, ranks int) int {
+	if want > 0 {
+		return want
+	}
+	return max(1, runtime.NumCPU()/max(ranks, 1))
 }
