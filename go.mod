@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	go.uber.org/zap v1.28.0
+	gonum.org/v1/gonum v0.17.0
 	google.golang.org/protobuf v1.36.12
 )
 

@@ -1,0 +1,249 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
+)
+
+// Layer is one stage of a Sequential model. Forward keeps what Backward
+// needs; Backward adds the parameters' gradients into their Grad and returns
+// the gradient of the input. The returned matrices are the layer's own buffers,
+// valid until its next call.
+type Layer interface {
+	Forward(x Matrix) Matrix
+	Backward(dy Matrix) Matrix
+	Params() []*Param
+}
+
+// Dense is y = x·W + b with W of shape [in, out].
+type Dense struct {
+	W, B *Param
+	// SkipInputGrad leaves Backward's result empty: the first layer of a model
+	// has no one to pass it to.
+	SkipInputGrad bool
+
+	x       Matrix
+	y, dx   []float32
+	in, out int
+}
+
+// NewDense makes a Dense layer with He-uniform weights drawn from rng and zero
+// bias.
+func NewDense(name string, in, out int, rng *rand.Rand) *Dense {
+	d := &Dense{W: NewParam(name+".W", in, out), B: NewParam(name+".b", out), in: in, out: out}
+	bound := math.Sqrt(6 / float64(in))
+	for i := range d.W.Value {
+		d.W.Value[i] = float32((rng.Float64()*2 - 1) * bound)
+	}
+	return d
+}
+
+func (d *Dense) Params() []*Param { return []*Param{d.W, d.B} }
+
+func (d *Dense) weights() blas32.General {
+	return blas32.General{Rows: d.in, Cols: d.out, Stride: d.out, Data: d.W.Value}
+}
+
+func general(m Matrix) blas32.General {
+	return blas32.General{Rows: m.Rows, Cols: m.Cols, Stride: max(m.Cols, 1), Data: m.Data}
+}
+
+func (d *Dense) Forward(x Matrix) Matrix {
+	if x.Cols != d.in {
+		panic(fmt.Sprintf("nn: %s takes %d inputs, got %d", d.W.Name, d.in, x.Cols))
+	}
+	d.x = x
+	y := resize(&d.y, x.Rows, d.out)
+	for i := range y.Rows {
+		copy(y.Row(i), d.B.Value)
+	}
+	if x.Rows > 0 {
+		blas32.Gemm(blas.NoTrans, blas.NoTrans, 1, general(x), d.weights(), 1, general(y))
+	}
+	return y
+}
+
+func (d *Dense) Backward(dy Matrix) Matrix {
+	if dy.Rows == 0 {
+		return resize(&d.dx, 0, d.in)
+	}
+	blas32.Gemm(blas.Trans, blas.NoTrans, 1, general(d.x), general(dy), 1,
+		blas32.General{Rows: d.in, Cols: d.out, Stride: d.out, Data: d.W.Grad})
+	for i := range dy.Rows {
+		row, g := dy.Row(i), d.B.Grad
+		for j, v := range row {
+			g[j] += v
+		}
+	}
+	if d.SkipInputGrad {
+		return Matrix{}
+	}
+	dx := resize(&d.dx, dy.Rows, d.in)
+	blas32.Gemm(blas.NoTrans, blas.Trans, 1, general(dy), d.weights(), 0, general(dx))
+	return dx
+}
+
+// ReLU is max(x, 0), element-wise.
+type ReLU struct {
+	y, dx []float32
+}
+
+func (r *ReLU) Params() []*Param { return nil }
+
+func (r *ReLU) Forward(x Matrix) Matrix {
+	y := resize(&r.y, x.Rows, x.Cols)
+	for i, v := range x.Data {
+		y.Data[i] = max(v, 0)
+	}
+	return y
+}
+
+func (r *ReLU) Backward(dy Matrix) Matrix {
+	dx := resize(&r.dx, dy.Rows, dy.Cols)
+	for i, v := range dy.Data {
+		if r.y[i] > 0 {
+			dx.Data[i] = v
+		} else {
+			dx.Data[i] = 0
+		}
+	}
+	return dx
+}
+
+// Embedding maps integer ids to rows of a [vocab, dim] table.
+type Embedding struct {
+	Table *Param
+	vocab int
+	dim   int
+	ids   []int32
+	y     []float32
+}
+
+// NewEmbedding makes a table with N(0, 1/dim) entries drawn from rng.
+func NewEmbedding(name string, vocab, dim int, rng *rand.Rand) *Embedding {
+	e := &Embedding{Table: NewParam(name+".table", vocab, dim), vocab: vocab, dim: dim}
+	s := 1 / math.Sqrt(float64(dim))
+	for i := range e.Table.Value {
+		e.Table.Value[i] = float32(rng.NormFloat64() * s)
+	}
+	return e
+}
+
+func (e *Embedding) Params() []*Param { return []*Param{e.Table} }
+
+// Lookup returns one row per id; an id outside the vocabulary is an error.
+func (e *Embedding) Lookup(ids []int32) (Matrix, error) {
+	y := resize(&e.y, len(ids), e.dim)
+	for i, id := range ids {
+		if id < 0 || int(id) >= e.vocab {
+			return Matrix{}, fmt.Errorf("nn: %s: id %d at position %d outside vocabulary of %d", e.Table.Name, id, i, e.vocab)
+		}
+		copy(y.Row(i), e.Table.Value[int(id)*e.dim:(int(id)+1)*e.dim])
+	}
+	e.ids = ids
+	return y, nil
+}
+
+// Backward adds dy's rows into the rows of the looked-up ids.
+func (e *Embedding) Backward(dy Matrix) {
+	for i, id := range e.ids {
+		g := e.Table.Grad[int(id)*e.dim : (int(id)+1)*e.dim]
+		for j, v := range dy.Row(i) {
+			g[j] += v
+		}
+	}
+}
+
+// SoftmaxCrossEntropy is the classification loss over logits.
+type SoftmaxCrossEntropy struct {
+	d []float32
+}
+
+// Loss returns the summed cross-entropy of the rows of logits against labels,
+// the number of rows whose largest logit is the label, and the gradient of
+// scale × that sum with respect to the logits.
+func (s *SoftmaxCrossEntropy) Loss(logits Matrix, labels []int32, scale float32) (sum float64, correct int, grad Matrix, err error) {
+	if len(labels) != logits.Rows {
+		return 0, 0, Matrix{}, fmt.Errorf("nn: %d labels for %d rows", len(labels), logits.Rows)
+	}
+	grad = resize(&s.d, logits.Rows, logits.Cols)
+	for i, label := range labels {
+		if label < 0 || int(label) >= logits.Cols {
+			return 0, 0, Matrix{}, fmt.Errorf("nn: label %d of row %d outside %d classes", label, i, logits.Cols)
+		}
+		z, g := logits.Row(i), grad.Row(i)
+		best := 0
+		for j, v := range z {
+			if v > z[best] {
+				best = j
+			}
+		}
+		if best == int(label) {
+			correct++
+		}
+		zmax := float64(z[best])
+		var total float64
+		for j, v := range z {
+			e := math.Exp(float64(v) - zmax)
+			g[j] = float32(e)
+			total += e
+		}
+		sum += math.Log(total) + zmax - float64(z[label])
+		for j := range g {
+			g[j] = float32(float64(g[j])/total) * scale
+		}
+		g[label] -= scale
+	}
+	return sum, correct, grad, nil
+}
+
+// Sequential runs layers in order.
+type Sequential struct {
+	Layers []Layer
+	params []*Param
+}
+
+// NewSequential chains layers; a leading Dense skips its input gradient.
+func NewSequential(layers ...Layer) *Sequential {
+	s := &Sequential{Layers: layers}
+	if d, ok := layers[0].(*Dense); ok {
+		d.SkipInputGrad = true
+	}
+	for _, l := range layers {
+		s.params = append(s.params, l.Params()...)
+	}
+	return s
+}
+
+// Params lists every layer's parameters, in layer order.
+func (s *Sequential) Params() []*Param { return s.params }
+
+func (s *Sequential) Forward(x Matrix) Matrix {
+	for _, l := range s.Layers {
+		x = l.Forward(x)
+	}
+	return x
+}
+
+// Backward runs the layers backwards. When ready is not nil it is called with
+// the index (in Params order) of each parameter whose gradient is complete, as
+// soon as it is, so its allreduce can start while earlier layers still run.
+func (s *Sequential) Backward(dy Matrix, ready func(param int)) Matrix {
+	end := len(s.params)
+	for i := len(s.Layers) - 1; i >= 0; i-- {
+		l := s.Layers[i]
+		dy = l.Backward(dy)
+		n := len(l.Params())
+		if ready != nil {
+			for p := end - 1; p >= end-n; p-- {
+				ready(p)
+			}
+		}
+		end -= n
+	}
+	return dy
+}

@@ -1,0 +1,171 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Tensor is a named slice of optimizer state.
+type Tensor struct {
+	Name string
+	Data []float32
+}
+
+// Optimizer updates parameters from their gradients. Its per-parameter state
+// (momentum, Adam moments) is exposed as Slots so it is committed, restored,
+// synchronised and checkpointed with the parameters.
+type Optimizer interface {
+	// Update applies one step with learning rate lr; step counts updates from 1.
+	Update(params []*Param, lr float32, step int64)
+	Slots() []Tensor
+}
+
+// OptimizerConfig selects and tunes an optimizer.
+type OptimizerConfig struct {
+	Kind        string  // sgd, momentum, adam or adamw
+	Momentum    float64 // momentum: default 0.9
+	Nesterov    bool
+	Beta1       float64 // adam: default 0.9
+	Beta2       float64 // adam: default 0.999
+	Eps         float64 // adam: default 1e-8
+	WeightDecay float64 // L2 for sgd, momentum and adam; decoupled for adamw
+}
+
+// NewOptimizer builds the optimizer of cfg for params.
+func NewOptimizer(cfg OptimizerConfig, params []*Param) (Optimizer, error) {
+	switch strings.ToLower(cfg.Kind) {
+	case "", "sgd":
+		return &SGD{WeightDecay: float32(cfg.WeightDecay)}, nil
+	case "momentum":
+		mu := cfg.Momentum
+		if mu == 0 {
+			mu = 0.9
+		}
+		if mu < 0 || mu >= 1 {
+			return nil, fmt.Errorf("nn: momentum %v: want [0, 1)", mu)
+		}
+		return &Momentum{Mu: float32(mu), Nesterov: cfg.Nesterov, WeightDecay: float32(cfg.WeightDecay), buf: slots(params, "momentum")}, nil
+	case "adam", "adamw":
+		a := &Adam{Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: cfg.Eps, WeightDecay: float32(cfg.WeightDecay),
+			Decoupled: strings.EqualFold(cfg.Kind, "adamw"), m: slots(params, "adam.m"), v: slots(params, "adam.v")}
+		if a.Beta1 == 0 {
+			a.Beta1 = 0.9
+		}
+		if a.Beta2 == 0 {
+			a.Beta2 = 0.999
+		}
+		if a.Eps == 0 {
+			a.Eps = 1e-8
+		}
+		if a.Beta1 < 0 || a.Beta1 >= 1 || a.Beta2 < 0 || a.Beta2 >= 1 {
+			return nil, fmt.Errorf("nn: adam betas (%v, %v): want [0, 1)", a.Beta1, a.Beta2)
+		}
+		return a, nil
+	}
+	return nil, fmt.Errorf("nn: unknown optimizer %q: want sgd, momentum, adam or adamw", cfg.Kind)
+}
+
+func slots(params []*Param, kind string) []Tensor {
+	out := make([]Tensor, len(params))
+	for i, p := range params {
+		out[i] = Tensor{Name: p.Name + "/" + kind, Data: make([]float32, p.Size())}
+	}
+	return out
+}
+
+// SGD is plain stochastic gradient descent with optional L2 weight decay.
+type SGD struct{ WeightDecay float32 }
+
+func (o *SGD) Slots() []Tensor { return nil }
+
+func (o *SGD) Update(params []*Param, lr float32, _ int64) {
+	for _, p := range params {
+		for i, g := range p.Grad {
+			p.Value[i] -= lr * (g + o.WeightDecay*p.Value[i])
+		}
+	}
+}
+
+// Momentum is SGD with (optionally Nesterov) momentum.
+type Momentum struct {
+	Mu          float32
+	Nesterov    bool
+	WeightDecay float32
+	buf         []Tensor
+}
+
+func (o *Momentum) Slots() []Tensor { return o.buf }
+
+func (o *Momentum) Update(params []*Param, lr float32, _ int64) {
+	for k, p := range params {
+		b := o.buf[k].Data
+		for i, g := range p.Grad {
+			g += o.WeightDecay * p.Value[i]
+			b[i] = o.Mu*b[i] + g
+			if o.Nesterov {
+				g += o.Mu * b[i]
+			} else {
+				g = b[i]
+			}
+			p.Value[i] -= lr * g
+		}
+	}
+}
+
+// Adam is Adam, or AdamW when Decoupled (weight decay applied to the weights,
+// not through the moments).
+type Adam struct {
+	Beta1, Beta2, Eps float64
+	WeightDecay       float32
+	Decoupled         bool
+	m, v              []Tensor
+}
+
+func (o *Adam) Slots() []Tensor { return append(append([]Tensor(nil), o.m...), o.v...) }
+
+func (o *Adam) Update(params []*Param, lr float32, step int64) {
+	b1, b2 := float32(o.Beta1), float32(o.Beta2)
+	c1 := float32(1 - math.Pow(o.Beta1, float64(step)))
+	c2 := float32(math.Sqrt(1 - math.Pow(o.Beta2, float64(step))))
+	alpha, eps := lr*c2/c1, float32(o.Eps)*c2
+	for k, p := range params {
+		m, v := o.m[k].Data, o.v[k].Data
+		for i, g := range p.Grad {
+			if o.Decoupled {
+				p.Value[i] -= lr * o.WeightDecay * p.Value[i]
+			} else {
+				g += o.WeightDecay * p.Value[i]
+			}
+			m[i] = b1*m[i] + (1-b1)*g
+			v[i] = b2*v[i] + (1-b2)*g*g
+			p.Value[i] -= alpha * m[i] / (float32(math.Sqrt(float64(v[i]))) + eps)
+		}
+	}
+}
+
+// GlobalNorm is the L2 norm of every gradient of params together.
+func GlobalNorm(params []*Param) float64 {
+	var s float64
+	for _, p := range params {
+		for _, g := range p.Grad {
+			s += float64(g) * float64(g)
+		}
+	}
+	return math.Sqrt(s)
+}
+
+// ClipGlobalNorm scales every gradient so their global norm is at most max
+// (no-op when max <= 0) and returns the norm before clipping.
+func ClipGlobalNorm(params []*Param, max float64) float64 {
+	n := GlobalNorm(params)
+	if max > 0 && n > max {
+		f := float32(max / n)
+		for _, p := range params {
+			for i := range p.Grad {
+				p.Grad[i] *= f
+			}
+		}
+	}
+	return n
+}
