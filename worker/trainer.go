@@ -1,0 +1,274 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime/debug"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/nn"
+)
+
+// Config tunes a Trainer.
+type Config struct {
+	GlobalBatch  int         // samples per step across all ranks
+	MicroBatches int         // gradient accumulation: each rank's share runs in this many pieces (default 1)
+	LocalSteps   int         // 0 or 1: average gradients every step; K > 1: local SGD, average parameters every K steps
+	ClipNorm     float64     // clip gradients to this global norm (0: off)
+	CommitEvery  int         // commit the state in memory every this many steps (default 1)
+	BucketBytes  int         // gradient fusion bucket size (default 1 MiB)
+	Schedule     nn.Schedule // learning rate
+	Seed         uint64      // sampler shuffle seed
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.GlobalBatch <= 0:
+		return fmt.Errorf("worker: global batch %d: want a positive number", c.GlobalBatch)
+	case c.MicroBatches < 0 || c.LocalSteps < 0 || c.CommitEvery < 0 || c.BucketBytes < 0:
+		return fmt.Errorf("worker: micro-batches, local steps, commit period and bucket size must not be negative")
+	case c.ClipNorm < 0 || math.IsNaN(c.ClipNorm):
+		return fmt.Errorf("worker: clip norm %v: must not be negative", c.ClipNorm)
+	}
+	c.MicroBatches = max(c.MicroBatches, 1)
+	c.LocalSteps = max(c.LocalSteps, 1)
+	c.CommitEvery = max(c.CommitEvery, 1)
+	if c.BucketBytes == 0 {
+		c.BucketBytes = 1 << 20
+	}
+	return c.Schedule.Validate()
+}
+
+// StepStats describes one finished step; Loss and Accuracy are over the whole
+// global batch, identical on every rank.
+type StepStats struct {
+	Step     int64 // steps done, this one included
+	Samples  int   // global batch size
+	Loss     float64
+	Accuracy float64
+	LR       float32
+	GradNorm float64
+	Epoch    int64
+	Compute  time.Duration // this rank's model time
+	Comm     time.Duration // waiting for the allreduce after the backward pass
+	Total    time.Duration
+}
+
+// NonFiniteError is a NaN or infinite gradient or loss.
+type NonFiniteError struct {
+	Step  int64 // the step that produced it, counted from 1
+	Param string
+	Index int
+}
+
+func (e *NonFiniteError) Error() string {
+	if e.Param == "" {
+		return fmt.Sprintf("worker: step %d: the loss is not finite", e.Step)
+	}
+	return fmt.Sprintf("worker: step %d: gradient of parameter %s is not finite (element %d)", e.Step, e.Param, e.Index)
+}
+
+// PanicError is a panic in model or optimizer code, recovered.
+type PanicError struct {
+	Step  int64
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("worker: step %d: model code panicked: %v", e.Step, e.Value)
+}
+
+// Trainer runs data-parallel steps on one rank.
+type Trainer struct {
+	g       *collective.Group
+	model   Model
+	params  []*nn.Param
+	data    Dataset
+	opt     nn.Optimizer
+	cfg     Config
+	log     *zap.Logger
+	sampler *Sampler
+	state   *State
+
+	fuser  *collective.Fuser[float32]
+	order  []int       // fuser tensor k is parameter order[k]; the last is stats
+	slot   []int       // parameter → fuser tensor
+	marked []bool      // fuser tensors marked this step
+	stats  []float32   // loss sum, correct
+	values [][]float32 // parameter values, for local SGD averaging
+	idx    []int
+	batch  Batch
+}
+
+// NewTrainer prepares a trainer; the group's world size and rank decide this
+// rank's share of every batch. The context bounds the background allreduces.
+func NewTrainer(ctx context.Context, g *collective.Group, m Model, data Dataset, opt nn.Optimizer, cfg Config, log *zap.Logger) (*Trainer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	sampler, err := NewSampler(data.Len(), cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	t := &Trainer{g: g, model: m, params: m.Params(), data: data, opt: opt, cfg: cfg, log: log, sampler: sampler,
+		stats: make([]float32, 2)}
+	t.state = NewState(t.params, opt)
+	// Backward produces the last layers' gradients first: fuse them in reverse
+	// order so the first bucket fills, and is reduced, earliest.
+	tensors := make([][]float32, 0, len(t.params)+1)
+	t.slot = make([]int, len(t.params))
+	for i := len(t.params) - 1; i >= 0; i-- {
+		t.slot[i] = len(tensors)
+		t.order = append(t.order, i)
+		tensors = append(tensors, t.params[i].Grad)
+		t.values = append(t.values, t.params[i].Value)
+	}
+	tensors = append(tensors, t.stats)
+	t.marked = make([]bool, len(tensors))
+	t.fuser = collective.NewFuser(ctx, g, tensors, collective.Sum, cfg.BucketBytes)
+	return t, nil
+}
+
+// Close stops the trainer's background allreduces.
+func (t *Trainer) Close() { t.fuser.Close() }
+
+// State is the trainer's committed and live state.
+func (t *Trainer) State() *State { return t.state }
+
+// Sampler is the trainer's sampler.
+func (t *Trainer) Sampler() *Sampler { return t.sampler }
+
+func (t *Trainer) mark(k int) error {
+	if t.marked[k] {
+		return nil
+	}
+	t.marked[k] = true
+	return t.fuser.MarkReady(k)
+}
+
+// Step runs one training step: every rank's share of the global batch, the
+// gradient (or, every K steps in local SGD, parameter) averaging, clipping and
+// the optimizer update, then a commit when one is due.
+func (t *Trainer) Step(ctx context.Context) (st StepStats, err error) {
+	start := time.Now()
+	s := t.state
+	step := s.Step + 1
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Step: step, Value: v, Stack: debug.Stack()}
+		}
+	}()
+	world, rank := t.g.Size(), t.g.Rank()
+	idx, size, next, err := t.sampler.Batch(s.Position, t.cfg.GlobalBatch, world, rank, t.idx[:0])
+	if err != nil {
+		return st, err
+	}
+	t.idx = idx
+	local := t.cfg.LocalSteps > 1
+	scale := float32(1) / float32(size)
+	if local {
+		scale = float32(1) / float32(max(len(idx), 1))
+	}
+	nn.ZeroGrads(t.params)
+	t.fuser.Reset()
+	clear(t.marked)
+	var ready func(int)
+	if !local {
+		ready = func(p int) {
+			if p >= 0 && p < len(t.slot) && err == nil {
+				err = t.mark(t.slot[p])
+			}
+		}
+	}
+	var sum float64
+	var correct int
+	mb := t.cfg.MicroBatches
+	for m := range mb {
+		lo, hi := m*len(idx)/mb, (m+1)*len(idx)/mb
+		if lo == hi {
+			continue
+		}
+		if err := t.data.Fill(idx[lo:hi], &t.batch); err != nil {
+			return st, fmt.Errorf("worker: step %d: loading samples: %w", step, err)
+		}
+		var cb func(int)
+		if hi == len(idx) {
+			cb = ready
+		}
+		res, merr := t.model.Step(&t.batch, scale, cb)
+		if merr != nil {
+			return st, fmt.Errorf("worker: step %d: model: %w", step, merr)
+		}
+		if err != nil {
+			return st, err
+		}
+		sum += res.LossSum
+		correct += res.Correct
+	}
+	st.Compute = time.Since(start)
+	t.stats[0], t.stats[1] = float32(sum), float32(correct)
+	if local {
+		if err := t.g.AllReduce(ctx, collective.Float32s(t.stats), collective.Sum); err != nil {
+			return st, fmt.Errorf("worker: step %d: %w", step, err)
+		}
+	} else {
+		for k := range t.marked {
+			if err := t.mark(k); err != nil {
+				return st, err
+			}
+		}
+		if err := t.fuser.Wait(ctx); err != nil {
+			return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", step, err)
+		}
+	}
+	st.Comm = time.Since(start) - st.Compute
+	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
+		return st, &NonFiniteError{Step: step}
+	}
+	if err := checkFinite(t.params, step); err != nil {
+		return st, err
+	}
+	st.GradNorm = nn.ClipGlobalNorm(t.params, t.cfg.ClipNorm)
+	st.LR = t.cfg.Schedule.LR(s.Step)
+	t.opt.Update(t.params, st.LR, step)
+	if local && step%int64(t.cfg.LocalSteps) == 0 {
+		if err := collective.AllReduceTensors(ctx, t.g, t.values, collective.Avg, t.cfg.BucketBytes); err != nil {
+			return st, fmt.Errorf("worker: step %d: parameter averaging: %w", step, err)
+		}
+	}
+	s.Step, s.Position = step, next
+	if step%int64(t.cfg.CommitEvery) == 0 {
+		s.Commit()
+	}
+	st.Step, st.Samples, st.Epoch = step, size, next.Epoch
+	st.Loss = float64(t.stats[0]) / float64(size)
+	st.Accuracy = float64(t.stats[1]) / float64(size)
+	st.Total = time.Since(start)
+	return st, nil
+}
+
+func checkFinite(params []*nn.Param, step int64) error {
+	for _, p := range params {
+		for i, g := range p.Grad {
+			if math.IsNaN(float64(g)) || math.IsInf(float64(g), 0) {
+				return &NonFiniteError{Step: step, Param: p.Name, Index: i}
+			}
+		}
+	}
+	return nil
+}
+
+// IsNonFinite reports whether err is a NonFiniteError.
+func IsNonFinite(err error) bool {
+	var e *NonFiniteError
+	return errors.As(err, &e)
+}
