@@ -2,7 +2,6 @@ package collective
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -11,28 +10,11 @@ import (
 // inprocGroups builds a connected group of n ranks over an in-process network.
 func inprocGroups(t testing.TB, n int, gen uint64, opts Options) []*Group {
 	t.Helper()
-	net := NewInprocNetwork()
-	peers := make([]string, n)
-	for i := range peers {
-		peers[i] = fmt.Sprintf("inproc-%d", i)
-	}
-	groups := make([]*Group, n)
-	errs := make([]error, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			groups[r], errs[r] = Join(ctx, net, Membership{Job: "test", Generation: gen, Rank: r, Peers: peers}, opts)
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d join: %v", r, err)
-		}
+	groups, err := InprocGroups(ctx, n, "test", gen, opts)
+	if err != nil {
+		t.Fatalf("join: %v", err)
 	}
 	t.Cleanup(func() { closeGroups(groups) })
 	return groups

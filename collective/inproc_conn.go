@@ -40,6 +40,7 @@ type deadline struct {
 	mu    sync.Mutex
 	timer *time.Timer
 	ch    chan struct{}
+	gen   uint64 // bumped by every set, so a timer of an older deadline that fires late does nothing
 }
 
 func newDeadline() *deadline { return &deadline{ch: make(chan struct{})} }
@@ -55,14 +56,28 @@ func (d *deadline) set(t time.Time) {
 		d.ch = make(chan struct{})
 	default:
 	}
+	d.gen++
 	if t.IsZero() {
 		return
 	}
-	ch := d.ch
 	if dur := time.Until(t); dur <= 0 {
-		close(ch)
+		close(d.ch)
 	} else {
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
+		gen := d.gen
+		d.timer = time.AfterFunc(dur, func() { d.expire(gen) })
+	}
+}
+
+func (d *deadline) expire(gen uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gen != gen {
+		return
+	}
+	select {
+	case <-d.ch:
+	default:
+		close(d.ch)
 	}
 }
 

@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -63,4 +64,35 @@ func (n *InprocNetwork) Connect(ctx context.Context, m Membership) ([]net.Conn, 
 		}
 	}
 	return conns, nil
+}
+
+// InprocGroups joins n ranks of job over a fresh in-process network and
+// returns their groups, rank order. It is for tests and single-process
+// simulations of a job.
+func InprocGroups(ctx context.Context, n int, job string, gen uint64, opts Options) ([]*Group, error) {
+	network := NewInprocNetwork()
+	peers := make([]string, n)
+	for i := range peers {
+		peers[i] = fmt.Sprintf("inproc-%d", i)
+	}
+	groups := make([]*Group, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			groups[r], errs[r] = Join(ctx, network, Membership{Job: job, Generation: gen, Rank: r, Peers: peers}, opts)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, g := range groups {
+			if g != nil {
+				g.Close()
+			}
+		}
+		return nil, err
+	}
+	return groups, nil
 }
