@@ -19,6 +19,7 @@ import (
 const usage = `phalanx: a runtime for fault-tolerant, elastic distributed training.
 
 Usage:
+  phalanx train [flags]             train an example model data-parallel on N local worker processes
   phalanx bench allreduce [flags]   allreduce figures over N local processes (nccl-tests style)
   phalanx bench tcp [flags]         raw single-stream loopback TCP throughput, the reference line
   phalanx version                   print the version
@@ -65,6 +66,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usagef("no command given")
 	}
 	switch args[0] {
+	case "train":
+		return runTrain(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "version":

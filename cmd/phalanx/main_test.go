@@ -25,6 +25,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "allreduce", "--transport", "udp"}, "--transport"},
 		{[]string{"bench", "allreduce", "--nope"}, "not defined"},
 		{[]string{"bench", "tcp", "--duration", "-1s"}, "--duration"},
+		{[]string{"train", "--workers", "0"}, "--workers 0"},
+		{[]string{"train", "--example", "gpt"}, "--example"},
+		{[]string{"train", "--steps", "0"}, "--steps 0"},
+		{[]string{"train", "--lr", "-1"}, "learning rate"},
+		{[]string{"train", "--optimizer", "lion"}, "unknown optimizer"},
+		{[]string{"train", "--schedule", "exp"}, "unknown schedule"},
+		{[]string{"train", "--hidden", "512,x"}, "width"},
+		{[]string{"train", "--bucket", "lots"}, "--bucket"},
 	}
 	for _, tc := range cases {
 		var out, errOut bytes.Buffer

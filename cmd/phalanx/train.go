@@ -1,0 +1,338 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/examples/mlp"
+	"github.com/phalanx-rt/phalanx/internal/events"
+	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+type trainConfig struct {
+	example     string
+	workers     int
+	steps       int64
+	batch       int
+	opt         nn.OptimizerConfig
+	sched       nn.Schedule
+	clip        float64
+	micro       int
+	localSteps  int
+	commitEvery int
+	bucket      int
+	seed        uint64
+	hidden      []int
+	samples     int
+	dataDir     string
+	eventsPath  string
+	threads     int
+	timeout     time.Duration
+	asRank      int
+	bind        string
+	logLevel    string
+	rawArgs     []string
+}
+
+func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("train",
+		"Trains an example model data-parallel on --workers local worker processes (one rank each, over\n"+
+			"loopback TCP), like torchrun --standalone. Shows progress (step, loss, samples/s, ETA) and ends\n"+
+			"with the final loss and the accuracy on held-out data.", stderr)
+	var c trainConfig
+	fs.StringVar(&c.example, "example", "mlp", "example to train: mlp")
+	fs.IntVar(&c.workers, "workers", 2, "worker processes (ranks), 1..64")
+	fs.Int64Var(&c.steps, "steps", 300, "the job's total number of steps")
+	fs.IntVar(&c.batch, "batch", 256, "global batch: samples per step across all workers")
+	fs.StringVar(&c.opt.Kind, "optimizer", "momentum", "optimizer: sgd, momentum, adam or adamw")
+	fs.Float64Var(&c.sched.Base, "lr", 0.05, "base learning rate")
+	fs.Float64Var(&c.opt.Momentum, "momentum", 0.9, "momentum factor (optimizer momentum)")
+	fs.BoolVar(&c.opt.Nesterov, "nesterov", false, "Nesterov momentum")
+	fs.Float64Var(&c.opt.WeightDecay, "weight-decay", 0, "weight decay (L2; decoupled for adamw)")
+	fs.StringVar(&c.sched.Kind, "schedule", "cosine", "learning-rate schedule after warm-up: constant, step or cosine (to 0 at --steps)")
+	fs.Int64Var(&c.sched.Warmup, "warmup", 10, "linear warm-up steps")
+	fs.Int64Var(&c.sched.Every, "decay-every", 100, "step schedule: decay period in steps")
+	fs.Float64Var(&c.sched.Gamma, "decay-factor", 0.1, "step schedule: factor applied every --decay-every steps")
+	fs.Float64Var(&c.clip, "clip", 0, "clip gradients to this global L2 norm (0: off)")
+	fs.IntVar(&c.micro, "micro-batches", 1, "gradient accumulation: micro-batches per worker per step, one allreduce per step")
+	fs.IntVar(&c.localSteps, "local-steps", 1, "1: average gradients every step; K > 1: local SGD, average parameters every K steps")
+	fs.IntVar(&c.commitEvery, "commit-every", 1, "commit the training state in memory every this many steps")
+	bucket := fs.String("bucket", "1MiB", "gradient fusion bucket size")
+	fs.Uint64Var(&c.seed, "seed", 1, "seed of the weights, the synthetic data and the shuffle")
+	hidden := fs.String("hidden", "512,512", "mlp: comma-separated hidden layer widths")
+	fs.IntVar(&c.samples, "samples", 60000, "mlp: synthetic training samples (a further 10000 are held out)")
+	fs.StringVar(&c.dataDir, "data", "", "mlp: directory with MNIST's IDX files instead of the synthetic task")
+	fs.StringVar(&c.eventsPath, "events", "", "write the job's events as JSON lines to this file (see docs/events.md)")
+	fs.IntVar(&c.threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1")
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline of every collective operation")
+	fs.IntVar(&c.asRank, "as-rank", -1, "internal: run as this rank of a job launched by phalanx train")
+	fs.StringVar(&c.bind, "bind", "127.0.0.1:0", "with --as-rank: data-plane listen address")
+	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var err error
+	switch {
+	case c.example != "mlp":
+		return usagef("--example %q: the examples are: mlp", c.example)
+	case c.workers < 1 || c.workers > 64:
+		return usagef("--workers %d: want 1..64", c.workers)
+	case c.steps < 1:
+		return usagef("--steps %d: want at least 1", c.steps)
+	case c.batch < 1:
+		return usagef("--batch %d: want at least 1", c.batch)
+	case c.micro < 1 || c.localSteps < 1 || c.commitEvery < 1:
+		return usagef("--micro-batches, --local-steps and --commit-every must be at least 1")
+	case c.threads < 0:
+		return usagef("--threads %d: must not be negative", c.threads)
+	case c.samples < 1:
+		return usagef("--samples %d: want at least 1", c.samples)
+	case c.timeout <= 0:
+		return usagef("--timeout %v: must be positive", c.timeout)
+	}
+	if c.bucket, err = parseSize(*bucket); err != nil || c.bucket < 1 {
+		return usagef("--bucket %q: want a size such as 1MiB", *bucket)
+	}
+	if c.hidden, err = parseWidths(*hidden); err != nil {
+		return usagef("--hidden: %v", err)
+	}
+	if c.sched.Kind == "cosine" {
+		c.sched.Total = max(c.steps, c.sched.Warmup+1)
+	}
+	if err := c.sched.Validate(); err != nil {
+		return usagef("learning rate: %v", err)
+	}
+	if _, err := nn.NewOptimizer(c.opt, nil); err != nil {
+		return usagef("--optimizer: %v", err)
+	}
+	c.rawArgs = args
+	log, err := newLogger(c.logLevel, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	if c.asRank >= 0 {
+		return trainRank(ctx, c, stdout, log)
+	}
+	return trainJob(ctx, c, stdout, stderr)
+}
+
+func parseWidths(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		w, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || w < 1 {
+			return nil, fmt.Errorf("width %q: want a positive integer", f)
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// report is a line from rank 0 to the launcher.
+type report struct {
+	Kind       string  `json:"kind"` // step or done
+	Step       int64   `json:"step"`
+	Generation uint64  `json:"generation"`
+	World      int     `json:"world"`
+	Loss       float64 `json:"loss"`
+	Accuracy   float64 `json:"accuracy"`
+	SamplesPS  float64 `json:"samples_per_s"`
+	ComputeS   float64 `json:"compute_s"`
+	CommS      float64 `json:"comm_s"`
+	StepS      float64 `json:"step_s"`
+}
+
+// trainJob launches the workers and follows rank 0's reports.
+func trainJob(ctx context.Context, c trainConfig, stdout, stderr io.Writer) error {
+	var ev *events.Log
+	if c.eventsPath != "" {
+		f, err := os.OpenFile(c.eventsPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return fmt.Errorf("--events: %w", err)
+		}
+		defer f.Close()
+		ev = events.New(f, nil)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	procs, err := launch.Start(startCtx, c.workers, func(rank int) *exec.Cmd {
+		args := append([]string{"train"}, c.rawArgs...)
+		args = append(args, "--as-rank", strconv.Itoa(rank))
+		cmd := exec.CommandContext(ctx, exe, args...)
+		cmd.Stderr = stderr
+		return cmd
+	})
+	if err != nil {
+		return err
+	}
+	defer launch.Kill(procs)
+	for _, p := range procs {
+		ev.Emit("worker_started", events.F("rank", p.Rank), events.F("pid", p.Pid()), events.F("addr", p.Addr))
+	}
+	fmt.Fprintf(stdout, "phalanx train: %s on %d workers, %d steps, global batch %d\n", c.example, c.workers, c.steps, c.batch)
+	start := time.Now()
+	every := max(1, c.steps/20)
+	var done *report
+	sc := bufio.NewScanner(procs[0].Out)
+	for sc.Scan() {
+		var r report
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return fmt.Errorf("rank 0 printed %q: %w", sc.Text(), err)
+		}
+		switch r.Kind {
+		case "step":
+			ev.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
+				events.F("loss", r.Loss), events.F("samples_per_s", r.SamplesPS))
+			if r.Step%every == 0 || r.Step == c.steps {
+				elapsed := time.Since(start)
+				eta := time.Duration(float64(elapsed) / float64(r.Step) * float64(c.steps-r.Step))
+				fmt.Fprintf(stdout, "step %*d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s  ETA %s\n",
+					len(strconv.FormatInt(c.steps, 10)), r.Step, c.steps, r.Loss, 100*r.Accuracy, r.SamplesPS, eta.Round(time.Second))
+			}
+		case "done":
+			done = &r
+			ev.Emit("done", events.F("step", r.Step), events.F("accuracy", r.Accuracy), events.F("loss", r.Loss))
+		}
+	}
+	var failed error
+	for _, p := range procs {
+		p.In.Close()
+		if err := p.Cmd.Wait(); err != nil {
+			failed = errors.Join(failed, fmt.Errorf("worker rank %d (pid %d): %w", p.Rank, p.Pid(), err))
+		}
+	}
+	if failed != nil {
+		return failed
+	}
+	if done == nil {
+		return fmt.Errorf("rank 0 ended without a result")
+	}
+	fmt.Fprintf(stdout, "done: %d steps in %s; held-out loss %.4f, accuracy %.2f%%\n",
+		done.Step, time.Since(start).Round(time.Millisecond), done.Loss, 100*done.Accuracy)
+	return nil
+}
+
+// trainRank is one worker process.
+func trainRank(ctx context.Context, c trainConfig, stdout io.Writer, log *zap.Logger) error {
+	runtime.GOMAXPROCS(launch.ThreadsPerRank(c.threads, c.workers))
+	log = log.With(zap.Int("rank", c.asRank))
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.bind, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	peers, err := launch.Announce(stdout, bufio.NewReader(os.Stdin), tr.Addr())
+	if err != nil {
+		return err
+	}
+	train, test, err := loadMLPData(c)
+	if err != nil {
+		return err
+	}
+	m := collective.Membership{Job: "train", Generation: 1, Rank: c.asRank, Peers: peers}
+	g, err := collective.Join(ctx, tr, m, collective.Options{Timeout: c.timeout, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	model, err := mlp.New(append(append([]int{train.Features}, c.hidden...), train.Classes), c.seed)
+	if err != nil {
+		return err
+	}
+	opt, err := nn.NewOptimizer(c.opt, model.Params())
+	if err != nil {
+		return err
+	}
+	cfg := worker.Config{GlobalBatch: c.batch, MicroBatches: c.micro, LocalSteps: c.localSteps, ClipNorm: c.clip,
+		CommitEvery: c.commitEvery, BucketBytes: c.bucket, Schedule: c.sched, Seed: c.seed}
+	t, err := worker.NewTrainer(ctx, g, model, train, opt, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if err := t.State().Sync(ctx, g, 0); err != nil {
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	prev := time.Now()
+	for t.State().Step < c.steps {
+		st, err := t.Step(ctx)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if g.Rank() == 0 {
+			enc.Encode(report{Kind: "step", Step: st.Step, Generation: m.Generation, World: g.Size(), Loss: st.Loss,
+				Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
+				ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds()})
+		}
+		prev = now
+	}
+	loss, acc, err := evaluate(ctx, g, model, test)
+	if err != nil {
+		return err
+	}
+	if g.Rank() == 0 {
+		enc.Encode(report{Kind: "done", Step: t.State().Step, World: g.Size(), Loss: loss, Accuracy: acc})
+	}
+	return nil
+}
+
+func loadMLPData(c trainConfig) (train, test *mlp.Data, err error) {
+	if c.dataDir != "" {
+		return mlp.LoadMNIST(c.dataDir)
+	}
+	if train, err = mlp.Synthetic(c.samples, 784, 10, c.seed, 1); err != nil {
+		return nil, nil, err
+	}
+	test, err = mlp.Synthetic(10000, 784, 10, c.seed, 2)
+	return train, test, err
+}
+
+// evaluate scores the model on every rank's share of data and combines them.
+func evaluate(ctx context.Context, g *collective.Group, m worker.Evaluator, data *mlp.Data) (loss, acc float64, err error) {
+	lo, hi := collective.ShardRange(data.Len(), g.Size(), g.Rank())
+	var b worker.Batch
+	idx := make([]int, 0, 1000)
+	sums := make([]float64, 2)
+	for a := lo; a < hi; a += 1000 {
+		idx = idx[:0]
+		for i := a; i < min(a+1000, hi); i++ {
+			idx = append(idx, i)
+		}
+		if err := data.Fill(idx, &b); err != nil {
+			return 0, 0, err
+		}
+		r, err := m.Evaluate(&b)
+		if err != nil {
+			return 0, 0, err
+		}
+		sums[0] += r.LossSum
+		sums[1] += float64(r.Correct)
+	}
+	if err := g.AllReduce(ctx, collective.Float64s(sums), collective.Sum); err != nil {
+		return 0, 0, fmt.Errorf("evaluation: %w", err)
+	}
+	n := float64(data.Len())
+	return sums[0] / n, sums[1] / n, nil
+}

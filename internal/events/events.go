@@ -1,0 +1,62 @@
+// Package events writes a job's event log: one JSON object per line, each
+// with "ts" (unix seconds, float) and "event", then the event's fields. The
+// schema is documented in docs/events.md. It is written by the launching
+// process only, so one file holds the whole job.
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// Log appends events to a writer; it is safe for concurrent use.
+type Log struct {
+	mu  sync.Mutex
+	w   io.Writer
+	now func() time.Time
+	buf bytes.Buffer
+}
+
+// New writes to w, stamping events with now (time.Now when nil).
+func New(w io.Writer, now func() time.Time) *Log {
+	if now == nil {
+		now = time.Now
+	}
+	return &Log{w: w, now: now}
+}
+
+// Field is one key and value of an event.
+type Field struct {
+	Key   string
+	Value any
+}
+
+// F is a Field.
+func F(key string, value any) Field { return Field{key, value} }
+
+// Emit writes one event. A nil Log discards it.
+func (l *Log) Emit(event string, fields ...Field) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := &l.buf
+	b.Reset()
+	t := l.now()
+	fmt.Fprintf(b, `{"ts":%.6f,"event":%q`, float64(t.UnixNano())/1e9, event)
+	for _, f := range fields {
+		v, err := json.Marshal(f.Value)
+		if err != nil {
+			return fmt.Errorf("events: %s.%s: %w", event, f.Key, err)
+		}
+		fmt.Fprintf(b, `,%q:%s`, f.Key, v)
+	}
+	b.WriteString("}\n")
+	_, err := l.w.Write(b.Bytes())
+	return err
+}
