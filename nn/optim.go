@@ -98,17 +98,30 @@ type Momentum struct {
 func (o *Momentum) Slots() []Tensor { return o.buf }
 
 func (o *Momentum) Update(params []*Param, lr float32, _ int64) {
+	mu, wd := o.Mu, o.WeightDecay
 	for k, p := range params {
-		b := o.buf[k].Data
-		for i, g := range p.Grad {
-			g += o.WeightDecay * p.Value[i]
-			b[i] = o.Mu*b[i] + g
-			if o.Nesterov {
-				g += o.Mu * b[i]
-			} else {
-				g = b[i]
+		b, v := o.buf[k].Data, p.Value
+		grad := p.Grad[:len(b)]
+		v = v[:len(b)]
+		switch {
+		case wd == 0 && !o.Nesterov: // the common case, kept branch-free
+			for i, g := range grad {
+				m := mu*b[i] + g
+				b[i] = m
+				v[i] -= lr * m
 			}
-			p.Value[i] -= lr * g
+		default:
+			for i, g := range grad {
+				g += wd * v[i]
+				m := mu*b[i] + g
+				b[i] = m
+				if o.Nesterov {
+					g += mu * m
+				} else {
+					g = m
+				}
+				v[i] -= lr * g
+			}
 		}
 	}
 }

@@ -202,7 +202,8 @@ func trainJob(ctx context.Context, c trainConfig, stdout, stderr io.Writer) erro
 		switch r.Kind {
 		case "step":
 			ev.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
-				events.F("loss", r.Loss), events.F("samples_per_s", r.SamplesPS))
+				events.F("loss", r.Loss), events.F("samples_per_s", r.SamplesPS),
+				events.F("step_s", r.StepS), events.F("compute_s", r.ComputeS), events.F("comm_s", r.CommS))
 			if r.Step%every == 0 || r.Step == c.steps {
 				elapsed := time.Since(start)
 				eta := time.Duration(float64(elapsed) / float64(r.Step) * float64(c.steps-r.Step))
