@@ -1,0 +1,102 @@
+package actors
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// flaky panics on every "boom" message; its starts are counted outside the
+// instance, as a restarted actor's restored state would be.
+type flaky struct{ starts chan<- int }
+
+type boom struct{}
+
+func (f *flaky) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *actor.Started:
+		f.starts <- 1
+	case *boom:
+		panic("boom")
+	}
+}
+
+func TestSupervisorRestartsWithBackoffThenGivesUp(t *testing.T) {
+	sys, err := NewSystem(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	var mu sync.Mutex
+	var delays []time.Duration
+	gaveUp := make(chan *GiveUpError, 1)
+	strategy := &Strategy{
+		Budget: Budget{MaxRestarts: 3, Window: time.Hour, Backoff: 10 * time.Millisecond, MaxBackoff: 25 * time.Millisecond},
+		AfterFunc: func(d time.Duration, f func()) {
+			mu.Lock()
+			delays = append(delays, d)
+			mu.Unlock()
+			f()
+		},
+		GiveUp: func(e *GiveUpError) { gaveUp <- e },
+	}
+	starts := make(chan int, 16)
+	_, pids, err := StartSupervisor(sys, "sup", strategy, Child{Name: "flaky", Props: actor.PropsFromProducer(func() actor.Actor { return &flaky{starts: starts} })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-starts:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s", what)
+		}
+	}
+	wait("first start")
+	for i := range 3 {
+		sys.Root.Send(pids[0], &boom{})
+		wait("restart " + string(rune('1'+i)))
+	}
+	sys.Root.Send(pids[0], &boom{})
+	select {
+	case e := <-gaveUp:
+		if e.Failures != 4 || e.Child != pids[0].Id || e.Reason != "boom" {
+			t.Errorf("gave up with %+v", e)
+		}
+		var ge *GiveUpError
+		if !errors.As(error(e), &ge) || ge.Error() == "" {
+			t.Error("not an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the supervisor did not give up after the budget was spent")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 25 * time.Millisecond}
+	if len(delays) != len(want) {
+		t.Fatalf("backoffs %v, want %v", delays, want)
+	}
+	for i := range want {
+		if delays[i] != want[i] {
+			t.Errorf("backoff %d = %v, want %v", i, delays[i], want[i])
+		}
+	}
+}
+
+func TestRemoteSystemAddress(t *testing.T) {
+	sys, err := NewSystem(Options{Remote: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	if addr := sys.Address(); addr == "" || addr == "nonhost" {
+		t.Errorf("remote system address %q", addr)
+	}
+	if _, err := NewSystem(Options{Remote: true, Bind: "127.0.0.1:notaport"}); err == nil {
+		t.Error("bad bind address accepted")
+	}
+}

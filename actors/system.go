@@ -1,0 +1,99 @@
+package actors
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+	"google.golang.org/grpc"
+)
+
+// Options configure a System.
+type Options struct {
+	Logger *zap.Logger
+	// Remote starts protoactor's gRPC server so actors of other processes can
+	// reach this system's actors.
+	Remote bool
+	// Bind is the remote listen address (default 127.0.0.1:0, a free port).
+	Bind string
+	// Advertise is the address other processes use, when Bind is not it.
+	Advertise string
+	// MaxMessageBytes bounds a received gRPC batch (default 16 MiB; gRPC's own
+	// 4 MiB default drops larger batches silently).
+	MaxMessageBytes int
+}
+
+// System is a process's actor system.
+type System struct {
+	*actor.ActorSystem
+	remote *remote.Remote
+	log    *zap.Logger
+}
+
+// NewSystem starts an actor system whose own logs go to opts.Logger.
+func NewSystem(opts Options) (sys *System, err error) {
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	core := log.Named("protoactor").Core()
+	as := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(zapslog.NewHandler(core))
+	}))
+	s := &System{ActorSystem: as, log: log}
+	if !opts.Remote {
+		return s, nil
+	}
+	bind := opts.Bind
+	if bind == "" {
+		bind = "127.0.0.1:0"
+	}
+	host, portStr, err := net.SplitHostPort(bind)
+	if err != nil {
+		return nil, fmt.Errorf("actors: bind address %q: %w", bind, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("actors: bind address %q: port: %w", bind, err)
+	}
+	maxBytes := opts.MaxMessageBytes
+	if maxBytes <= 0 {
+		maxBytes = 16 << 20
+	}
+	cfgOpts := []remote.ConfigOption{
+		remote.WithServerOptions(grpc.MaxRecvMsgSize(maxBytes)),
+		remote.WithEndpointWriterBatchSize(64),
+	}
+	if opts.Advertise != "" {
+		cfgOpts = append(cfgOpts, remote.WithAdvertisedHost(opts.Advertise))
+	}
+	s.remote = remote.NewRemote(as, remote.Configure(host, port, cfgOpts...))
+	defer func() {
+		if v := recover(); v != nil { // Start panics when it cannot listen
+			as.Shutdown()
+			sys, err = nil, fmt.Errorf("actors: starting remote on %s: %v", bind, v)
+		}
+	}()
+	s.remote.Start()
+	return s, nil
+}
+
+// Address is where other processes reach this system ("nonhost" when it is
+// not remote).
+func (s *System) Address() string { return s.ProcessRegistry.Address }
+
+// Ref is the PID of actor id on the system at address.
+func Ref(address, id string) *actor.PID { return actor.NewPID(address, id) }
+
+// Shutdown stops the remote server and the actor system.
+func (s *System) Shutdown() {
+	if s.remote != nil {
+		s.remote.Shutdown(false)
+	}
+	s.ActorSystem.Shutdown()
+}
