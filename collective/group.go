@@ -160,6 +160,11 @@ func (g *Group) Err() error {
 	return g.err
 }
 
+// Failed is closed when the group breaks (a peer lost, a protocol error, an
+// abort, Close); Err then says why. It lets a caller that waits on something
+// else — a control-plane message — notice a dead peer between operations.
+func (g *Group) Failed() <-chan struct{} { return g.dead }
+
 // Abort fails the running operation (if any) and the group on this rank, and
 // tells the peers, whose operations fail with ErrAborted.
 func (g *Group) Abort(reason string) {

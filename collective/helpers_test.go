@@ -20,14 +20,7 @@ func inprocGroups(t testing.TB, n int, gen uint64, opts Options) []*Group {
 	return groups
 }
 
-func closeGroups(groups []*Group) {
-	var wg sync.WaitGroup
-	for _, g := range groups {
-		wg.Add(1)
-		go func() { defer wg.Done(); g.Close() }()
-	}
-	wg.Wait()
-}
+func closeGroups(groups []*Group) { CloseGroups(groups) }
 
 // onEveryRank runs f concurrently for every rank and returns the errors.
 func onEveryRank(groups []*Group, f func(r int, g *Group) error) []error {

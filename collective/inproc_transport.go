@@ -96,3 +96,16 @@ func InprocGroups(ctx context.Context, n int, job string, gen uint64, opts Optio
 	}
 	return groups, nil
 }
+
+// CloseGroups closes groups concurrently, as the ranks of a job would: a
+// healthy Close waits for the peers to close too.
+func CloseGroups(groups []*Group) {
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		if g != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); g.Close() }()
+		}
+	}
+	wg.Wait()
+}

@@ -104,6 +104,10 @@ type Trainer struct {
 	values [][]float32 // parameter values, for local SGD averaging
 	idx    []int
 	batch  Batch
+	phase  phase
+	pend   pending
+
+	beforeUpdate func(step int64) // test hook: runs inside the update phase
 }
 
 // NewTrainer prepares a trainer; the group's world size and rank decide this
@@ -155,24 +159,64 @@ func (t *Trainer) mark(k int) error {
 	return t.fuser.MarkReady(k)
 }
 
-// Step runs one training step: every rank's share of the global batch, the
-// gradient (or, every K steps in local SGD, parameter) averaging, clipping and
-// the optimizer update, then a commit when one is due.
-func (t *Trainer) Step(ctx context.Context) (st StepStats, err error) {
-	start := time.Now()
+// phase is where a trainer is in its step, so Recover knows what a failure
+// may have touched.
+type phase uint8
+
+const (
+	phaseIdle      phase = iota // between steps
+	phaseComputing              // model code: only gradients change
+	phaseComputed               // gradients ready, no collective issued
+	phaseReducing               // allreduce in flight
+	phaseUpdating               // optimizer writing parameters and slots
+)
+
+// pending is the step between Compute and Finish.
+type pending struct {
+	step    int64
+	size    int
+	next    Position
+	sum     float64
+	correct int
+	start   time.Time
+	compute time.Duration
+	clipped bool // clipping already scaled the gradients (a retried update must not again)
+}
+
+// Step runs one training step: every rank's share of the global batch, with
+// each gradient bucket's allreduce started as soon as the backward pass has
+// filled it, then clipping, the optimizer update and a commit when one is due.
+func (t *Trainer) Step(ctx context.Context) (StepStats, error) {
+	if err := t.compute(ctx, true); err != nil {
+		return StepStats{}, err
+	}
+	return t.Finish(ctx)
+}
+
+// Compute runs this rank's forward and backward passes of the next step and
+// issues no collective operation, so a failure in model code leaves the other
+// ranks untouched: Recover, then Compute again. Finish completes the step.
+func (t *Trainer) Compute(ctx context.Context) error { return t.compute(ctx, false) }
+
+// NextStep is the step Compute works on, counted from 1.
+func (t *Trainer) NextStep() int64 { return t.state.Step + 1 }
+
+func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 	s := t.state
-	step := s.Step + 1
+	p := &t.pend
+	*p = pending{step: s.Step + 1, start: time.Now()}
 	defer func() {
 		if v := recover(); v != nil {
-			err = &PanicError{Step: step, Value: v, Stack: debug.Stack()}
+			err = &PanicError{Step: p.step, Value: v, Stack: debug.Stack()}
 		}
 	}()
+	t.phase = phaseComputing
 	world, rank := t.g.Size(), t.g.Rank()
 	idx, size, next, err := t.sampler.Batch(s.Position, t.cfg.GlobalBatch, world, rank, t.idx[:0])
 	if err != nil {
-		return st, err
+		return err
 	}
-	t.idx = idx
+	t.idx, p.size, p.next = idx, size, next
 	local := t.cfg.LocalSteps > 1
 	scale := float32(1) / float32(size)
 	if local {
@@ -182,15 +226,13 @@ func (t *Trainer) Step(ctx context.Context) (st StepStats, err error) {
 	t.fuser.Reset()
 	clear(t.marked)
 	var ready func(int)
-	if !local {
-		ready = func(p int) {
-			if p >= 0 && p < len(t.slot) && err == nil {
-				err = t.mark(t.slot[p])
+	if overlap && !local {
+		ready = func(i int) {
+			if i >= 0 && i < len(t.slot) && err == nil {
+				err = t.mark(t.slot[i])
 			}
 		}
 	}
-	var sum float64
-	var correct int
 	mb := t.cfg.MicroBatches
 	for m := range mb {
 		lo, hi := m*len(idx)/mb, (m+1)*len(idx)/mb
@@ -198,7 +240,7 @@ func (t *Trainer) Step(ctx context.Context) (st StepStats, err error) {
 			continue
 		}
 		if err := t.data.Fill(idx[lo:hi], &t.batch); err != nil {
-			return st, fmt.Errorf("worker: step %d: loading samples: %w", step, err)
+			return fmt.Errorf("worker: step %d: loading samples: %w", p.step, err)
 		}
 		var cb func(int)
 		if hi == len(idx) {
@@ -206,19 +248,37 @@ func (t *Trainer) Step(ctx context.Context) (st StepStats, err error) {
 		}
 		res, merr := t.model.Step(&t.batch, scale, cb)
 		if merr != nil {
-			return st, fmt.Errorf("worker: step %d: model: %w", step, merr)
+			return fmt.Errorf("worker: step %d: model: %w", p.step, merr)
 		}
 		if err != nil {
-			return st, err
+			return err
 		}
-		sum += res.LossSum
-		correct += res.Correct
+		p.sum += res.LossSum
+		p.correct += res.Correct
 	}
-	st.Compute = time.Since(start)
-	t.stats[0], t.stats[1] = float32(sum), float32(correct)
-	if local {
+	p.compute = time.Since(p.start)
+	t.phase = phaseComputed
+	return nil
+}
+
+// Finish reduces the gradients computed by Compute (or, in local SGD, the
+// statistics), checks them, clips them, applies the optimizer and commits
+// when a commit is due.
+func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
+	p := &t.pend
+	if t.phase != phaseComputed {
+		return st, fmt.Errorf("worker: Finish of step %d without a completed Compute", p.step)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Step: p.step, Value: v, Stack: debug.Stack()}
+		}
+	}()
+	t.phase = phaseReducing
+	t.stats[0], t.stats[1] = float32(p.sum), float32(p.correct)
+	if t.cfg.LocalSteps > 1 {
 		if err := t.g.AllReduce(ctx, collective.Float32s(t.stats), collective.Sum); err != nil {
-			return st, fmt.Errorf("worker: step %d: %w", step, err)
+			return st, fmt.Errorf("worker: step %d: %w", p.step, err)
 		}
 	} else {
 		for k := range t.marked {
@@ -227,35 +287,92 @@ func (t *Trainer) Step(ctx context.Context) (st StepStats, err error) {
 			}
 		}
 		if err := t.fuser.Wait(ctx); err != nil {
-			return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", step, err)
+			return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", p.step, err)
 		}
 	}
-	st.Comm = time.Since(start) - st.Compute
+	st.Comm = time.Since(p.start) - p.compute
 	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
-		return st, &NonFiniteError{Step: step}
+		return st, &NonFiniteError{Step: p.step}
 	}
-	if err := checkFinite(t.params, step); err != nil {
+	if err := checkFinite(t.params, p.step); err != nil {
 		return st, err
 	}
-	if t.cfg.ClipNorm > 0 {
+	return t.update(ctx, st)
+}
+
+// update applies the reduced gradients; Recover re-runs it after a failure
+// part-way through.
+func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
+	p, s := &t.pend, t.state
+	t.phase = phaseUpdating
+	if t.cfg.ClipNorm > 0 && !p.clipped {
 		st.GradNorm = nn.ClipGlobalNorm(t.params, t.cfg.ClipNorm)
+		p.clipped = true
 	}
 	st.LR = t.cfg.Schedule.LR(s.Step)
-	t.opt.Update(t.params, st.LR, step)
-	if local && step%int64(t.cfg.LocalSteps) == 0 {
+	if t.beforeUpdate != nil {
+		t.beforeUpdate(p.step)
+	}
+	t.opt.Update(t.params, st.LR, p.step)
+	if t.cfg.LocalSteps > 1 && p.step%int64(t.cfg.LocalSteps) == 0 {
 		if err := collective.AllReduceTensors(ctx, t.g, t.values, collective.Avg, t.cfg.BucketBytes); err != nil {
-			return st, fmt.Errorf("worker: step %d: parameter averaging: %w", step, err)
+			return st, fmt.Errorf("worker: step %d: parameter averaging: %w", p.step, err)
 		}
 	}
-	s.Step, s.Position = step, next
-	if step%int64(t.cfg.CommitEvery) == 0 {
+	s.Step, s.Position = p.step, p.next
+	if p.step%int64(t.cfg.CommitEvery) == 0 {
 		s.Commit()
 	}
-	st.Step, st.Samples, st.Epoch = step, size, next.Epoch
-	st.Loss = float64(t.stats[0]) / float64(size)
-	st.Accuracy = float64(t.stats[1]) / float64(size)
-	st.Total = time.Since(start)
+	t.phase = phaseIdle
+	st.Step, st.Samples, st.Epoch = p.step, p.size, p.next.Epoch
+	st.Loss = float64(t.stats[0]) / float64(p.size)
+	st.Accuracy = float64(t.stats[1]) / float64(p.size)
+	st.Compute = p.compute
+	st.Total = time.Since(p.start)
 	return st, nil
+}
+
+// ErrUnrecoverable is returned by Recover when a failure left state it
+// cannot repair alone.
+var ErrUnrecoverable = errors.New("worker: state cannot be recovered on this rank alone")
+
+// Recover repairs the trainer after a failure (a recovered panic) inside
+// Compute or Finish, from the last in-memory commit, and reports what to do
+// next: true when the step's gradients are already reduced and applied again
+// (the step is complete and stats hold its figures), false when the step must
+// be computed again. A failure in model code touched only gradients: the
+// state is restored to the commit of the step's start when there is one, and
+// the step is recomputed. A failure in the optimizer update is repaired by
+// restoring that commit and applying the reduced gradients again, which needs
+// a commit at the step's start (CommitEvery 1). A failure while gradients
+// were being reduced broke the group itself and is not recoverable here.
+func (t *Trainer) Recover(ctx context.Context) (done bool, st StepStats, err error) {
+	s := t.state
+	committed, ok := s.Committed()
+	atStart := ok && committed == t.pend.step-1 && s.Step == committed
+	switch t.phase {
+	case phaseIdle:
+		return false, st, nil
+	case phaseComputing, phaseComputed:
+		if atStart {
+			if err := s.Restore(); err != nil {
+				return false, st, err
+			}
+		}
+		t.phase = phaseIdle
+		return false, st, nil
+	case phaseUpdating:
+		if !atStart {
+			return false, st, fmt.Errorf("%w: step %d failed in the optimizer update and the last commit is of step %d (commit every step to recover from this)",
+				ErrUnrecoverable, t.pend.step, committed)
+		}
+		if err := s.Restore(); err != nil {
+			return false, st, err
+		}
+		st, err = t.update(ctx, StepStats{})
+		return err == nil, st, err
+	}
+	return false, st, fmt.Errorf("%w: step %d failed while its gradients were being reduced", ErrUnrecoverable, t.pend.step)
 }
 
 func checkFinite(params []*nn.Param, step int64) error {

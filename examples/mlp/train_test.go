@@ -46,10 +46,10 @@ func newRig(t *testing.T, world int, data worker.Dataset, cfg worker.Config, opt
 		r.trainers = append(r.trainers, tr)
 	}
 	t.Cleanup(func() {
-		for i := range r.groups {
-			r.trainers[i].Close()
-			r.groups[i].Close()
+		for _, tr := range r.trainers {
+			tr.Close()
 		}
+		collective.CloseGroups(r.groups)
 	})
 	return r
 }

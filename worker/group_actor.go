@@ -1,0 +1,72 @@
+package worker
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// GroupConfig configures the group actor: the control plane's step leader.
+type GroupConfig struct {
+	World      int
+	Generation uint64
+	// OnRestart is told of every rank restart (for the job's event log).
+	OnRestart func(*phalanxpb.RankRestarted)
+	Logger    *zap.Logger
+}
+
+// groupState outlives the actor instance, so a restarted group actor knows
+// which ranks are already ready.
+type groupState struct {
+	cfg   GroupConfig
+	ready map[int64]map[uint32]*actor.PID
+}
+
+// NewGroupProps returns the props of a group actor: it collects StepReady
+// from every rank and, once all are in, sends each of them StepGo. It holds no
+// tensors; the ranks reduce through the collective group.
+func NewGroupProps(cfg GroupConfig) *actor.Props {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	st := &groupState{cfg: cfg, ready: map[int64]map[uint32]*actor.PID{}}
+	return actor.PropsFromProducer(func() actor.Actor { return &groupActor{st: st} })
+}
+
+type groupActor struct{ st *groupState }
+
+func (a *groupActor) Receive(ctx actor.Context) {
+	st := a.st
+	switch m := ctx.Message().(type) {
+	case *phalanxpb.StepReady:
+		if m.Generation != st.cfg.Generation || int(m.Rank) >= st.cfg.World || m.From == nil {
+			st.cfg.Logger.Warn("refusing a step-ready message", zap.Uint32("rank", m.Rank), zap.Int64("step", m.Step),
+				zap.Uint64("generation", m.Generation), zap.Uint64("ours", st.cfg.Generation))
+			return
+		}
+		set := st.ready[m.Step]
+		if set == nil {
+			set = map[uint32]*actor.PID{}
+			st.ready[m.Step] = set
+		}
+		set[m.Rank] = actor.NewPID(m.From.Address, m.From.Id)
+		if len(set) < st.cfg.World {
+			return
+		}
+		delete(st.ready, m.Step)
+		parts := make([]uint32, 0, st.cfg.World)
+		for r := range st.cfg.World {
+			parts = append(parts, uint32(r))
+		}
+		for _, pid := range set {
+			ctx.Send(pid, &phalanxpb.StepGo{Step: m.Step, Generation: st.cfg.Generation, Participants: parts})
+		}
+	case *phalanxpb.RankRestarted:
+		st.cfg.Logger.Warn("rank restarted", zap.Uint32("rank", m.Rank), zap.Int64("committed_step", m.CommittedStep),
+			zap.String("reason", m.Reason), zap.Uint32("restarts", m.Restarts))
+		if st.cfg.OnRestart != nil {
+			st.cfg.OnRestart(m)
+		}
+	}
+}

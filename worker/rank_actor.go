@@ -1,0 +1,165 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// RankConfig configures a rank actor. The Trainer (model, optimizer, state,
+// group) belongs to the process and outlives the actor: a restarted rank actor
+// resumes it from its last commit.
+type RankConfig struct {
+	Trainer    *Trainer
+	Rank       int
+	Generation uint64
+	Steps      int64      // the job's total; the actor stops there
+	Group      *actor.PID // the group actor
+	// OnStep is told of every finished step; OnDone once, when the rank has
+	// done Steps steps or failed beyond what a restart can repair.
+	OnStep func(StepStats)
+	OnDone func(error)
+	// Context bounds the collective operations.
+	Context context.Context
+	Logger  *zap.Logger
+}
+
+type rankState struct {
+	cfg      RankConfig
+	starts   int
+	lastFail string
+	finished bool
+}
+
+// NewRankProps returns the props of a rank actor. It drives its Trainer
+// through the control-plane step protocol: compute the step's gradients,
+// tell the group actor (StepReady), and on its decision (StepGo) reduce,
+// apply and commit. A panic in model or optimizer code fails the actor; its
+// supervisor restarts it, the new instance repairs the trainer from the last
+// in-memory commit (Trainer.Recover) and rejoins at the step the others are
+// on, who see one slow step.
+func NewRankProps(cfg RankConfig) *actor.Props {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Context == nil {
+		cfg.Context = context.Background()
+	}
+	st := &rankState{cfg: cfg}
+	return actor.PropsFromProducer(func() actor.Actor { return &rankActor{st: st} })
+}
+
+type rankActor struct{ st *rankState }
+
+// computeNext is the rank's message to itself to start the next step.
+type computeNext struct{}
+
+func (a *rankActor) Receive(ctx actor.Context) {
+	st := a.st
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		st.starts++
+		if st.starts > 1 {
+			a.resume(ctx)
+			return
+		}
+		ctx.Send(ctx.Self(), &computeNext{})
+	case *computeNext:
+		a.compute(ctx)
+	case *phalanxpb.StepGo:
+		a.finish(ctx, m)
+	}
+}
+
+func (a *rankActor) done(err error) {
+	st := a.st
+	if st.finished {
+		return
+	}
+	st.finished = true
+	if st.cfg.OnDone != nil {
+		st.cfg.OnDone(err)
+	}
+}
+
+// compute runs the next step's forward and backward and reports readiness.
+// A panic inside is re-raised so the supervisor sees it and restarts us.
+func (a *rankActor) compute(ctx actor.Context) {
+	st := a.st
+	t := st.cfg.Trainer
+	if st.finished {
+		return
+	}
+	if t.State().Step >= st.cfg.Steps {
+		a.done(nil)
+		return
+	}
+	if err := t.Compute(st.cfg.Context); err != nil {
+		var pe *PanicError
+		if errors.As(err, &pe) {
+			st.lastFail = pe.Error()
+			panic(pe)
+		}
+		a.done(err)
+		return
+	}
+	ctx.Send(st.cfg.Group, &phalanxpb.StepReady{Rank: uint32(st.cfg.Rank), Step: t.NextStep(), Generation: st.cfg.Generation,
+		From: &phalanxpb.ActorRef{Address: ctx.Self().Address, Id: ctx.Self().Id}})
+}
+
+func (a *rankActor) finish(ctx actor.Context, m *phalanxpb.StepGo) {
+	st := a.st
+	t := st.cfg.Trainer
+	if st.finished {
+		return
+	}
+	if m.Generation != st.cfg.Generation || m.Step != t.NextStep() {
+		a.done(fmt.Errorf("worker: rank %d got the decision for step %d of generation %d while at step %d of generation %d",
+			st.cfg.Rank, m.Step, m.Generation, t.NextStep(), st.cfg.Generation))
+		return
+	}
+	stats, err := t.Finish(st.cfg.Context)
+	if err != nil {
+		var pe *PanicError
+		if errors.As(err, &pe) {
+			st.lastFail = pe.Error()
+			panic(pe)
+		}
+		a.done(err)
+		return
+	}
+	a.stepDone(ctx, stats)
+}
+
+func (a *rankActor) stepDone(ctx actor.Context, stats StepStats) {
+	if a.st.cfg.OnStep != nil {
+		a.st.cfg.OnStep(stats)
+	}
+	ctx.Send(ctx.Self(), &computeNext{})
+}
+
+// resume is a restarted instance's first act: repair the trainer from the
+// last commit, tell the group, and carry on where the step protocol stands.
+func (a *rankActor) resume(ctx actor.Context) {
+	st := a.st
+	t := st.cfg.Trainer
+	done, stats, err := t.Recover(st.cfg.Context)
+	committed, _ := t.State().Committed()
+	st.cfg.Logger.Warn("rank actor restarted", zap.Int("rank", st.cfg.Rank), zap.Int("restarts", st.starts-1),
+		zap.Int64("committed_step", committed), zap.Error(err))
+	ctx.Send(st.cfg.Group, &phalanxpb.RankRestarted{Rank: uint32(st.cfg.Rank), CommittedStep: committed,
+		Reason: st.lastFail, Restarts: uint32(st.starts - 1)})
+	switch {
+	case err != nil:
+		a.done(err)
+	case done:
+		a.stepDone(ctx, stats)
+	default:
+		ctx.Send(ctx.Self(), &computeNext{})
+	}
+}
