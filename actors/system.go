@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 )
 
@@ -33,6 +34,7 @@ type System struct {
 	*actor.ActorSystem
 	remote *remote.Remote
 	log    *zap.Logger
+	level  zap.AtomicLevel // of protoactor's own logs
 }
 
 // NewSystem starts an actor system whose own logs go to opts.Logger.
@@ -41,11 +43,22 @@ func NewSystem(opts Options) (sys *System, err error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	core := log.Named("protoactor").Core()
+	base := log.Named("protoactor").Core()
+	lowest := zapcore.DebugLevel
+	for lowest < zapcore.FatalLevel && !base.Enabled(lowest) {
+		lowest++
+	}
+	level := zap.NewAtomicLevelAt(lowest)
+	core := base // a logger that logs nothing needs no filter
+	if base.Enabled(lowest) {
+		if core, err = zapcore.NewIncreaseLevelCore(base, level); err != nil {
+			return nil, fmt.Errorf("actors: logger: %w", err)
+		}
+	}
 	as := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(zapslog.NewHandler(core))
 	}))
-	s := &System{ActorSystem: as, log: log}
+	s := &System{ActorSystem: as, log: log, level: level}
 	if !opts.Remote {
 		return s, nil
 	}
@@ -89,6 +102,12 @@ func (s *System) Address() string { return s.ProcessRegistry.Address }
 
 // Ref is the PID of actor id on the system at address.
 func Ref(address, id string) *actor.PID { return actor.NewPID(address, id) }
+
+// Quiet silences protoactor's own logs below fatal. A job calls it on every
+// process before the processes agree to stop (a barrier) and shut down: the
+// remote endpoints then report each peer's departure as a lost connection,
+// which is not news.
+func (s *System) Quiet() { s.level.SetLevel(zapcore.FatalLevel) }
 
 // Shutdown stops the remote server and the actor system.
 func (s *System) Shutdown() {

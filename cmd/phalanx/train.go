@@ -7,20 +7,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/examples/mlp"
 	"github.com/phalanx-rt/phalanx/internal/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -46,6 +50,10 @@ type trainConfig struct {
 	asRank      int
 	bind        string
 	logLevel    string
+	failRank    int
+	failStep    int64
+	failTimes   int
+	budget      actors.Budget
 	rawArgs     []string
 }
 
@@ -83,10 +91,28 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.asRank, "as-rank", -1, "internal: run as this rank of a job launched by phalanx train")
 	fs.StringVar(&c.bind, "bind", "127.0.0.1:0", "with --as-rank: data-plane listen address")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	failAt := fs.String("fail-at", "", "fault injection: RANK:STEP makes that rank's model code panic once at that step;\nits supervisor restarts the rank actor, which resumes from its commit")
+	fs.IntVar(&c.failTimes, "fail-times", 1, "fault injection: how many times in a row --fail-at fails")
+	c.budget = actors.DefaultBudget()
+	fs.IntVar(&c.budget.MaxRestarts, "max-restarts", c.budget.MaxRestarts, "restart budget: a rank actor failing more often than this within --restart-window ends the job")
+	fs.DurationVar(&c.budget.Window, "restart-window", c.budget.Window, "restart budget window")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	var err error
+	c.failRank = -1
+	if *failAt != "" {
+		r, st, ok := strings.Cut(*failAt, ":")
+		rank, err1 := strconv.Atoi(r)
+		step, err2 := strconv.ParseInt(st, 10, 64)
+		if !ok || err1 != nil || err2 != nil || rank < 0 || rank >= c.workers || step < 1 {
+			return usagef("--fail-at %q: want RANK:STEP with a rank below --workers and a step from 1", *failAt)
+		}
+		c.failRank, c.failStep = rank, step
+	}
+	if c.budget.MaxRestarts < 0 || c.budget.Window <= 0 {
+		return usagef("--max-restarts must not be negative and --restart-window must be positive")
+	}
 	switch {
 	case c.example != "mlp":
 		return usagef("--example %q: the examples are: mlp", c.example)
@@ -156,6 +182,9 @@ type report struct {
 	ComputeS   float64 `json:"compute_s"`
 	CommS      float64 `json:"comm_s"`
 	StepS      float64 `json:"step_s"`
+	Rank       int     `json:"rank,omitempty"`
+	Reason     string  `json:"reason,omitempty"`
+	Restarts   int     `json:"restarts,omitempty"`
 }
 
 // trainJob launches the workers and follows rank 0's reports.
@@ -187,7 +216,11 @@ func trainJob(ctx context.Context, c trainConfig, stdout, stderr io.Writer) erro
 	}
 	defer launch.Kill(procs)
 	for _, p := range procs {
-		ev.Emit("worker_started", events.F("rank", p.Rank), events.F("pid", p.Pid()), events.F("addr", p.Addr))
+		data, _, err := parseAnnouncement(p.Addr)
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", p.Rank, err)
+		}
+		ev.Emit("worker_started", events.F("rank", p.Rank), events.F("pid", p.Pid()), events.F("addr", data))
 	}
 	fmt.Fprintf(stdout, "phalanx train: %s on %d workers, %d steps, global batch %d\n", c.example, c.workers, c.steps, c.batch)
 	start := time.Now()
@@ -210,6 +243,10 @@ func trainJob(ctx context.Context, c trainConfig, stdout, stderr io.Writer) erro
 				fmt.Fprintf(stdout, "step %*d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s  ETA %s\n",
 					len(strconv.FormatInt(c.steps, 10)), r.Step, c.steps, r.Loss, 100*r.Accuracy, r.SamplesPS, eta.Round(time.Second))
 			}
+		case "restart":
+			ev.Emit("rank_restarted", events.F("rank", r.Rank), events.F("committed_step", r.Step),
+				events.F("reason", r.Reason), events.F("restarts", r.Restarts))
+			fmt.Fprintf(stdout, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
 		case "done":
 			done = &r
 			ev.Emit("done", events.F("step", r.Step), events.F("accuracy", r.Accuracy), events.F("loss", r.Loss))
@@ -233,7 +270,33 @@ func trainJob(ctx context.Context, c trainConfig, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// trainRank is one worker process.
+// reporter writes rank 0's report lines; the rank and group actors both do.
+type reporter struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+func (r *reporter) send(rep report) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.enc.Encode(rep)
+}
+
+// announcement is what a worker tells the launcher: its data-plane and
+// control-plane addresses.
+func announcement(data, control string) string { return data + "|" + control }
+
+func parseAnnouncement(s string) (data, control string, err error) {
+	data, control, ok := strings.Cut(s, "|")
+	if !ok || data == "" || control == "" {
+		return "", "", fmt.Errorf("worker address %q: want data|control", s)
+	}
+	return data, control, nil
+}
+
+// trainRank is one worker process: a data-plane endpoint, an actor system
+// whose supervisor owns this rank's actor (and, on rank 0, the group actor),
+// and the trainer they drive.
 func trainRank(ctx context.Context, c trainConfig, stdout io.Writer, log *zap.Logger) error {
 	runtime.GOMAXPROCS(launch.ThreadsPerRank(c.threads, c.workers))
 	log = log.With(zap.Int("rank", c.asRank))
@@ -242,9 +305,29 @@ func trainRank(ctx context.Context, c trainConfig, stdout io.Writer, log *zap.Lo
 		return err
 	}
 	defer tr.Close()
-	peers, err := launch.Announce(stdout, bufio.NewReader(os.Stdin), tr.Addr())
+	host, _, err := net.SplitHostPort(tr.Addr())
 	if err != nil {
 		return err
+	}
+	sys, err := actors.NewSystem(actors.Options{Logger: log, Remote: true, Bind: net.JoinHostPort(host, "0")})
+	if err != nil {
+		return err
+	}
+	defer sys.Shutdown()
+	list, err := launch.Announce(stdout, bufio.NewReader(os.Stdin), announcement(tr.Addr(), sys.Address()))
+	if err != nil {
+		return err
+	}
+	peers := make([]string, len(list))
+	var control0 string
+	for i, a := range list {
+		var ctl string
+		if peers[i], ctl, err = parseAnnouncement(a); err != nil {
+			return err
+		}
+		if i == 0 {
+			control0 = ctl
+		}
 	}
 	train, test, err := loadMLPData(c)
 	if err != nil {
@@ -256,9 +339,15 @@ func trainRank(ctx context.Context, c trainConfig, stdout io.Writer, log *zap.Lo
 		return err
 	}
 	defer g.Close()
-	model, err := mlp.New(append(append([]int{train.Features}, c.hidden...), train.Classes), c.seed)
+	mlpModel, err := mlp.New(append(append([]int{train.Features}, c.hidden...), train.Classes), c.seed)
 	if err != nil {
 		return err
+	}
+	var model worker.Model = mlpModel
+	var faulty *faultyModel
+	if c.failRank == c.asRank && c.failStep > 0 {
+		faulty = &faultyModel{Model: mlpModel, at: c.failStep, times: c.failTimes}
+		model = faulty
 	}
 	opt, err := nn.NewOptimizer(c.opt, model.Params())
 	if err != nil {
@@ -271,32 +360,81 @@ func trainRank(ctx context.Context, c trainConfig, stdout io.Writer, log *zap.Lo
 		return err
 	}
 	defer t.Close()
+	if faulty != nil {
+		faulty.trainer = t
+	}
 	if err := t.State().Sync(ctx, g, 0); err != nil {
 		return err
 	}
-	enc := json.NewEncoder(stdout)
+	t.State().Commit()
+
+	rep := &reporter{enc: json.NewEncoder(stdout)}
+	done := make(chan error, 2)
 	prev := time.Now()
-	for t.State().Step < c.steps {
-		st, err := t.Step(ctx)
-		if err != nil {
-			return err
-		}
-		now := time.Now()
-		if g.Rank() == 0 {
-			enc.Encode(report{Kind: "step", Step: st.Step, Generation: m.Generation, World: g.Size(), Loss: st.Loss,
-				Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
-				ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds()})
-		}
-		prev = now
+	rank := actors.Child{Name: "rank", Props: worker.NewRankProps(worker.RankConfig{
+		Trainer: t, Rank: c.asRank, Generation: m.Generation, Steps: c.steps, Context: ctx, Logger: log,
+		Group:  actors.Ref(control0, "job/group"),
+		OnDone: func(err error) { done <- err },
+		OnStep: func(st worker.StepStats) {
+			now := time.Now()
+			if c.asRank == 0 {
+				rep.send(report{Kind: "step", Step: st.Step, Generation: m.Generation, World: g.Size(), Loss: st.Loss,
+					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
+					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds()})
+			}
+			prev = now
+		},
+	})}
+	children := []actors.Child{rank}
+	if c.asRank == 0 {
+		children = append([]actors.Child{{Name: "group", Props: worker.NewGroupProps(worker.GroupConfig{
+			World: g.Size(), Generation: m.Generation, Logger: log,
+			OnRestart: func(r *phalanxpb.RankRestarted) {
+				rep.send(report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
+			},
+		})}}, children...)
 	}
-	loss, acc, err := evaluate(ctx, g, model, test)
+	strategy := &actors.Strategy{Budget: c.budget, Logger: log, GiveUp: func(e *actors.GiveUpError) { done <- e }}
+	if _, _, err := actors.StartSupervisor(sys, "job", strategy, children...); err != nil {
+		return err
+	}
+	select {
+	case err = <-done:
+	case <-g.Failed():
+		err = g.Err()
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		g.Abort(err.Error())
+		return err
+	}
+	loss, acc, err := evaluate(ctx, g, mlpModel, test)
 	if err != nil {
 		return err
 	}
-	if g.Rank() == 0 {
-		enc.Encode(report{Kind: "done", Step: t.State().Step, World: g.Size(), Loss: loss, Accuracy: acc})
+	if c.asRank == 0 {
+		rep.send(report{Kind: "done", Step: t.State().Step, World: g.Size(), Loss: loss, Accuracy: acc})
 	}
-	return nil
+	sys.Quiet()
+	return g.Barrier(ctx) // no rank's remote goes away while another still logs
+}
+
+// faultyModel panics once in model code at a chosen step: the --fail-at
+// fault injection, to watch a rank actor's restart.
+type faultyModel struct {
+	*mlp.Model
+	trainer *worker.Trainer
+	at      int64
+	times   int // failures left
+}
+
+func (f *faultyModel) Step(b *worker.Batch, scale float32, ready func(int)) (worker.Result, error) {
+	if f.trainer.NextStep() == f.at && f.times > 0 {
+		f.times--
+		panic(fmt.Sprintf("fault injected by --fail-at at step %d", f.at))
+	}
+	return f.Model.Step(b, scale, ready)
 }
 
 func loadMLPData(c trainConfig) (train, test *mlp.Data, err error) {

@@ -73,3 +73,78 @@ func TestTrainJob(t *testing.T) {
 		t.Errorf("event counts %v, want 2 worker_started, 6 step, 1 done", counts)
 	}
 }
+
+// readEvents returns the events of a job's log by kind.
+func readEvents(t *testing.T, path string) map[string][]map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string][]map[string]any{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var e map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("event %q: %v", sc.Text(), err)
+		}
+		kind, _ := e["event"].(string)
+		out[kind] = append(out[kind], e)
+	}
+	return out
+}
+
+// TestTrainRankRestart: on real worker processes, a rank whose model code
+// panics at step 4 is restarted by its supervisor, and the job ends exactly
+// as the same job without the fault: same loss at every step, same held-out
+// loss and accuracy.
+func TestTrainRankRestart(t *testing.T) {
+	t.Setenv("PHALANX_TEST_AS_COMMAND", "1")
+	dir := t.TempDir()
+	job := func(name string, extra ...string) map[string][]map[string]any {
+		path := filepath.Join(dir, name)
+		args := append([]string{"train", "--workers", "3", "--steps", "8", "--batch", "60", "--samples", "600",
+			"--hidden", "16", "--events", path}, extra...)
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Fatalf("%v: %v\n%s\n%s", args, err, out.String(), errOut.String())
+		}
+		return readEvents(t, path)
+	}
+	clean := job("clean.jsonl")
+	faulty := job("faulty.jsonl", "--fail-at", "2:4")
+	if n := len(faulty["rank_restarted"]); n != 1 {
+		t.Fatalf("%d rank_restarted events, want 1", n)
+	}
+	if r := faulty["rank_restarted"][0]; r["rank"] != 2.0 || r["committed_step"] != 3.0 || !strings.Contains(r["reason"].(string), "step 4") {
+		t.Errorf("rank_restarted event %v", r)
+	}
+	if len(clean["step"]) != 8 || len(faulty["step"]) != 8 {
+		t.Fatalf("%d and %d step events, want 8", len(clean["step"]), len(faulty["step"]))
+	}
+	for i := range clean["step"] {
+		if clean["step"][i]["loss"] != faulty["step"][i]["loss"] {
+			t.Errorf("step %d: loss %v without the fault, %v with", i+1, clean["step"][i]["loss"], faulty["step"][i]["loss"])
+		}
+	}
+	c, f := clean["done"][0], faulty["done"][0]
+	if c["loss"] != f["loss"] || c["accuracy"] != f["accuracy"] {
+		t.Errorf("done %v without the fault, %v with", c, f)
+	}
+}
+
+// TestTrainRestartBudget: a rank failing more often than its budget ends
+// the job with an error naming the budget, not a hang.
+func TestTrainRestartBudget(t *testing.T) {
+	t.Setenv("PHALANX_TEST_AS_COMMAND", "1")
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"train", "--workers", "2", "--steps", "6", "--batch", "32", "--samples", "256",
+		"--hidden", "8", "--fail-at", "1:2", "--fail-times", "3", "--max-restarts", "2"}, &out, &errOut)
+	if err == nil {
+		t.Fatalf("the job succeeded:\n%s", out.String())
+	}
+	if !strings.Contains(errOut.String(), "restart budget") {
+		t.Errorf("error %v; stderr does not explain the restart budget:\n%s", err, errOut.String())
+	}
+}
