@@ -378,13 +378,23 @@ func (t *Trainer) Recover(ctx context.Context) (done bool, st StepStats, err err
 func checkFinite(params []*nn.Param, step int64) error {
 	// g·0 is 0 for every finite g and NaN otherwise: one cheap pass, and the
 	// slow search for the name only when something is wrong.
-	var acc float32
+	// Four independent sums, so the additions do not wait on each other.
+	var a0, a1, a2, a3 float32
 	for _, p := range params {
-		for _, g := range p.Grad {
-			acc += g * 0
+		g := p.Grad
+		i := 0
+		for ; i+4 <= len(g); i += 4 {
+			q := g[i : i+4 : i+4]
+			a0 += q[0] * 0
+			a1 += q[1] * 0
+			a2 += q[2] * 0
+			a3 += q[3] * 0
+		}
+		for ; i < len(g); i++ {
+			a0 += g[i] * 0
 		}
 	}
-	if acc == 0 {
+	if a0+a1+a2+a3 == 0 {
 		return nil
 	}
 	for _, p := range params {
