@@ -242,3 +242,44 @@ func TestRecoverUnrecoverable(t *testing.T) {
 		t.Fatalf("recover: %v, want ErrUnrecoverable", err)
 	}
 }
+
+// goCollector records the StepGo messages a fake rank receives.
+type goCollector struct{ got chan<- *phalanxpb.StepGo }
+
+func (c *goCollector) Receive(ctx actor.Context) {
+	if m, ok := ctx.Message().(*phalanxpb.StepGo); ok {
+		c.got <- m
+	}
+}
+
+// TestGroupActorRefusesStrangers: step-ready messages of another generation
+// or of a rank outside the world do not count towards a step.
+func TestGroupActorRefusesStrangers(t *testing.T) {
+	sys, err := actors.NewSystem(actors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	got := make(chan *phalanxpb.StepGo, 8)
+	rank := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &goCollector{got: got} }))
+	group := sys.Root.Spawn(NewGroupProps(GroupConfig{World: 2, Generation: 5}))
+	from := &phalanxpb.ActorRef{Address: rank.Address, Id: rank.Id}
+	for _, m := range []*phalanxpb.StepReady{
+		{Rank: 0, Step: 1, Generation: 5, From: from},
+		{Rank: 1, Step: 1, Generation: 4, From: from}, // a dead generation
+		{Rank: 7, Step: 1, Generation: 5, From: from}, // no such rank
+		{Rank: 1, Step: 1, Generation: 5},             // no sender
+		{Rank: 1, Step: 2, Generation: 5, From: from}, // another step
+		{Rank: 1, Step: 1, Generation: 5, From: from}, // completes step 1
+	} {
+		sys.Root.Send(group, m)
+	}
+	select {
+	case m := <-got:
+		if m.Step != 1 || m.Generation != 5 || len(m.Participants) != 2 {
+			t.Errorf("decision %v", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no decision for step 1")
+	}
+}
