@@ -1,0 +1,386 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// Config tunes a Coordinator.
+type Config struct {
+	ID         string // this coordinator's name in the election
+	Rendezvous Rendezvous
+	// JoinWindow is how long a newcomer waits so that newcomers arriving
+	// together enter one generation (default 1s). The first rendezvous waits
+	// for MinWorkers only.
+	JoinWindow time.Duration
+	// MinWorkersTimeout is how long a job may stay below MinWorkers before the
+	// coordinator stops it with an empty generation (default 60s).
+	MinWorkersTimeout time.Duration
+	// SessionTTL is the leadership lease (default 5s): a dead coordinator's
+	// standby takes over within it.
+	SessionTTL time.Duration
+	// Probe checks a reported loss: nil means the worker answered. Default: a
+	// TCP dial of its control address with ProbeTimeout (default 500ms).
+	Probe        func(ctx context.Context, addr string) error
+	ProbeTimeout time.Duration
+	Now          func() time.Time
+	Logger       *zap.Logger
+	// OnDecision observes every generation this coordinator writes.
+	OnDecision func(*phalanxpb.Generation)
+}
+
+// ErrLeadershipLost is returned by a coordinator whose election session
+// ended or whose fenced write was refused.
+var ErrLeadershipLost = errors.New("coordinator: leadership lost")
+
+// Coordinator decides a job's generations while it is the elected leader.
+type Coordinator struct {
+	cli  *clientv3.Client
+	keys Keys
+	cfg  Config
+	log  *zap.Logger
+}
+
+// New prepares a coordinator; Run campaigns and leads.
+func New(cli *clientv3.Client, keys Keys, cfg Config) (*Coordinator, error) {
+	if err := cfg.Rendezvous.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ID == "" {
+		return nil, fmt.Errorf("coordinator: an id is needed to campaign")
+	}
+	if cfg.JoinWindow < 0 || cfg.MinWorkersTimeout < 0 || cfg.SessionTTL < 0 || cfg.ProbeTimeout < 0 {
+		return nil, fmt.Errorf("coordinator: durations must not be negative")
+	}
+	if cfg.JoinWindow == 0 {
+		cfg.JoinWindow = time.Second
+	}
+	if cfg.MinWorkersTimeout == 0 {
+		cfg.MinWorkersTimeout = time.Minute
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = 5 * time.Second
+	}
+	if cfg.ProbeTimeout == 0 {
+		cfg.ProbeTimeout = 500 * time.Millisecond
+	}
+	if cfg.Probe == nil {
+		timeout := cfg.ProbeTimeout
+		cfg.Probe = func(ctx context.Context, addr string) error {
+			d := net.Dialer{Timeout: timeout}
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	return &Coordinator{cli: cli, keys: keys, cfg: cfg, log: cfg.Logger.With(zap.String("coordinator", cfg.ID))}, nil
+}
+
+// Run campaigns for leadership and leads until ctx ends; a lost leadership
+// sends it back to campaigning. It returns ctx's error, or an error that
+// leaves no safe decision (a corrupt generation record).
+func (c *Coordinator) Run(ctx context.Context) error {
+	for {
+		err := c.lead(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var ce *corruptError
+		if errors.As(err, &ce) {
+			return err
+		}
+		c.log.Warn("not leading; campaigning again", zap.Error(err))
+		t := time.NewTimer(100 * time.Millisecond) // etcd unreachable: do not spin
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+type corruptError struct{ err error }
+
+func (e *corruptError) Error() string { return e.err.Error() }
+func (e *corruptError) Unwrap() error { return e.err }
+
+// snapshot is the job's state at one revision.
+type snapshot struct {
+	rev     int64
+	live    []*phalanxpb.Registration
+	leases  map[string]clientv3.LeaseID
+	cur     *phalanxpb.Generation
+	genRev  int64 // mod revision of the generation record; 0 when absent
+	reports []report
+}
+
+type report struct {
+	key string
+	msg *phalanxpb.LossReport
+}
+
+func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
+	resp, err := c.cli.Txn(ctx).Then(
+		clientv3.OpGet(c.keys.Workers(), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Generation()),
+		clientv3.OpGet(c.keys.Reports(), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: reading job state: %w", err)
+	}
+	s := &snapshot{rev: resp.Header.Revision, leases: map[string]clientv3.LeaseID{}}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		r, err := decodeRegistration(string(kv.Key), kv.Value)
+		if err != nil {
+			c.log.Error("ignoring a malformed registration", zap.Error(err))
+			continue
+		}
+		s.live = append(s.live, r)
+		s.leases[r.Id] = clientv3.LeaseID(kv.Lease)
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+		g, err := DecodeGeneration(string(kvs[0].Key), kvs[0].Value)
+		if err != nil {
+			return nil, &corruptError{err}
+		}
+		s.cur, s.genRev = g, kvs[0].ModRevision
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		var m phalanxpb.LossReport
+		if err := proto.Unmarshal(kv.Value, &m); err != nil || m.LostId == "" {
+			c.log.Error("dropping a malformed loss report", zap.String("key", string(kv.Key)), zap.Error(err))
+			m = phalanxpb.LossReport{}
+		}
+		s.reports = append(s.reports, report{key: string(kv.Key), msg: &m})
+	}
+	return s, nil
+}
+
+// write puts next as the generation if this coordinator still leads (its
+// election key keeps its revision) and the record is still the one decided
+// from (fencing).
+func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, genRev int64, next *phalanxpb.Generation) error {
+	next.DecidedBy = c.cfg.ID
+	next.DecidedUnixNano = c.cfg.Now().UnixNano()
+	val, err := proto.Marshal(next)
+	if err != nil {
+		return err
+	}
+	resp, err := c.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", leaderRev),
+		clientv3.Compare(clientv3.ModRevision(c.keys.Generation()), "=", genRev),
+	).Then(clientv3.OpPut(c.keys.Generation(), string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("coordinator: writing generation %d: %w", next.Number, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: generation %d refused by the fence", ErrLeadershipLost, next.Number)
+	}
+	return nil
+}
+
+// verify handles loss reports: a reported worker that does not answer a
+// probe has its registration revoked; one that answers stays.
+func (c *Coordinator) verify(ctx context.Context, s *snapshot) error {
+	byID := map[string]*phalanxpb.Registration{}
+	for _, r := range s.live {
+		byID[r.Id] = r
+	}
+	for _, rep := range s.reports {
+		if r := byID[rep.msg.LostId]; r != nil {
+			addr := r.ControlAddr
+			if addr == "" {
+				addr = r.DataAddr
+			}
+			if err := c.cfg.Probe(ctx, addr); err != nil {
+				c.log.Warn("reported worker does not answer; removing it", zap.String("worker", r.Id),
+					zap.String("reporter", rep.msg.ReporterId), zap.Error(err))
+				if _, err := c.cli.Revoke(ctx, s.leases[r.Id]); err != nil {
+					return fmt.Errorf("coordinator: removing worker %s: %w", r.Id, err)
+				}
+				delete(byID, r.Id)
+			} else {
+				c.log.Info("reported worker answers; keeping it", zap.String("worker", r.Id), zap.String("reporter", rep.msg.ReporterId))
+			}
+		}
+		if _, err := c.cli.Delete(ctx, rep.key); err != nil {
+			return fmt.Errorf("coordinator: clearing report %s: %w", rep.key, err)
+		}
+	}
+	return nil
+}
+
+func (c *Coordinator) lead(ctx context.Context) error {
+	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int(ttlSeconds(c.cfg.SessionTTL))), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("coordinator: election session: %w", err)
+	}
+	defer sess.Close()
+	el := concurrency.NewElection(sess, c.keys.Election())
+	if err := el.Campaign(ctx, c.cfg.ID); err != nil {
+		return fmt.Errorf("coordinator: campaign: %w", err)
+	}
+	c.log.Info("leading", zap.String("election_key", el.Key()))
+	firstSeen := map[string]time.Time{}
+	var shortSince time.Time
+	for {
+		s, err := c.read(ctx)
+		if err != nil {
+			return err
+		}
+		if len(s.reports) > 0 {
+			if err := c.verify(ctx, s); err != nil {
+				return err
+			}
+			continue // decide on what remains
+		}
+		now := c.cfg.Now()
+		members := map[string]bool{}
+		if s.cur != nil {
+			for _, m := range s.cur.Members {
+				members[m.Id] = true
+			}
+		}
+		var wake time.Duration = -1
+		admit := false
+		seen := map[string]bool{}
+		for _, r := range s.live {
+			if members[r.Id] {
+				continue
+			}
+			seen[r.Id] = true
+			if _, ok := firstSeen[r.Id]; !ok {
+				firstSeen[r.Id] = now
+			}
+			left := c.cfg.JoinWindow - now.Sub(firstSeen[r.Id])
+			if left <= 0 {
+				admit = true
+			} else if wake < 0 || left < wake {
+				wake = left
+			}
+		}
+		for id := range firstSeen {
+			if !seen[id] {
+				delete(firstSeen, id)
+			}
+		}
+		var start int64
+		if s.cur != nil {
+			start = s.cur.StartStep
+		}
+		d := Decide(s.cur, s.live, c.cfg.Rendezvous, start, admit)
+		switch {
+		case d.Change:
+			shortSince = time.Time{}
+			if err := c.write(ctx, el.Key(), el.Rev(), s.genRev, d.Next); err != nil {
+				return err
+			}
+			c.log.Info("new generation", zap.Uint64("generation", d.Next.Number), zap.Int("world", len(d.Next.Members)), zap.String("reason", d.Reason))
+			if c.cfg.OnDecision != nil {
+				c.cfg.OnDecision(d.Next)
+			}
+			continue
+		case d.Short && s.cur != nil && len(s.cur.Members) > 0:
+			if shortSince.IsZero() {
+				shortSince = now
+			}
+			left := c.cfg.MinWorkersTimeout - now.Sub(shortSince)
+			if left <= 0 {
+				stop := &phalanxpb.Generation{Number: s.cur.Number + 1, StartStep: start,
+					Reason: fmt.Sprintf("stopped: %s for longer than %s", d.Reason, c.cfg.MinWorkersTimeout)}
+				if err := c.write(ctx, el.Key(), el.Rev(), s.genRev, stop); err != nil {
+					return err
+				}
+				c.log.Error("job stopped", zap.String("reason", stop.Reason))
+				if c.cfg.OnDecision != nil {
+					c.cfg.OnDecision(stop)
+				}
+				shortSince = time.Time{}
+				continue
+			}
+			if wake < 0 || left < wake {
+				wake = left
+			}
+		default:
+			shortSince = time.Time{}
+		}
+		if err := c.wait(ctx, sess, s.rev, wake); err != nil {
+			return err
+		}
+	}
+}
+
+// wait returns when the job's keys change after rev, after wake (when not
+// negative), or with an error when leadership or ctx ends.
+func (c *Coordinator) wait(ctx context.Context, sess *concurrency.Session, rev int64, wake time.Duration) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := c.cli.Watch(wctx, c.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	var timer <-chan time.Time
+	if wake >= 0 {
+		t := time.NewTimer(wake)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case resp, ok := <-wch:
+		if !ok {
+			return fmt.Errorf("%w: watch closed", ErrLeadershipLost)
+		}
+		if err := resp.Err(); err != nil {
+			return fmt.Errorf("coordinator: watching the job: %w", err)
+		}
+		return nil
+	case <-timer:
+		return nil
+	case <-sess.Done():
+		return fmt.Errorf("%w: election session expired", ErrLeadershipLost)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// CurrentGeneration reads the generation record (nil before the first) and
+// its revision.
+func CurrentGeneration(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.Generation, int64, error) {
+	resp, err := cli.Get(ctx, keys.Generation())
+	if err != nil {
+		return nil, 0, fmt.Errorf("coordinator: reading the generation: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, resp.Header.Revision, nil
+	}
+	g, err := DecodeGeneration(keys.Generation(), resp.Kvs[0].Value)
+	return g, resp.Kvs[0].ModRevision, err
+}
+
+// ReportLoss records that reporter saw lost's connection break in generation.
+func ReportLoss(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalanxpb.LossReport) error {
+	val, err := proto.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := cli.Put(ctx, keys.Report(r.ReporterId, r.LostId), string(val)); err != nil {
+		return fmt.Errorf("coordinator: reporting the loss of %s: %w", r.LostId, err)
+	}
+	return nil
+}

@@ -1,0 +1,279 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// endpoints of the embedded etcd shared by this package's tests; each test
+// uses its own job.
+var endpoints []string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "phalanx-etcd-")
+	if err != nil {
+		panic(err)
+	}
+	e, err := StartEmbedded(context.Background(), EmbeddedOptions{Dir: dir})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	endpoints = e.Endpoints()
+	code := m.Run()
+	e.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func client(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func register(t *testing.T, cli *clientv3.Client, keys Keys, id, addr string) *Lease {
+	t.Helper()
+	l, err := Register(context.Background(), cli, keys, &phalanxpb.Registration{Id: id, DataAddr: addr, ControlAddr: addr, RankHint: -1}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// generations watches the job's generation record and delivers each new one.
+func generations(t *testing.T, ctx context.Context, cli *clientv3.Client, keys Keys) <-chan *phalanxpb.Generation {
+	out := make(chan *phalanxpb.Generation, 16)
+	go func() {
+		for resp := range cli.Watch(ctx, keys.Generation()) {
+			for _, ev := range resp.Events {
+				if g, err := DecodeGeneration(keys.Generation(), ev.Kv.Value); err == nil {
+					out <- g
+				}
+			}
+		}
+	}()
+	return out
+}
+
+func next(t *testing.T, ch <-chan *phalanxpb.Generation) *phalanxpb.Generation {
+	t.Helper()
+	select {
+	case g := <-ch:
+		return g
+	case <-time.After(30 * time.Second):
+		t.Fatal("no new generation")
+		return nil
+	}
+}
+
+func memberIDs(g *phalanxpb.Generation) []string {
+	var out []string
+	for _, m := range g.Members {
+		out = append(out, m.Id)
+	}
+	return out
+}
+
+// listening returns an address that accepts connections until the test ends
+// (a live worker), and one that refuses them (a dead one).
+func addrs(t *testing.T) (alive, dead string) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	d, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead = d.Addr().String()
+	d.Close()
+	return l.Addr().String(), dead
+}
+
+func start(t *testing.T, ctx context.Context, cli *clientv3.Client, keys Keys, id string, r Rendezvous) context.CancelFunc {
+	t.Helper()
+	c, err := New(cli, keys, Config{ID: id, Rendezvous: r, JoinWindow: time.Millisecond, SessionTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(cctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return cancel
+}
+
+// TestMembershipLifecycle: rendezvous, a verified loss report, a refuted
+// one, a newcomer, and a clean exit, each giving the generation it should.
+func TestMembershipLifecycle(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := client(t)
+	keys, _ := KeysFor("lifecycle")
+	gens := generations(t, ctx, cli, keys)
+	alive, dead := addrs(t)
+	register(t, cli, keys, "a", alive)
+	b := register(t, cli, keys, "b", alive)
+	register(t, cli, keys, "c", dead) // its process is gone but its lease is not
+	start(t, ctx, cli, keys, "coord-a", Rendezvous{MinWorkers: 2, MaxWorkers: 4})
+	g := next(t, gens)
+	if g.Number != 1 || !slices.Equal(memberIDs(g), []string{"a", "b", "c"}) || g.DecidedBy != "coord-a" {
+		t.Fatalf("rendezvous: %v", g)
+	}
+
+	// A refuted report (b answers, so it stays) and a verified one (c does
+	// not); d, waiting to join, rides on the rebuilt ring.
+	register(t, cli, keys, "d", alive)
+	if err := ReportLoss(ctx, cli, keys, &phalanxpb.LossReport{ReporterId: "a", LostId: "b", Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReportLoss(ctx, cli, keys, &phalanxpb.LossReport{ReporterId: "a", LostId: "c", Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for g = next(t, gens); !slices.Contains(memberIDs(g), "d"); g = next(t, gens) {
+		if !slices.Contains(memberIDs(g), "b") {
+			t.Fatalf("b was removed on a refuted report: %v", memberIDs(g))
+		}
+	}
+	if ids := memberIDs(g); slices.Contains(ids, "c") || !slices.Contains(ids, "b") || ids[0] != "a" {
+		t.Fatalf("after the reports: %v (%s)", ids, g.Reason)
+	}
+	last := g.Number
+
+	// b leaves cleanly (its lease revoked).
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g = next(t, gens)
+	if g.Number != last+1 || slices.Contains(memberIDs(g), "b") || len(g.Members) != 2 {
+		t.Fatalf("after b left: %v (%s)", memberIDs(g), g.Reason)
+	}
+}
+
+// TestBelowMinimumStops: a job that stays below MinWorkers longer than the
+// timeout gets an empty generation saying why.
+func TestBelowMinimumStops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := client(t)
+	keys, _ := KeysFor("below-min")
+	gens := generations(t, ctx, cli, keys)
+	alive, _ := addrs(t)
+	register(t, cli, keys, "a", alive)
+	b := register(t, cli, keys, "b", alive)
+	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 2, MaxWorkers: 2}, MinWorkersTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(cctx) }()
+	defer func() { stop(); <-done }()
+	if g := next(t, gens); len(g.Members) != 2 {
+		t.Fatalf("rendezvous: %v", g)
+	}
+	b.Close(ctx)
+	g := next(t, gens)
+	if len(g.Members) != 0 || g.Number != 2 || !strings.Contains(g.Reason, "stopped") || !strings.Contains(g.Reason, "fewer than the minimum of 2") {
+		t.Fatalf("got %v (%s), want an empty generation saying the job stopped", memberIDs(g), g.Reason)
+	}
+}
+
+// TestStandbyTakesOverAndFencing: when the leader dies a standby leads; the
+// deposed one's writes are refused.
+func TestStandbyTakesOverAndFencing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := client(t)
+	keys, _ := KeysFor("standby")
+	gens := generations(t, ctx, cli, keys)
+	alive, _ := addrs(t)
+	var decided = make(chan string, 8)
+	mk := func(id string) (*Coordinator, context.CancelFunc, chan struct{}) {
+		c, err := New(client(t), keys, Config{ID: id, Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond,
+			SessionTTL: time.Second, OnDecision: func(*phalanxpb.Generation) { decided <- id }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); c.Run(cctx) }()
+		return c, stop, done
+	}
+	_, stopA, doneA := mk("A")
+	register(t, cli, keys, "w1", alive)
+	if g := next(t, gens); g.DecidedBy != "A" {
+		t.Fatalf("first decision by %q, want A", g.DecidedBy)
+	}
+	<-decided
+	_, stopB, doneB := mk("B")
+	defer func() { stopB(); <-doneB }()
+	stopA() // the leader dies; its session is closed and B is elected
+	<-doneA
+	register(t, cli, keys, "w2", alive)
+	if g := next(t, gens); g.DecidedBy != "B" || !slices.Equal(memberIDs(g), []string{"w1", "w2"}) {
+		t.Fatalf("after A died: %v decided by %q", memberIDs(g), g.DecidedBy)
+	}
+
+	// A deposed coordinator's write: its election key is gone.
+	deposed, _ := New(cli, keys, Config{ID: "A", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}})
+	_, rev, err := CurrentGeneration(ctx, cli, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = deposed.write(ctx, keys.Election()+"/gone", 1, rev, &phalanxpb.Generation{Number: 99})
+	if !errors.Is(err, ErrLeadershipLost) {
+		t.Fatalf("deposed write: %v, want ErrLeadershipLost", err)
+	}
+	if g, _, _ := CurrentGeneration(ctx, cli, keys); g.Number == 99 {
+		t.Fatal("the deposed coordinator's generation was written")
+	}
+}
+
+// TestCorruptRecords: a malformed registration is ignored with an error
+// logged; a malformed generation record stops the coordinator with an error
+// naming the key rather than being overwritten.
+func TestCorruptRecords(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := client(t)
+	keys, _ := KeysFor("corrupt")
+	if _, err := cli.Put(ctx, keys.Worker("junk"), "\xff\xfe not a protobuf"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, keys.Generation(), "\x0a\xff garbage"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(cli, keys, Config{ID: "x", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), keys.Generation()) {
+		t.Fatalf("run: %v, want an error naming %s", err, keys.Generation())
+	}
+	resp, _ := cli.Get(ctx, keys.Generation())
+	if string(resp.Kvs[0].Value) != "\x0a\xff garbage" {
+		t.Error("the corrupt record was overwritten")
+	}
+	if _, err := KeysFor("a/b"); err == nil {
+		t.Error("a job name with a slash accepted")
+	}
+}

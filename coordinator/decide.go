@@ -1,0 +1,127 @@
+package coordinator
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// Rendezvous bounds a generation's size.
+type Rendezvous struct {
+	MinWorkers int
+	MaxWorkers int
+}
+
+// Validate reports bounds that admit no generation.
+func (r Rendezvous) Validate() error {
+	if r.MinWorkers < 1 || r.MaxWorkers < r.MinWorkers {
+		return fmt.Errorf("coordinator: rendezvous of %d..%d workers: want 1 <= min <= max", r.MinWorkers, r.MaxWorkers)
+	}
+	return nil
+}
+
+// Decision is what Decide concludes.
+type Decision struct {
+	Change bool                  // write Next
+	Next   *phalanxpb.Generation // the new generation when Change
+	Reason string
+	// Short is set when the live workers are fewer than MinWorkers: no
+	// generation can be formed (the caller times this out).
+	Short bool
+}
+
+// Decide computes the next generation from the current one (nil before the
+// first) and the live registrations. Survivors keep their relative ring
+// order; newcomers go after them, by rank hint then id. Newcomers are admitted
+// only when admit is true (the join window has passed) or a member was lost
+// (the ring is rebuilt anyway), and never beyond MaxWorkers. The first
+// generation forms once MinWorkers are live and either MaxWorkers are or the
+// join window has passed. It has no I/O,
+// clock or randomness: the same inputs give the same generation.
+func Decide(cur *phalanxpb.Generation, live []*phalanxpb.Registration, r Rendezvous, step int64, admit bool) Decision {
+	byID := make(map[string]*phalanxpb.Registration, len(live))
+	for _, reg := range live {
+		byID[reg.Id] = reg
+	}
+	var survivors []*phalanxpb.Member
+	var lost []string
+	inCur := map[string]bool{}
+	if cur != nil {
+		for _, m := range cur.Members {
+			inCur[m.Id] = true
+			if reg, ok := byID[m.Id]; ok {
+				survivors = append(survivors, memberOf(reg))
+			} else {
+				lost = append(lost, m.Id)
+			}
+		}
+	}
+	var newcomers []*phalanxpb.Registration
+	for _, reg := range live {
+		if !inCur[reg.Id] {
+			newcomers = append(newcomers, reg)
+		}
+	}
+	slices.SortFunc(newcomers, func(a, b *phalanxpb.Registration) int {
+		ha, hb := hint(a), hint(b)
+		if ha != hb {
+			if ha < hb {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Id, b.Id)
+	})
+	first := cur == nil || len(cur.Members) == 0
+	if !first && len(lost) == 0 && (!admit || len(newcomers) == 0 || len(survivors) >= r.MaxWorkers) {
+		return Decision{} // nothing to do
+	}
+	members := survivors
+	var joined []string
+	if first || admit || len(lost) > 0 {
+		for _, reg := range newcomers {
+			if len(members) >= r.MaxWorkers {
+				break
+			}
+			members = append(members, memberOf(reg))
+			joined = append(joined, reg.Id)
+		}
+	}
+	if len(members) < r.MinWorkers {
+		return Decision{Short: true, Reason: fmt.Sprintf("%d live workers, fewer than the minimum of %d", len(members), r.MinWorkers)}
+	}
+	if first && !admit && len(members) < r.MaxWorkers {
+		return Decision{Reason: "rendezvous: waiting for the join window"} // a last call for more workers
+	}
+	var why []string
+	switch {
+	case first:
+		why = append(why, fmt.Sprintf("rendezvous of %d workers", len(members)))
+	default:
+		if len(lost) > 0 {
+			why = append(why, "lost "+strings.Join(lost, ", "))
+		}
+		if len(joined) > 0 {
+			why = append(why, "joined "+strings.Join(joined, ", "))
+		}
+	}
+	var number uint64 = 1
+	if cur != nil {
+		number = cur.Number + 1
+	}
+	return Decision{Change: true, Reason: strings.Join(why, "; "),
+		Next: &phalanxpb.Generation{Number: number, Members: members, StartStep: step, Reason: strings.Join(why, "; ")}}
+}
+
+func hint(r *phalanxpb.Registration) int32 {
+	if r.RankHint < 0 {
+		return 1 << 30
+	}
+	return r.RankHint
+}
+
+func memberOf(r *phalanxpb.Registration) *phalanxpb.Member {
+	return &phalanxpb.Member{Id: r.Id, DataAddr: r.DataAddr, ControlAddr: r.ControlAddr, Pid: r.Pid}
+}

@@ -1,0 +1,104 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// EmbeddedOptions configure an in-process etcd server.
+type EmbeddedOptions struct {
+	Dir    string // data directory (required)
+	Name   string // member name (default "phalanx")
+	Host   string // listen host (default 127.0.0.1)
+	Logger *zap.Logger
+	// ReadyTimeout bounds the start (default 30s).
+	ReadyTimeout time.Duration
+}
+
+// Embedded is a single-member etcd server running in this process, on
+// loopback ports chosen at start.
+type Embedded struct {
+	etcd      *embed.Etcd
+	endpoints []string
+}
+
+// freePort asks the kernel for an unused port on host. The port is free when
+// returned; etcd binds it a moment later.
+func freePort(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	_, port, err := net.SplitHostPort(l.Addr().String())
+	return port, err
+}
+
+// StartEmbedded starts the server and waits until it serves.
+func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error) {
+	if opts.Dir == "" {
+		return nil, fmt.Errorf("coordinator: embedded etcd needs a data directory")
+	}
+	if opts.Name == "" {
+		opts.Name = "phalanx"
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = 30 * time.Second
+	}
+	clientPort, err := freePort(opts.Host)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+	}
+	peerPort, err := freePort(opts.Host)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+	}
+	cu := url.URL{Scheme: "http", Host: net.JoinHostPort(opts.Host, clientPort)}
+	pu := url.URL{Scheme: "http", Host: net.JoinHostPort(opts.Host, peerPort)}
+	cfg := embed.NewConfig()
+	cfg.Name = opts.Name
+	cfg.Dir = opts.Dir
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.ListenMetricsUrls = nil
+	cfg.Logger = "zap"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger.Named("etcd").WithOptions(zap.IncreaseLevel(zap.WarnLevel)))
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: starting embedded etcd in %s: %w", opts.Dir, err)
+	}
+	timer := time.NewTimer(opts.ReadyTimeout)
+	defer timer.Stop()
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+	case <-timer.C:
+		e.Close()
+		return nil, fmt.Errorf("coordinator: embedded etcd not ready within %s", opts.ReadyTimeout)
+	case <-ctx.Done():
+		e.Close()
+		return nil, ctx.Err()
+	}
+	return &Embedded{etcd: e, endpoints: []string{cu.String()}}, nil
+}
+
+// Endpoints are the client URLs.
+func (e *Embedded) Endpoints() []string { return e.endpoints }
+
+// Close stops the server.
+func (e *Embedded) Close() { e.etcd.Close() }

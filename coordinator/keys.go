@@ -1,0 +1,38 @@
+package coordinator
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Keys is a job's key layout in etcd, all under /phalanx/<job>/.
+type Keys struct{ prefix string }
+
+// KeysFor is the layout of job, whose name must be a non-empty path segment.
+func KeysFor(job string) (Keys, error) {
+	if job == "" || strings.ContainsAny(job, "/\x00") {
+		return Keys{}, fmt.Errorf("coordinator: job name %q: want a non-empty name without '/'", job)
+	}
+	return Keys{prefix: "/phalanx/" + job + "/"}, nil
+}
+
+// Prefix is the job's root.
+func (k Keys) Prefix() string { return k.prefix }
+
+// Workers is the prefix of the worker registrations.
+func (k Keys) Workers() string { return k.prefix + "workers/" }
+
+// Worker is the registration key of worker id.
+func (k Keys) Worker(id string) string { return k.Workers() + id }
+
+// Election is the coordinator election's prefix.
+func (k Keys) Election() string { return k.prefix + "election" }
+
+// Generation is the current generation record.
+func (k Keys) Generation() string { return k.prefix + "generation" }
+
+// Reports is the prefix of loss reports.
+func (k Keys) Reports() string { return k.prefix + "reports/" }
+
+// Report is the key of reporter's report about lost.
+func (k Keys) Report(reporter, lost string) string { return k.Reports() + lost + "/" + reporter }
