@@ -24,6 +24,13 @@ type Config struct {
 	BucketBytes  int         // gradient fusion bucket size (default 1 MiB)
 	Schedule     nn.Schedule // learning rate
 	Seed         uint64      // sampler shuffle seed
+	// When the world size changes (elastic membership), the global batch is
+	// kept and each rank's share rescaled — the default. With
+	// KeepRankBatch, each rank keeps GlobalBatch/ReferenceWorld samples, the
+	// global batch follows the world size, and the learning rate is scaled
+	// by world/ReferenceWorld (the linear scaling rule).
+	KeepRankBatch  bool
+	ReferenceWorld int
 }
 
 func (c *Config) validate() error {
@@ -34,6 +41,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("worker: micro-batches, local steps, commit period and bucket size must not be negative")
 	case c.ClipNorm < 0 || math.IsNaN(c.ClipNorm):
 		return fmt.Errorf("worker: clip norm %v: must not be negative", c.ClipNorm)
+	case c.KeepRankBatch && (c.ReferenceWorld < 1 || c.GlobalBatch < c.ReferenceWorld):
+		return fmt.Errorf("worker: keeping the per-rank batch needs a reference world of 1..%d ranks, not %d", c.GlobalBatch, c.ReferenceWorld)
 	}
 	c.MicroBatches = max(c.MicroBatches, 1)
 	c.LocalSteps = max(c.LocalSteps, 1)
@@ -54,9 +63,39 @@ type StepStats struct {
 	LR       float32
 	GradNorm float64 // before clipping; computed only when clipping is on
 	Epoch    int64
-	Compute  time.Duration // this rank's model time
-	Comm     time.Duration // waiting for the allreduce after the backward pass
-	Total    time.Duration
+	Position Position // the sampler position after this step
+	// Samples is a fingerprint of the global batch's sample indices, summed
+	// over the ranks: an audit that no sample was lost or repeated.
+	Fingerprint Fingerprint
+	Compute     time.Duration // this rank's model time
+	Comm        time.Duration // waiting for the allreduce after the backward pass
+	Total       time.Duration
+}
+
+// Fingerprint summarises a set of sample indices: their count, the sums of
+// their three low bytes and of a byte-wide hash. Each sum of bytes is exact in
+// float32 for up to 65,536 samples, so ranks can add their shards' fingerprints
+// in the same allreduce as the loss. Two sets with equal fingerprints are
+// equal but for a coincidence of five sums.
+type Fingerprint [5]float64
+
+// FingerprintOf computes the fingerprint of idx.
+func FingerprintOf(idx []int) Fingerprint {
+	var f Fingerprint
+	for _, i := range idx {
+		addFingerprint(&f, i)
+	}
+	return f
+}
+
+func addFingerprint(f *Fingerprint, i int) {
+	u := uint32(i)
+	f[0]++
+	f[1] += float64(u & 0xff)
+	f[2] += float64(u >> 8 & 0xff)
+	f[3] += float64(u >> 16 & 0xff)
+	h := u * 0x9e3779b1
+	f[4] += float64(h >> 24)
 }
 
 // NonFiniteError is a NaN or infinite gradient or loss.
@@ -96,16 +135,18 @@ type Trainer struct {
 	sampler *Sampler
 	state   *State
 
-	fuser  *collective.Fuser[float32]
-	order  []int       // fuser tensor k is parameter order[k]; the last is stats
-	slot   []int       // parameter → fuser tensor
-	marked []bool      // fuser tensors marked this step
-	stats  []float32   // loss sum, correct
-	values [][]float32 // parameter values, for local SGD averaging
-	idx    []int
-	batch  Batch
-	phase  phase
-	pend   pending
+	fuser   *collective.Fuser[float32]
+	order   []int     // fuser tensor k is parameter order[k]; the last is stats
+	slot    []int     // parameter → fuser tensor
+	marked  []bool    // fuser tensors marked this step
+	stats   []float32 // loss sum, correct, the batch fingerprint
+	fctx    context.Context
+	tensors [][]float32 // the fuser's tensors
+	values  [][]float32 // parameter values, for local SGD averaging
+	idx     []int
+	batch   Batch
+	phase   phase
+	pend    pending
 
 	beforeUpdate func(step int64) // test hook: runs inside the update phase
 }
@@ -124,7 +165,7 @@ func NewTrainer(ctx context.Context, g *collective.Group, m Model, data Dataset,
 		return nil, err
 	}
 	t := &Trainer{g: g, model: m, params: m.Params(), data: data, opt: opt, cfg: cfg, log: log, sampler: sampler,
-		stats: make([]float32, 2)}
+		stats: make([]float32, 2+len(Fingerprint{})), fctx: ctx}
 	t.state = NewState(t.params, opt)
 	// Backward produces the last layers' gradients first: fuse them in reverse
 	// order so the first bucket fills, and is reduced, earliest.
@@ -137,6 +178,7 @@ func NewTrainer(ctx context.Context, g *collective.Group, m Model, data Dataset,
 		t.values = append(t.values, t.params[i].Value)
 	}
 	tensors = append(tensors, t.stats)
+	t.tensors = tensors
 	t.marked = make([]bool, len(tensors))
 	t.fuser = collective.NewFuser(ctx, g, tensors, collective.Sum, cfg.BucketBytes)
 	return t, nil
@@ -144,6 +186,51 @@ func NewTrainer(ctx context.Context, g *collective.Group, m Model, data Dataset,
 
 // Close stops the trainer's background allreduces.
 func (t *Trainer) Close() { t.fuser.Close() }
+
+// Group is the collective group the trainer reduces in.
+func (t *Trainer) Group() *collective.Group { return t.g }
+
+// Rollback abandons whatever step is in progress and returns to the last
+// commit, reporting how many completed steps that undoes. It is the first act
+// of every rank after its group broke (a generation change); Rebind follows.
+func (t *Trainer) Rollback() (redone int64, err error) {
+	s := t.state
+	committed, ok := s.Committed()
+	if !ok {
+		return 0, fmt.Errorf("worker: rollback with no committed state")
+	}
+	redone = s.Step - committed
+	if t.phase != phaseIdle || redone != 0 {
+		if err := s.Restore(); err != nil {
+			return 0, err
+		}
+	}
+	t.phase = phaseIdle
+	return redone, nil
+}
+
+// Rebind moves the trainer to a new group (the next generation's ring): its
+// world size and rank decide the data split from the next step on. The
+// trainer must be between steps (after Rollback).
+func (t *Trainer) Rebind(g *collective.Group) error {
+	if t.phase != phaseIdle {
+		return fmt.Errorf("worker: rebind in the middle of step %d", t.pend.step)
+	}
+	t.fuser.Close()
+	t.g = g
+	t.fuser = collective.NewFuser(t.fctx, g, t.tensors, collective.Sum, t.cfg.BucketBytes)
+	return nil
+}
+
+// globalBatch is the step's global batch and learning-rate factor for the
+// current world size.
+func (t *Trainer) globalBatch() (int, float32) {
+	if !t.cfg.KeepRankBatch {
+		return t.cfg.GlobalBatch, 1
+	}
+	w := t.g.Size()
+	return t.cfg.GlobalBatch / t.cfg.ReferenceWorld * w, float32(w) / float32(t.cfg.ReferenceWorld)
+}
 
 // State is the trainer's committed and live state.
 func (t *Trainer) State() *State { return t.state }
@@ -181,6 +268,7 @@ type pending struct {
 	start   time.Time
 	compute time.Duration
 	clipped bool // clipping already scaled the gradients (a retried update must not again)
+	fp      Fingerprint
 }
 
 // Step runs one training step: every rank's share of the global batch, with
@@ -212,11 +300,13 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 	}()
 	t.phase = phaseComputing
 	world, rank := t.g.Size(), t.g.Rank()
-	idx, size, next, err := t.sampler.Batch(s.Position, t.cfg.GlobalBatch, world, rank, t.idx[:0])
+	global, _ := t.globalBatch()
+	idx, size, next, err := t.sampler.Batch(s.Position, global, world, rank, t.idx[:0])
 	if err != nil {
 		return err
 	}
 	t.idx, p.size, p.next = idx, size, next
+	p.fp = FingerprintOf(idx)
 	local := t.cfg.LocalSteps > 1
 	scale := float32(1) / float32(size)
 	if local {
@@ -276,6 +366,9 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 	}()
 	t.phase = phaseReducing
 	t.stats[0], t.stats[1] = float32(p.sum), float32(p.correct)
+	for i, v := range p.fp {
+		t.stats[2+i] = float32(v)
+	}
 	if t.cfg.LocalSteps > 1 {
 		if err := t.g.AllReduce(ctx, collective.Float32s(t.stats), collective.Sum); err != nil {
 			return st, fmt.Errorf("worker: step %d: %w", p.step, err)
@@ -309,7 +402,8 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 		st.GradNorm = nn.ClipGlobalNorm(t.params, t.cfg.ClipNorm)
 		p.clipped = true
 	}
-	st.LR = t.cfg.Schedule.LR(s.Step)
+	_, lrScale := t.globalBatch()
+	st.LR = t.cfg.Schedule.LR(s.Step) * lrScale
 	if t.beforeUpdate != nil {
 		t.beforeUpdate(p.step)
 	}
@@ -324,7 +418,10 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 		s.Commit()
 	}
 	t.phase = phaseIdle
-	st.Step, st.Samples, st.Epoch = p.step, p.size, p.next.Epoch
+	st.Step, st.Samples, st.Epoch, st.Position = p.step, p.size, p.next.Epoch, p.next
+	for i := range st.Fingerprint {
+		st.Fingerprint[i] = float64(t.stats[2+i])
+	}
 	st.Loss = float64(t.stats[0]) / float64(p.size)
 	st.Accuracy = float64(t.stats[1]) / float64(p.size)
 	st.Compute = p.compute
