@@ -95,13 +95,17 @@ func New(cli *clientv3.Client, keys Keys, cfg Config) (*Coordinator, error) {
 }
 
 // Run campaigns for leadership and leads until ctx ends; a lost leadership
-// sends it back to campaigning. It returns ctx's error, or an error that
-// leaves no safe decision (a corrupt generation record).
+// sends it back to campaigning. It returns nil once the job is done (its done
+// key written), ctx's error, or an error that leaves no safe decision (a
+// corrupt generation record).
 func (c *Coordinator) Run(ctx context.Context) error {
 	for {
 		err := c.lead(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(err, ErrDone) {
+			return nil
 		}
 		var ce *corruptError
 		if errors.As(err, &ce) {
@@ -131,6 +135,7 @@ type snapshot struct {
 	cur     *phalanxpb.Generation
 	genRev  int64 // mod revision of the generation record; 0 when absent
 	reports []report
+	done    bool
 }
 
 type report struct {
@@ -143,6 +148,7 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 		clientv3.OpGet(c.keys.Workers(), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Generation()),
 		clientv3.OpGet(c.keys.Reports(), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Done(), clientv3.WithCountOnly()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: reading job state: %w", err)
@@ -172,6 +178,7 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 		}
 		s.reports = append(s.reports, report{key: string(kv.Key), msg: &m})
 	}
+	s.done = resp.Responses[3].GetResponseRange().Count > 0
 	return s, nil
 }
 
@@ -198,15 +205,24 @@ func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, ge
 	return nil
 }
 
-// verify handles loss reports: a reported worker that does not answer a
-// probe has its registration revoked; one that answers stays.
-func (c *Coordinator) verify(ctx context.Context, s *snapshot) error {
+// verify handles loss reports about the current generation: a reported
+// worker that does not answer a probe has its registration revoked, and
+// detected records how; one that answers stays, and the ring is marked broken
+// so that it is rebuilt as it is. Reports about older generations are
+// dropped.
+func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[string]string) (broken bool, err error) {
 	byID := map[string]*phalanxpb.Registration{}
 	for _, r := range s.live {
 		byID[r.Id] = r
 	}
 	for _, rep := range s.reports {
-		if r := byID[rep.msg.LostId]; r != nil {
+		current := s.cur != nil && rep.msg.Generation == s.cur.Number && !s.cur.Stopped
+		r := byID[rep.msg.LostId]
+		switch {
+		case !current:
+		case rep.msg.LostId == "":
+			broken = true
+		case r != nil:
 			addr := r.ControlAddr
 			if addr == "" {
 				addr = r.DataAddr
@@ -215,19 +231,24 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot) error {
 				c.log.Warn("reported worker does not answer; removing it", zap.String("worker", r.Id),
 					zap.String("reporter", rep.msg.ReporterId), zap.Error(err))
 				if _, err := c.cli.Revoke(ctx, s.leases[r.Id]); err != nil {
-					return fmt.Errorf("coordinator: removing worker %s: %w", r.Id, err)
+					return false, fmt.Errorf("coordinator: removing worker %s: %w", r.Id, err)
 				}
+				detected[r.Id] = fmt.Sprintf("%s reported by %s, probe failed", rep.msg.Detail, rep.msg.ReporterId)
 				delete(byID, r.Id)
 			} else {
 				c.log.Info("reported worker answers; keeping it", zap.String("worker", r.Id), zap.String("reporter", rep.msg.ReporterId))
+				broken = true
 			}
 		}
 		if _, err := c.cli.Delete(ctx, rep.key); err != nil {
-			return fmt.Errorf("coordinator: clearing report %s: %w", rep.key, err)
+			return false, fmt.Errorf("coordinator: clearing report %s: %w", rep.key, err)
 		}
 	}
-	return nil
+	return broken, nil
 }
+
+// ErrDone is returned by Run once the job's done key is written.
+var ErrDone = errors.New("coordinator: the job is done")
 
 func (c *Coordinator) lead(ctx context.Context) error {
 	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int(ttlSeconds(c.cfg.SessionTTL))), concurrency.WithContext(ctx))
@@ -241,16 +262,24 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	}
 	c.log.Info("leading", zap.String("election_key", el.Key()))
 	firstSeen := map[string]time.Time{}
+	detected := map[string]string{}
 	var shortSince time.Time
+	broken := false
 	for {
 		s, err := c.read(ctx)
 		if err != nil {
 			return err
 		}
+		if s.done {
+			c.log.Info("the job is done")
+			return ErrDone
+		}
 		if len(s.reports) > 0 {
-			if err := c.verify(ctx, s); err != nil {
+			b, err := c.verify(ctx, s, detected)
+			if err != nil {
 				return err
 			}
+			broken = broken || b
 			continue // decide on what remains
 		}
 		now := c.cfg.Now()
@@ -287,10 +316,20 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		if s.cur != nil {
 			start = s.cur.StartStep
 		}
-		d := Decide(s.cur, s.live, c.cfg.Rendezvous, start, admit)
+		cur := s.cur
+		if cur != nil && cur.Stopped {
+			cur = nil // a stopped job starts over with a rendezvous
+		}
+		d := Decide(Input{Current: cur, Live: s.live, Rendezvous: c.cfg.Rendezvous, Step: start, Admit: admit,
+			Broken: broken, DetectedBy: detected})
+		if s.cur != nil && d.Change {
+			d.Next.Number = s.cur.Number + 1
+		}
 		switch {
 		case d.Change:
 			shortSince = time.Time{}
+			broken = false
+			clear(detected)
 			if err := c.write(ctx, el.Key(), el.Rev(), s.genRev, d.Next); err != nil {
 				return err
 			}
@@ -299,13 +338,13 @@ func (c *Coordinator) lead(ctx context.Context) error {
 				c.cfg.OnDecision(d.Next)
 			}
 			continue
-		case d.Short && s.cur != nil && len(s.cur.Members) > 0:
+		case d.Short && cur != nil && len(cur.Members) > 0:
 			if shortSince.IsZero() {
 				shortSince = now
 			}
 			left := c.cfg.MinWorkersTimeout - now.Sub(shortSince)
 			if left <= 0 {
-				stop := &phalanxpb.Generation{Number: s.cur.Number + 1, StartStep: start,
+				stop := &phalanxpb.Generation{Number: s.cur.Number + 1, StartStep: start, Stopped: true,
 					Reason: fmt.Sprintf("stopped: %s for longer than %s", d.Reason, c.cfg.MinWorkersTimeout)}
 				if err := c.write(ctx, el.Key(), el.Rev(), s.genRev, stop); err != nil {
 					return err

@@ -191,8 +191,35 @@ func TestBelowMinimumStops(t *testing.T) {
 	}
 	b.Close(ctx)
 	g := next(t, gens)
-	if len(g.Members) != 0 || g.Number != 2 || !strings.Contains(g.Reason, "stopped") || !strings.Contains(g.Reason, "fewer than the minimum of 2") {
+	if len(g.Members) != 0 || g.Number != 2 || !g.Stopped || !strings.Contains(g.Reason, "stopped") || !strings.Contains(g.Reason, "fewer than the minimum of 2") {
 		t.Fatalf("got %v (%s), want an empty generation saying the job stopped", memberIDs(g), g.Reason)
+	}
+}
+
+// TestDoneEndsTheCoordinator: once the done key is written, Run returns
+// nil and no generation follows a worker's exit.
+func TestDoneEndsTheCoordinator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := client(t)
+	keys, _ := KeysFor("done")
+	gens := generations(t, ctx, cli, keys)
+	alive, _ := addrs(t)
+	register(t, cli, keys, "a", alive)
+	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	if g := next(t, gens); len(g.Members) != 1 {
+		t.Fatalf("rendezvous: %v", g)
+	}
+	if _, err := cli.Put(ctx, keys.Done(), "step 10"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run after done: %v", err)
 	}
 }
 

@@ -32,34 +32,54 @@ type Decision struct {
 	Short bool
 }
 
-// Decide computes the next generation from the current one (nil before the
-// first) and the live registrations. Survivors keep their relative ring
-// order; newcomers go after them, by rank hint then id. Newcomers are admitted
-// only when admit is true (the join window has passed) or a member was lost
-// (the ring is rebuilt anyway), and never beyond MaxWorkers. The first
-// generation forms once MinWorkers are live and either MaxWorkers are or the
-// join window has passed. It has no I/O,
-// clock or randomness: the same inputs give the same generation.
-func Decide(cur *phalanxpb.Generation, live []*phalanxpb.Registration, r Rendezvous, step int64, admit bool) Decision {
-	byID := make(map[string]*phalanxpb.Registration, len(live))
-	for _, reg := range live {
+// Input is what a decision is made from.
+type Input struct {
+	Current    *phalanxpb.Generation // nil before the first
+	Live       []*phalanxpb.Registration
+	Rendezvous Rendezvous
+	Step       int64 // the step the next generation starts at
+	// Admit: the join window of some newcomer has passed.
+	Admit bool
+	// Broken: a member of the current ring reported a failure that removed
+	// nobody (the reported peer answered): the ring is rebuilt as it is.
+	Broken bool
+	// DetectedBy says how a lost member was detected, by id; a lost member
+	// missing from it is one whose lease expired.
+	DetectedBy map[string]string
+}
+
+// Decide computes the next generation from the current one and the live
+// registrations. Survivors keep their relative ring order; newcomers go after
+// them, by rank hint then id. Newcomers are admitted only when Admit is set
+// or a member was lost (the ring is rebuilt anyway), and never beyond
+// MaxWorkers. The first generation forms once MinWorkers are live and either
+// MaxWorkers are or the join window has passed. It has no I/O, clock or
+// randomness: the same inputs give the same generation.
+func Decide(in Input) Decision {
+	cur, r := in.Current, in.Rendezvous
+	byID := make(map[string]*phalanxpb.Registration, len(in.Live))
+	for _, reg := range in.Live {
 		byID[reg.Id] = reg
 	}
 	var survivors []*phalanxpb.Member
-	var lost []string
+	var lost []*phalanxpb.LostMember
 	inCur := map[string]bool{}
 	if cur != nil {
-		for _, m := range cur.Members {
+		for i, m := range cur.Members {
 			inCur[m.Id] = true
 			if reg, ok := byID[m.Id]; ok {
 				survivors = append(survivors, memberOf(reg))
-			} else {
-				lost = append(lost, m.Id)
+				continue
 			}
+			by := in.DetectedBy[m.Id]
+			if by == "" {
+				by = "lease expired"
+			}
+			lost = append(lost, &phalanxpb.LostMember{Id: m.Id, Rank: int32(i), Pid: m.Pid, DetectedBy: by})
 		}
 	}
 	var newcomers []*phalanxpb.Registration
-	for _, reg := range live {
+	for _, reg := range in.Live {
 		if !inCur[reg.Id] {
 			newcomers = append(newcomers, reg)
 		}
@@ -75,12 +95,13 @@ func Decide(cur *phalanxpb.Generation, live []*phalanxpb.Registration, r Rendezv
 		return strings.Compare(a.Id, b.Id)
 	})
 	first := cur == nil || len(cur.Members) == 0
-	if !first && len(lost) == 0 && (!admit || len(newcomers) == 0 || len(survivors) >= r.MaxWorkers) {
+	broken := in.Broken && !first
+	if !first && len(lost) == 0 && !broken && (!in.Admit || len(newcomers) == 0 || len(survivors) >= r.MaxWorkers) {
 		return Decision{} // nothing to do
 	}
 	members := survivors
 	var joined []string
-	if first || admit || len(lost) > 0 {
+	if first || in.Admit || len(lost) > 0 || broken {
 		for _, reg := range newcomers {
 			if len(members) >= r.MaxWorkers {
 				break
@@ -92,7 +113,7 @@ func Decide(cur *phalanxpb.Generation, live []*phalanxpb.Registration, r Rendezv
 	if len(members) < r.MinWorkers {
 		return Decision{Short: true, Reason: fmt.Sprintf("%d live workers, fewer than the minimum of %d", len(members), r.MinWorkers)}
 	}
-	if first && !admit && len(members) < r.MaxWorkers {
+	if first && !in.Admit && len(members) < r.MaxWorkers {
 		return Decision{Reason: "rendezvous: waiting for the join window"} // a last call for more workers
 	}
 	var why []string
@@ -100,19 +121,23 @@ func Decide(cur *phalanxpb.Generation, live []*phalanxpb.Registration, r Rendezv
 	case first:
 		why = append(why, fmt.Sprintf("rendezvous of %d workers", len(members)))
 	default:
-		if len(lost) > 0 {
-			why = append(why, "lost "+strings.Join(lost, ", "))
+		for _, l := range lost {
+			why = append(why, fmt.Sprintf("lost rank %d (%s, %s)", l.Rank, l.Id, l.DetectedBy))
 		}
 		if len(joined) > 0 {
 			why = append(why, "joined "+strings.Join(joined, ", "))
+		}
+		if len(lost) == 0 && len(joined) == 0 {
+			why = append(why, "ring rebuilt after a failure that removed nobody")
 		}
 	}
 	var number uint64 = 1
 	if cur != nil {
 		number = cur.Number + 1
 	}
-	return Decision{Change: true, Reason: strings.Join(why, "; "),
-		Next: &phalanxpb.Generation{Number: number, Members: members, StartStep: step, Reason: strings.Join(why, "; ")}}
+	reason := strings.Join(why, "; ")
+	return Decision{Change: true, Reason: reason,
+		Next: &phalanxpb.Generation{Number: number, Members: members, StartStep: in.Step, Reason: reason, Lost: lost, Joined: joined}}
 }
 
 func hint(r *phalanxpb.Registration) int32 {

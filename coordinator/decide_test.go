@@ -46,28 +46,32 @@ func TestDecide(t *testing.T) {
 		members []string
 		number  uint64
 		reason  string
+		broken  bool
 	}{
-		{"first rendezvous sorts by id", nil, regs("c", "a", "b"), true, true, false, []string{"a", "b", "c"}, 1, "rendezvous of 3"},
-		{"first waits for a last call", nil, regs("c", "a", "b"), false, false, false, nil, 0, "join window"},
-		{"first full needs no window", nil, regs("c", "a", "b", "d"), false, true, false, []string{"a", "b", "c", "d"}, 1, "rendezvous of 4"},
-		{"rank hints first", nil, hinted, true, true, false, []string{"z", "y", "x"}, 1, "rendezvous"},
-		{"too few to start", nil, regs("a"), true, false, true, nil, 0, "fewer than the minimum"},
-		{"first admits at most max", nil, regs("a", "b", "c", "d", "e"), false, true, false, []string{"a", "b", "c", "d"}, 1, ""},
-		{"steady", gen(3, "a", "b", "c"), regs("c", "b", "a"), true, false, false, nil, 0, ""},
-		{"lost keeps ring order", gen(3, "c", "a", "b"), regs("a", "b"), false, true, false, []string{"a", "b"}, 4, "lost c"},
-		{"lost middle", gen(3, "c", "a", "b"), regs("c", "b"), false, true, false, []string{"c", "b"}, 4, "lost a"},
-		{"two lost at once", gen(5, "a", "b", "c", "d"), regs("a", "d"), false, true, false, []string{"a", "d"}, 6, "lost b, c"},
-		{"lost below min", gen(3, "a", "b"), regs("a"), false, false, true, nil, 0, "fewer than the minimum"},
-		{"newcomer waits for the window", gen(2, "a", "b"), regs("a", "b", "n"), false, false, false, nil, 0, ""},
-		{"newcomer admitted", gen(2, "a", "b"), regs("a", "b", "n"), true, true, false, []string{"a", "b", "n"}, 3, "joined n"},
-		{"newcomer rides a loss", gen(2, "a", "b", "c"), regs("a", "c", "n"), false, true, false, []string{"a", "c", "n"}, 3, "lost b; joined n"},
-		{"full: newcomer stays out", gen(2, "a", "b", "c", "d"), regs("a", "b", "c", "d", "n"), true, false, false, nil, 0, ""},
-		{"rejoin under a new id", gen(2, "a", "b", "c"), regs("a", "b", "c2"), true, true, false, []string{"a", "b", "c2"}, 3, "lost c; joined c2"},
-		{"empty generation restarts rendezvous", gen(7), regs("b", "a"), true, true, false, []string{"a", "b"}, 8, "rendezvous"},
+		{"first rendezvous sorts by id", nil, regs("c", "a", "b"), true, true, false, []string{"a", "b", "c"}, 1, "rendezvous of 3", false},
+		{"first waits for a last call", nil, regs("c", "a", "b"), false, false, false, nil, 0, "join window", false},
+		{"first full needs no window", nil, regs("c", "a", "b", "d"), false, true, false, []string{"a", "b", "c", "d"}, 1, "rendezvous of 4", false},
+		{"rank hints first", nil, hinted, true, true, false, []string{"z", "y", "x"}, 1, "rendezvous", false},
+		{"too few to start", nil, regs("a"), true, false, true, nil, 0, "fewer than the minimum", false},
+		{"first admits at most max", nil, regs("a", "b", "c", "d", "e"), false, true, false, []string{"a", "b", "c", "d"}, 1, "", false},
+		{"steady", gen(3, "a", "b", "c"), regs("c", "b", "a"), true, false, false, nil, 0, "", false},
+		{"lost keeps ring order", gen(3, "c", "a", "b"), regs("a", "b"), false, true, false, []string{"a", "b"}, 4, "lost rank 0 (c, lease expired)", false},
+		{"lost middle", gen(3, "c", "a", "b"), regs("c", "b"), false, true, false, []string{"c", "b"}, 4, "lost rank 1 (a, lease expired)", false},
+		{"two lost at once", gen(5, "a", "b", "c", "d"), regs("a", "d"), false, true, false, []string{"a", "d"}, 6, "lost rank 1 (b, lease expired); lost rank 2 (c, lease expired)", false},
+		{"lost below min", gen(3, "a", "b"), regs("a"), false, false, true, nil, 0, "fewer than the minimum", false},
+		{"newcomer waits for the window", gen(2, "a", "b"), regs("a", "b", "n"), false, false, false, nil, 0, "", false},
+		{"newcomer admitted", gen(2, "a", "b"), regs("a", "b", "n"), true, true, false, []string{"a", "b", "n"}, 3, "joined n", false},
+		{"newcomer rides a loss", gen(2, "a", "b", "c"), regs("a", "c", "n"), false, true, false, []string{"a", "c", "n"}, 3, "lost rank 1 (b, lease expired); joined n", false},
+		{"full: newcomer stays out", gen(2, "a", "b", "c", "d"), regs("a", "b", "c", "d", "n"), true, false, false, nil, 0, "", false},
+		{"rejoin under a new id", gen(2, "a", "b", "c"), regs("a", "b", "c2"), true, true, false, []string{"a", "b", "c2"}, 3, "lost rank 2 (c, lease expired); joined c2", false},
+		{"broken ring is rebuilt as it is", gen(4, "b", "a"), regs("a", "b"), false, true, false, []string{"b", "a"}, 5, "removed nobody", true},
+		{"broken ring admits a waiting newcomer", gen(4, "b", "a"), regs("a", "b", "n"), false, true, false, []string{"b", "a", "n"}, 5, "joined n", true},
+		{"broken first rendezvous is no rebuild", nil, regs("a", "b"), false, false, false, nil, 0, "join window", true},
+		{"empty generation restarts rendezvous", gen(7), regs("b", "a"), true, true, false, []string{"a", "b"}, 8, "rendezvous", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d := Decide(tc.cur, tc.live, r, 17, tc.admit)
+			d := Decide(Input{Current: tc.cur, Live: tc.live, Rendezvous: r, Step: 17, Admit: tc.admit, Broken: tc.broken})
 			if d.Change != tc.change || d.Short != tc.short {
 				t.Fatalf("change %v short %v (%q), want change %v short %v", d.Change, d.Short, d.Reason, tc.change, tc.short)
 			}
@@ -87,11 +91,28 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// TestDecideLost: a lost member carries its old rank, pid and how it was
+// detected.
+func TestDecideLost(t *testing.T) {
+	cur := gen(2, "a", "b", "c")
+	cur.Members[1].Pid, cur.Members[2].Pid = 41, 42
+	d := Decide(Input{Current: cur, Live: regs("a"), Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 3},
+		DetectedBy: map[string]string{"b": "connection reset reported by a"}})
+	if !d.Change || len(d.Next.Lost) != 2 {
+		t.Fatalf("decision %+v, want two lost", d)
+	}
+	b, c := d.Next.Lost[0], d.Next.Lost[1]
+	if b.Id != "b" || b.Rank != 1 || b.Pid != 41 || b.DetectedBy != "connection reset reported by a" ||
+		c.Id != "c" || c.Rank != 2 || c.Pid != 42 || c.DetectedBy != "lease expired" {
+		t.Errorf("lost %v, %v", b, c)
+	}
+}
+
 // TestDecideDeterministic: the order of the registrations does not matter.
 func TestDecideDeterministic(t *testing.T) {
 	r := Rendezvous{MinWorkers: 1, MaxWorkers: 8}
-	a := Decide(gen(4, "q", "p"), regs("p", "x", "q", "m"), r, 0, true)
-	b := Decide(gen(4, "q", "p"), regs("m", "q", "x", "p"), r, 0, true)
+	a := Decide(Input{Current: gen(4, "q", "p"), Live: regs("p", "x", "q", "m"), Rendezvous: r, Admit: true})
+	b := Decide(Input{Current: gen(4, "q", "p"), Live: regs("m", "q", "x", "p"), Rendezvous: r, Admit: true})
 	if !slices.Equal(ids(a.Next), ids(b.Next)) || !slices.Equal(ids(a.Next), []string{"q", "p", "m", "x"}) {
 		t.Errorf("%v and %v", ids(a.Next), ids(b.Next))
 	}

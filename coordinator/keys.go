@@ -34,5 +34,19 @@ func (k Keys) Generation() string { return k.prefix + "generation" }
 // Reports is the prefix of loss reports.
 func (k Keys) Reports() string { return k.prefix + "reports/" }
 
-// Report is the key of reporter's report about lost.
-func (k Keys) Report(reporter, lost string) string { return k.Reports() + lost + "/" + reporter }
+// Report is the key of reporter's report about lost ("" for a broken ring
+// without a culprit).
+func (k Keys) Report(reporter, lost string) string {
+	if lost == "" {
+		lost = "-"
+	}
+	return k.Reports() + lost + "/" + reporter
+}
+
+// Done is written once the job has finished: the coordinator stops deciding
+// and waiting workers exit.
+func (k Keys) Done() string { return k.prefix + "done" }
+
+// Config holds the hash of the job's training configuration, which every
+// worker must share.
+func (k Keys) Config() string { return k.prefix + "config" }

@@ -203,6 +203,9 @@ type Generation struct {
 	Reason          string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	DecidedBy       string                 `protobuf:"bytes,5,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"` // the coordinator that wrote it
 	DecidedUnixNano int64                  `protobuf:"varint,6,opt,name=decided_unix_nano,json=decidedUnixNano,proto3" json:"decided_unix_nano,omitempty"`
+	Lost            []*LostMember          `protobuf:"bytes,7,rep,name=lost,proto3" json:"lost,omitempty"`        // members of the previous generation left out
+	Joined          []string               `protobuf:"bytes,8,rep,name=joined,proto3" json:"joined,omitempty"`    // ids new to the ring
+	Stopped         bool                   `protobuf:"varint,9,opt,name=stopped,proto3" json:"stopped,omitempty"` // the job is stopped: no members, reason says why
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -279,12 +282,102 @@ func (x *Generation) GetDecidedUnixNano() int64 {
 	return 0
 }
 
+func (x *Generation) GetLost() []*LostMember {
+	if x != nil {
+		return x.Lost
+	}
+	return nil
+}
+
+func (x *Generation) GetJoined() []string {
+	if x != nil {
+		return x.Joined
+	}
+	return nil
+}
+
+func (x *Generation) GetStopped() bool {
+	if x != nil {
+		return x.Stopped
+	}
+	return false
+}
+
+// LostMember is a member of the previous generation that is not in this one.
+type LostMember struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Rank          int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"` // its rank in the previous generation
+	Pid           int64                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	DetectedBy    string                 `protobuf:"bytes,4,opt,name=detected_by,json=detectedBy,proto3" json:"detected_by,omitempty"` // "lease expired", or the report that was verified
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LostMember) Reset() {
+	*x = LostMember{}
+	mi := &file_phalanx_v1_membership_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LostMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LostMember) ProtoMessage() {}
+
+func (x *LostMember) ProtoReflect() protoreflect.Message {
+	mi := &file_phalanx_v1_membership_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LostMember.ProtoReflect.Descriptor instead.
+func (*LostMember) Descriptor() ([]byte, []int) {
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LostMember) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *LostMember) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *LostMember) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *LostMember) GetDetectedBy() string {
+	if x != nil {
+		return x.DetectedBy
+	}
+	return ""
+}
+
 // LossReport is a worker's report that a peer's connection broke; the
 // coordinator verifies it before removing the peer.
 type LossReport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ReporterId    string                 `protobuf:"bytes,1,opt,name=reporter_id,json=reporterId,proto3" json:"reporter_id,omitempty"`
-	LostId        string                 `protobuf:"bytes,2,opt,name=lost_id,json=lostId,proto3" json:"lost_id,omitempty"`
+	LostId        string                 `protobuf:"bytes,2,opt,name=lost_id,json=lostId,proto3" json:"lost_id,omitempty"` // empty: the ring broke without a culprit; rebuild it
 	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	Detail        string                 `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -293,7 +386,7 @@ type LossReport struct {
 
 func (x *LossReport) Reset() {
 	*x = LossReport{}
-	mi := &file_phalanx_v1_membership_proto_msgTypes[3]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +398,7 @@ func (x *LossReport) String() string {
 func (*LossReport) ProtoMessage() {}
 
 func (x *LossReport) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_membership_proto_msgTypes[3]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +411,7 @@ func (x *LossReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LossReport.ProtoReflect.Descriptor instead.
 func (*LossReport) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{3}
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LossReport) GetReporterId() string {
@@ -368,7 +461,7 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12!\n" +
 	"\fcontrol_addr\x18\x03 \x01(\tR\vcontrolAddr\x12\x10\n" +
-	"\x03pid\x18\x04 \x01(\x03R\x03pid\"\xd4\x01\n" +
+	"\x03pid\x18\x04 \x01(\x03R\x03pid\"\xb2\x02\n" +
 	"\n" +
 	"Generation\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x04R\x06number\x12,\n" +
@@ -378,7 +471,17 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
 	"\n" +
 	"decided_by\x18\x05 \x01(\tR\tdecidedBy\x12*\n" +
-	"\x11decided_unix_nano\x18\x06 \x01(\x03R\x0fdecidedUnixNano\"~\n" +
+	"\x11decided_unix_nano\x18\x06 \x01(\x03R\x0fdecidedUnixNano\x12*\n" +
+	"\x04lost\x18\a \x03(\v2\x16.phalanx.v1.LostMemberR\x04lost\x12\x16\n" +
+	"\x06joined\x18\b \x03(\tR\x06joined\x12\x18\n" +
+	"\astopped\x18\t \x01(\bR\astopped\"c\n" +
+	"\n" +
+	"LostMember\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x1f\n" +
+	"\vdetected_by\x18\x04 \x01(\tR\n" +
+	"detectedBy\"~\n" +
 	"\n" +
 	"LossReport\x12\x1f\n" +
 	"\vreporter_id\x18\x01 \x01(\tR\n" +
@@ -401,20 +504,22 @@ func file_phalanx_v1_membership_proto_rawDescGZIP() []byte {
 	return file_phalanx_v1_membership_proto_rawDescData
 }
 
-var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_phalanx_v1_membership_proto_goTypes = []any{
 	(*Registration)(nil), // 0: phalanx.v1.Registration
 	(*Member)(nil),       // 1: phalanx.v1.Member
 	(*Generation)(nil),   // 2: phalanx.v1.Generation
-	(*LossReport)(nil),   // 3: phalanx.v1.LossReport
+	(*LostMember)(nil),   // 3: phalanx.v1.LostMember
+	(*LossReport)(nil),   // 4: phalanx.v1.LossReport
 }
 var file_phalanx_v1_membership_proto_depIdxs = []int32{
 	1, // 0: phalanx.v1.Generation.members:type_name -> phalanx.v1.Member
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	3, // 1: phalanx.v1.Generation.lost:type_name -> phalanx.v1.LostMember
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_phalanx_v1_membership_proto_init() }
@@ -428,7 +533,7 @@ func file_phalanx_v1_membership_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_phalanx_v1_membership_proto_rawDesc), len(file_phalanx_v1_membership_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
