@@ -1,0 +1,436 @@
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// Config configures an Agent.
+type Config struct {
+	Client *clientv3.Client
+	Keys   coordinator.Keys
+	// Job names the collective job: every frame carries it.
+	Job        string
+	Transport  collective.Transport
+	Collective collective.Options
+	// The worker's addresses: its data plane (Transport's advertised
+	// address) and its control plane (the actor system's).
+	DataAddr, ControlAddr string
+	Host                  string
+	RankHint              int // preferred rank, -1 for none
+	Capabilities          []string
+	// ConfigHash identifies the training configuration; a worker whose hash
+	// differs from the job's is refused before it registers.
+	ConfigHash string
+	// LeaseTTL is the registration lease (default 5s): a frozen or
+	// partitioned worker is removed this long after its last keep-alive.
+	LeaseTTL time.Duration
+	// Unreachable bounds how long the worker goes on without etcd (its lease
+	// cannot be renewed) or without a decision after its ring broke, before
+	// it fails (default 60s). Training continues meanwhile as long as the
+	// membership is unchanged.
+	Unreachable time.Duration
+	Logger      *zap.Logger
+	Now         func() time.Time
+	// ID names the worker; the default is made of host, pid and start time.
+	ID string
+}
+
+// Round is one generation as the worker lives it.
+type Round struct {
+	Generation *phalanxpb.Generation
+	Group      *collective.Group
+	Rank       int
+	// Previous is the generation this worker trained in before; nil in its
+	// first round (it is a newcomer and holds no state worth keeping).
+	Previous *phalanxpb.Generation
+}
+
+// Body trains in one round. It returns nil when the job is complete, and must
+// return soon after its context is cancelled (a newer generation) or its
+// group fails.
+type Body func(ctx context.Context, r *Round) error
+
+// ErrGenerationChanged is the cause of a round's cancellation when the
+// coordinator decided a newer generation.
+var ErrGenerationChanged = errors.New("elastic: a new generation was decided")
+
+// ErrUnreachable: etcd or the coordinator could not be reached for longer
+// than Config.Unreachable.
+var ErrUnreachable = errors.New("elastic: membership unreachable")
+
+// StoppedError is the coordinator's decision to stop the job.
+type StoppedError struct {
+	Generation uint64
+	Reason     string
+}
+
+func (e *StoppedError) Error() string {
+	return fmt.Sprintf("elastic: the coordinator stopped the job in generation %d: %s", e.Generation, e.Reason)
+}
+
+// ConfigMismatchError: this worker's training configuration is not the job's.
+type ConfigMismatchError struct{ Job, Ours, Theirs string }
+
+func (e *ConfigMismatchError) Error() string {
+	return fmt.Sprintf("elastic: job %s trains configuration %s, this worker has %s: start every worker with the same training flags",
+		e.Job, e.Theirs, e.Ours)
+}
+
+// Agent runs a worker through the job's generations.
+type Agent struct {
+	cfg Config
+	log *zap.Logger
+	id  string
+
+	mu    sync.Mutex
+	lease *coordinator.Lease
+}
+
+// New checks cfg and names the worker: host, pid and start time make an id no
+// other worker process has.
+func New(cfg Config) (*Agent, error) {
+	switch {
+	case cfg.Client == nil || cfg.Transport == nil:
+		return nil, fmt.Errorf("elastic: an etcd client and a transport are needed")
+	case cfg.Keys.Prefix() == "":
+		return nil, fmt.Errorf("elastic: no job keys")
+	case cfg.DataAddr == "":
+		return nil, fmt.Errorf("elastic: no data-plane address to register")
+	case cfg.LeaseTTL < 0 || cfg.Unreachable < 0:
+		return nil, fmt.Errorf("elastic: durations must not be negative")
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 5 * time.Second
+	}
+	if cfg.Unreachable == 0 {
+		cfg.Unreachable = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Host == "" {
+		cfg.Host, _ = os.Hostname()
+	}
+	if cfg.Job == "" {
+		cfg.Job = cfg.Keys.Prefix()
+	}
+	id := cfg.ID
+	if id == "" {
+		id = fmt.Sprintf("%s-%d-%s", cfg.Host, os.Getpid(), strconv.FormatInt(cfg.Now().UnixNano()%1e9, 36))
+	}
+	return &Agent{cfg: cfg, id: id, log: cfg.Logger.With(zap.String("worker", id))}, nil
+}
+
+// ID is the worker's id in the job.
+func (a *Agent) ID() string { return a.id }
+
+func (a *Agent) registration() *phalanxpb.Registration {
+	return &phalanxpb.Registration{Id: a.id, DataAddr: a.cfg.DataAddr, ControlAddr: a.cfg.ControlAddr,
+		RankHint: int32(a.cfg.RankHint), Pid: int64(os.Getpid()), Host: a.cfg.Host,
+		Capabilities: a.cfg.Capabilities, RegisteredUnixNano: a.cfg.Now().UnixNano()}
+}
+
+// checkConfig records the job's configuration hash, or compares ours with
+// the one recorded.
+func (a *Agent) checkConfig(ctx context.Context) error {
+	if a.cfg.ConfigHash == "" {
+		return nil
+	}
+	key := a.cfg.Keys.Config()
+	resp, err := a.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, a.cfg.ConfigHash)).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return fmt.Errorf("elastic: recording the job configuration: %w", err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 1 && string(kvs[0].Value) != a.cfg.ConfigHash {
+		return &ConfigMismatchError{Job: a.cfg.Keys.Prefix(), Ours: a.cfg.ConfigHash, Theirs: string(kvs[0].Value)}
+	}
+	return nil
+}
+
+// Run registers the worker and trains through the generations until body
+// returns nil in some round (the job is complete: Run records it, so the
+// coordinator and waiting workers end too), the job is done or stopped, a
+// round fails for a reason that is not a membership change, or ctx ends.
+func (a *Agent) Run(ctx context.Context, body Body) error {
+	if err := a.checkConfig(ctx); err != nil {
+		return err
+	}
+	lease, err := coordinator.Register(ctx, a.cfg.Client, a.cfg.Keys, a.registration(), a.cfg.LeaseTTL)
+	if err != nil {
+		return err
+	}
+	a.setLease(lease)
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		a.currentLease().Close(cctx)
+	}()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	w := startWatch(ctx, a.cfg.Client, a.cfg.Keys, a.log)
+	go a.keepRegistered(ctx, cancel)
+
+	var prev *phalanxpb.Generation
+	var seen uint64
+	brokeAt := time.Time{}
+	for {
+		g, err := a.await(ctx, w, seen, brokeAt)
+		if err != nil {
+			return err
+		}
+		if g == nil {
+			return nil // done by the others
+		}
+		seen = g.Number
+		done, err := a.round(ctx, w, g, prev, body)
+		switch {
+		case done:
+			if _, perr := a.cfg.Client.Put(ctx, a.cfg.Keys.Done(), fmt.Sprintf("generation %d", g.Number)); perr != nil {
+				a.log.Warn("recording that the job is done", zap.Error(perr))
+			}
+			return nil
+		case err != nil:
+			return err
+		}
+		prev = g
+		brokeAt = a.cfg.Now()
+	}
+}
+
+func (a *Agent) setLease(l *coordinator.Lease) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lease = l
+}
+
+func (a *Agent) currentLease() *coordinator.Lease {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lease
+}
+
+// keepRegistered re-registers the worker when its lease is lost (expired
+// while the process was frozen, or etcd unreachable), and gives up — ending
+// the worker — once etcd stays unreachable for longer than Unreachable.
+func (a *Agent) keepRegistered(ctx context.Context, fail context.CancelCauseFunc) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.currentLease().Lost():
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("registration lease lost; registering again")
+		since := a.cfg.Now()
+		backoff := 100 * time.Millisecond
+		for {
+			rctx, cancel := context.WithTimeout(ctx, a.cfg.LeaseTTL)
+			l, err := coordinator.Register(rctx, a.cfg.Client, a.cfg.Keys, a.registration(), a.cfg.LeaseTTL)
+			cancel()
+			if err == nil {
+				a.setLease(l)
+				a.log.Info("registered again")
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if a.cfg.Now().Sub(since) > a.cfg.Unreachable {
+				fail(fmt.Errorf("%w: no lease from etcd for %s: %v", ErrUnreachable, a.cfg.Unreachable, err))
+				return
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
+}
+
+// await waits for a generation newer than seen that has this worker as a
+// member. It returns nil when the job is done, a StoppedError when the
+// coordinator stopped it, and ErrUnreachable when the ring broke at brokeAt
+// and no decision followed within Unreachable.
+func (a *Agent) await(ctx context.Context, w *watch, seen uint64, brokeAt time.Time) (*phalanxpb.Generation, error) {
+	var timeout <-chan time.Time
+	if !brokeAt.IsZero() {
+		t := time.NewTimer(a.cfg.Unreachable - a.cfg.Now().Sub(brokeAt))
+		defer t.Stop()
+		timeout = t.C
+	}
+	for {
+		g, done, changed, err := w.state()
+		switch {
+		case err != nil:
+			return nil, err
+		case done:
+			return nil, nil
+		case g != nil && g.Number > seen && g.Stopped:
+			return nil, &StoppedError{Generation: g.Number, Reason: g.Reason}
+		case g != nil && g.Number > seen && rankOf(g, a.id) >= 0:
+			return g, nil
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			return nil, fmt.Errorf("%w: no new generation within %s of the ring breaking: is a coordinator running?", ErrUnreachable, a.cfg.Unreachable)
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+func rankOf(g *phalanxpb.Generation, id string) int {
+	for i, m := range g.Members {
+		if m.Id == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// round builds generation g's group and runs body in it. It reports done
+// when body completed the job, and an error only when the worker must stop;
+// a membership change returns (false, nil).
+func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, prev *phalanxpb.Generation, body Body) (done bool, err error) {
+	rank := rankOf(g, a.id)
+	log := a.log.With(zap.Uint64("generation", g.Number), zap.Int("rank", rank))
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		mu    sync.Mutex
+		group *collective.Group
+	)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // a newer generation (or the job's end) ends the round
+		for {
+			cur, fin, changed, _ := w.state()
+			if fin || (cur != nil && cur.Number > g.Number) {
+				why := "the job is done"
+				if cur != nil && cur.Number > g.Number {
+					why = fmt.Sprintf("generation %d decided", cur.Number)
+				}
+				cancel(fmt.Errorf("%w: %s while in generation %d", ErrGenerationChanged, why, g.Number))
+				mu.Lock()
+				if group != nil {
+					group.Abort(why)
+				}
+				mu.Unlock()
+				return
+			}
+			select {
+			case <-changed:
+			case <-stop:
+				return
+			}
+		}
+	}()
+
+	peers := make([]string, len(g.Members))
+	for i, m := range g.Members {
+		peers[i] = m.DataAddr
+	}
+	m := collective.Membership{Job: a.cfg.Job, Generation: g.Number, Rank: rank, Peers: peers}
+	grp, err := collective.Join(rctx, a.cfg.Transport, m, a.cfg.Collective)
+	if err != nil {
+		if rctx.Err() == nil {
+			log.Warn("building the ring failed", zap.Error(err))
+			a.report(ctx, g, err)
+		}
+		return false, nil
+	}
+	mu.Lock()
+	group = grp
+	if rctx.Err() != nil {
+		grp.Abort("generation changed")
+	}
+	mu.Unlock()
+	defer grp.Close()
+	go func() { // a broken ring is reported at once, even between operations
+		select {
+		case <-grp.Failed():
+			if rctx.Err() == nil {
+				a.report(ctx, g, grp.Err())
+			}
+		case <-stop:
+		}
+	}()
+	log.Info("training in a new generation", zap.Int("world", len(g.Members)))
+	err = body(rctx, &Round{Generation: g, Group: grp, Rank: rank, Previous: prev})
+	switch {
+	case err == nil:
+		return true, nil
+	case rctx.Err() != nil && ctx.Err() == nil:
+		log.Info("round ended by a membership change", zap.NamedError("cause", context.Cause(rctx)), zap.Error(err))
+		return false, nil
+	case ctx.Err() != nil:
+		return false, context.Cause(ctx)
+	case isRingFailure(err) || grp.Err() != nil:
+		grp.Abort("ring broken")
+		log.Warn("ring broken; waiting for the coordinator's decision", zap.Error(err))
+		return false, nil
+	}
+	grp.Abort(err.Error())
+	return false, err
+}
+
+// isRingFailure: err comes from the collective group breaking, which a new
+// generation repairs.
+func isRingFailure(err error) bool {
+	for _, k := range []error{collective.ErrPeerLost, collective.ErrTimeout, collective.ErrAborted, collective.ErrClosed,
+		collective.ErrProtocol, collective.ErrMismatch} {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// report tells the coordinator that generation g's ring broke, naming the
+// peer when the error does.
+func (a *Agent) report(ctx context.Context, g *phalanxpb.Generation, err error) {
+	var oe *collective.OpError
+	lost, detail := "", "ring broken"
+	if errors.As(err, &oe) {
+		switch {
+		case errors.Is(oe.Kind, collective.ErrAborted) || errors.Is(oe.Kind, collective.ErrClosed):
+			return // someone else's decision, already reported or made
+		case oe.Rank >= 0 && oe.Rank < len(g.Members) && (errors.Is(oe.Kind, collective.ErrPeerLost) || errors.Is(oe.Kind, collective.ErrTimeout)):
+			lost, detail = g.Members[oe.Rank].Id, fmt.Sprintf("%s (rank %d)", oe.Kind, oe.Rank)
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.LeaseTTL)
+	defer cancel()
+	r := &phalanxpb.LossReport{ReporterId: a.id, LostId: lost, Generation: g.Number, Detail: detail}
+	if err := coordinator.ReportLoss(rctx, a.cfg.Client, a.cfg.Keys, r); err != nil {
+		a.log.Warn("reporting a broken ring", zap.Error(err))
+	}
+}

@@ -1,0 +1,217 @@
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+var endpoints []string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "phalanx-etcd-")
+	if err != nil {
+		panic(err)
+	}
+	e, err := coordinator.StartEmbedded(context.Background(), coordinator.EmbeddedOptions{Dir: dir})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	endpoints = e.Endpoints()
+	code := m.Run()
+	e.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// jobKeys gives each test run its own job, so that -count=N reruns start
+// from nothing.
+func jobKeys(t *testing.T) coordinator.Keys {
+	t.Helper()
+	keys, err := coordinator.KeysFor(fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+func client(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// counterJob is a toy training job: every step allreduces a one and checks
+// the sum is the world size; the step count is the state, resynced by max.
+type counterJob struct {
+	target  int
+	mu      sync.Mutex
+	steps   map[string]int
+	worlds  map[int]bool
+	reached chan string // an agent's id, each time one passes a step
+}
+
+func (j *counterJob) body(id string) Body {
+	return func(ctx context.Context, r *Round) error {
+		j.mu.Lock()
+		st := []float64{float64(j.steps[id])}
+		j.worlds[r.Group.Size()] = true
+		j.mu.Unlock()
+		if err := r.Group.AllReduce(ctx, collective.Float64s(st), collective.Max); err != nil {
+			return err
+		}
+		step := int(st[0])
+		one := []float32{1}
+		for step < j.target {
+			one[0] = 1
+			if err := r.Group.AllReduce(ctx, collective.Float32s(one), collective.Sum); err != nil {
+				return err
+			}
+			if int(one[0]) != r.Group.Size() {
+				return fmt.Errorf("step %d: sum %v in a world of %d", step, one[0], r.Group.Size())
+			}
+			step++
+			j.mu.Lock()
+			j.steps[id] = step
+			j.mu.Unlock()
+			select {
+			case j.reached <- id:
+			default:
+			}
+		}
+		return r.Group.Barrier(ctx)
+	}
+}
+
+type runner struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startAgent(t *testing.T, ctx context.Context, keys coordinator.Keys, id string, j *counterJob) *runner {
+	t.Helper()
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Client: client(t), Keys: keys, Job: "counter", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
+		RankHint: -1, LeaseTTL: 2 * time.Second, ID: id, ConfigHash: "cfg-1",
+		Collective: collective.Options{Timeout: 20 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithCancel(ctx)
+	r := &runner{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- a.Run(actx, j.body(id)); tr.Close() }()
+	return r
+}
+
+func startCoordinator(t *testing.T, ctx context.Context, keys coordinator.Keys, min, max int, onGen func(*phalanxpb.Generation)) {
+	t.Helper()
+	c, err := coordinator.New(client(t), keys, coordinator.Config{ID: "c1", Rendezvous: coordinator.Rendezvous{MinWorkers: min, MaxWorkers: max},
+		JoinWindow: 50 * time.Millisecond, OnDecision: onGen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(cctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func waitFor(t *testing.T, ch <-chan string, who string, j *counterJob, step int) {
+	t.Helper()
+	for id := range ch {
+		j.mu.Lock()
+		s := j.steps[id]
+		j.mu.Unlock()
+		if (who == "" || id == who) && s >= step {
+			return
+		}
+	}
+}
+
+// TestAgentsCloseRanks: three agents train; one leaves mid-run, the other two
+// rebuild the ring and go on; a fourth joins; all finish the job in their
+// first processes.
+func TestAgentsCloseRanks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	keys := jobKeys(t)
+	var gens []*phalanxpb.Generation
+	var gmu sync.Mutex
+	startCoordinator(t, ctx, keys, 2, 4, func(g *phalanxpb.Generation) { gmu.Lock(); gens = append(gens, g); gmu.Unlock() })
+	j := &counterJob{target: 3000, steps: map[string]int{}, worlds: map[int]bool{}, reached: make(chan string, 1)}
+	a := startAgent(t, ctx, keys, "a", j)
+	b := startAgent(t, ctx, keys, "b", j)
+	c := startAgent(t, ctx, keys, "c", j)
+	waitFor(t, j.reached, "", j, 300)
+	c.cancel()
+	if err := <-c.done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stopped agent returned %v", err)
+	}
+	j.mu.Lock()
+	left := j.steps["c"]
+	j.mu.Unlock()
+	waitFor(t, j.reached, "a", j, left+100)
+	d := startAgent(t, ctx, keys, "d", j)
+	waitFor(t, j.reached, "d", j, 1)
+	for name, r := range map[string]*runner{"a": a, "b": b, "d": d} {
+		if err := <-r.done; err != nil {
+			t.Fatalf("agent %s: %v", name, err)
+		}
+	}
+	gmu.Lock()
+	defer gmu.Unlock()
+	for _, g := range gens {
+		t.Logf("generation %d: %d members: %s", g.Number, len(g.Members), g.Reason)
+	}
+	last := gens[len(gens)-1]
+	if len(last.Members) != 3 || last.Members[2].Id != "d" || !j.worlds[2] || !j.worlds[3] {
+		t.Fatalf("generations ended with %v; worlds seen %v", last, j.worlds)
+	}
+	for _, g := range gens {
+		for _, l := range g.Lost {
+			if l.Id != "c" {
+				t.Errorf("generation %d lost %s", g.Number, l.Id)
+			}
+		}
+	}
+}
+
+// TestConfigMismatchRefused: a worker with other training flags is refused
+// before it registers, by a message naming both configurations.
+func TestConfigMismatchRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	keys := jobKeys(t)
+	cli := client(t)
+	if _, err := cli.Put(ctx, keys.Config(), "cfg-other"); err != nil {
+		t.Fatal(err)
+	}
+	j := &counterJob{target: 1, steps: map[string]int{}, worlds: map[int]bool{}, reached: make(chan string, 1)}
+	r := startAgent(t, ctx, keys, "x", j)
+	err := <-r.done
+	var me *ConfigMismatchError
+	if !errors.As(err, &me) || me.Ours != "cfg-1" || me.Theirs != "cfg-other" {
+		t.Fatalf("got %v, want a configuration mismatch", err)
+	}
+	if resp, _ := cli.Get(ctx, keys.Workers(), clientv3.WithPrefix()); len(resp.Kvs) != 0 {
+		t.Errorf("the refused worker registered")
+	}
+}
