@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -19,7 +20,23 @@ type supervisorActor struct {
 	started  chan<- []*actor.PID
 }
 
+// spawnRequest asks a running supervisor for one more child.
+type spawnRequest struct {
+	child Child
+	reply chan spawnReply
+}
+
+type spawnReply struct {
+	pid *actor.PID
+	err error
+}
+
 func (s *supervisorActor) Receive(ctx actor.Context) {
+	if m, ok := ctx.Message().(*spawnRequest); ok {
+		pid, err := ctx.SpawnNamed(m.child.Props, m.child.Name)
+		m.reply <- spawnReply{pid, err}
+		return
+	}
 	if _, ok := ctx.Message().(*actor.Started); !ok {
 		return
 	}
@@ -49,4 +66,27 @@ func StartSupervisor(sys *System, name string, strategy actor.SupervisorStrategy
 		return nil, nil, fmt.Errorf("actors: starting supervisor %s: %w", name, err)
 	}
 	return pid, <-started, nil
+}
+
+// SpawnChild starts one more child under a running supervisor (in this
+// process), supervised like the first ones: a rank actor for each new
+// generation, say.
+func SpawnChild(ctx context.Context, sys *System, supervisor *actor.PID, c Child) (*actor.PID, error) {
+	reply := make(chan spawnReply, 1)
+	sys.Root.Send(supervisor, &spawnRequest{child: c, reply: reply})
+	var r spawnReply
+	select {
+	case r = <-reply:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("actors: starting %s: %w", c.Name, ctx.Err())
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("actors: starting %s: %w", c.Name, r.err)
+	}
+	return r.pid, nil
+}
+
+// StopChild stops a child and waits until it has stopped.
+func StopChild(sys *System, pid *actor.PID) error {
+	return sys.Root.StopFuture(pid).Wait()
 }

@@ -26,6 +26,7 @@ type EmbeddedOptions struct {
 type Embedded struct {
 	etcd      *embed.Etcd
 	endpoints []string
+	level     zap.AtomicLevel // of etcd's own log; raised while closing
 }
 
 // freePort asks the kernel for an unused port on host. The port is free when
@@ -75,7 +76,8 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	cfg.ListenMetricsUrls = nil
 	cfg.Logger = "zap"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger.Named("etcd").WithOptions(zap.IncreaseLevel(zap.WarnLevel)))
+	level := zap.NewAtomicLevelAt(zap.WarnLevel)
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger.Named("etcd").WithOptions(zap.IncreaseLevel(level)))
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: starting embedded etcd in %s: %w", opts.Dir, err)
@@ -94,11 +96,15 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 		e.Close()
 		return nil, ctx.Err()
 	}
-	return &Embedded{etcd: e, endpoints: []string{cu.String()}}, nil
+	return &Embedded{etcd: e, endpoints: []string{cu.String()}, level: level}, nil
 }
 
 // Endpoints are the client URLs.
 func (e *Embedded) Endpoints() []string { return e.endpoints }
 
-// Close stops the server.
-func (e *Embedded) Close() { e.etcd.Close() }
+// Close stops the server. etcd's complaints about its own listeners closing
+// are not logged.
+func (e *Embedded) Close() {
+	e.level.SetLevel(zap.FatalLevel)
+	e.etcd.Close()
+}

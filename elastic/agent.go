@@ -393,7 +393,7 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 		return false, nil
 	case ctx.Err() != nil:
 		return false, context.Cause(ctx)
-	case isRingFailure(err) || grp.Err() != nil:
+	case isRingFailure(err):
 		grp.Abort("ring broken")
 		log.Warn("ring broken; waiting for the coordinator's decision", zap.Error(err))
 		return false, nil

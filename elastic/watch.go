@@ -74,7 +74,9 @@ func (w *watch) run(ctx context.Context, cli *clientv3.Client, keys coordinator.
 	for ctx.Err() == nil {
 		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.Generation()), clientv3.OpGet(keys.Done(), clientv3.WithCountOnly())).Commit()
 		if err != nil {
-			log.Warn("reading the generation", zap.Error(err))
+			if ctx.Err() == nil {
+				log.Warn("reading the generation", zap.Error(err))
+			}
 			pause(ctx, 200*time.Millisecond)
 			continue
 		}
@@ -84,7 +86,7 @@ func (w *watch) run(ctx context.Context, cli *clientv3.Client, keys coordinator.
 		wctx, cancel := context.WithCancel(ctx)
 		wch := cli.Watch(wctx, keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		for wr := range wch {
-			if err := wr.Err(); err != nil {
+			if err := wr.Err(); err != nil && ctx.Err() == nil {
 				log.Warn("watching the generation", zap.Error(err))
 				break // read again
 			}

@@ -8,6 +8,8 @@ import (
 )
 
 // GroupConfig configures the group actor: the control plane's step leader.
+// World and Generation are the round it leads first (World 0: none yet);
+// a GroupRound message moves it to another.
 type GroupConfig struct {
 	World      int
 	Generation uint64
@@ -21,6 +23,16 @@ type GroupConfig struct {
 type groupState struct {
 	cfg   GroupConfig
 	ready map[int64]map[uint32]*actor.PID
+	early []*phalanxpb.StepReady // of a newer generation than cfg's, replayed when it begins
+}
+
+// GroupRound moves a group actor to another generation (an elastic ring
+// change): World ranks, or 0 when this process does not lead that round.
+// Readiness of older generations is dropped; readiness that arrived early for
+// this one is taken.
+type GroupRound struct {
+	Generation uint64
+	World      int
 }
 
 // NewGroupProps returns the props of a group actor: it collects StepReady
@@ -39,34 +51,56 @@ type groupActor struct{ st *groupState }
 func (a *groupActor) Receive(ctx actor.Context) {
 	st := a.st
 	switch m := ctx.Message().(type) {
+	case *GroupRound:
+		st.cfg.Generation, st.cfg.World = m.Generation, m.World
+		clear(st.ready)
+		early := st.early
+		st.early = nil
+		for _, e := range early {
+			if e.Generation >= m.Generation {
+				a.ready(ctx, e)
+			}
+		}
 	case *phalanxpb.StepReady:
-		if m.Generation != st.cfg.Generation || int(m.Rank) >= st.cfg.World || m.From == nil {
-			st.cfg.Logger.Warn("refusing a step-ready message", zap.Uint32("rank", m.Rank), zap.Int64("step", m.Step),
-				zap.Uint64("generation", m.Generation), zap.Uint64("ours", st.cfg.Generation))
-			return
-		}
-		set := st.ready[m.Step]
-		if set == nil {
-			set = map[uint32]*actor.PID{}
-			st.ready[m.Step] = set
-		}
-		set[m.Rank] = actor.NewPID(m.From.Address, m.From.Id)
-		if len(set) < st.cfg.World {
-			return
-		}
-		delete(st.ready, m.Step)
-		parts := make([]uint32, 0, st.cfg.World)
-		for r := range st.cfg.World {
-			parts = append(parts, uint32(r))
-		}
-		for _, pid := range set {
-			ctx.Send(pid, &phalanxpb.StepGo{Step: m.Step, Generation: st.cfg.Generation, Participants: parts})
-		}
+		a.ready(ctx, m)
 	case *phalanxpb.RankRestarted:
 		st.cfg.Logger.Warn("rank restarted", zap.Uint32("rank", m.Rank), zap.Int64("committed_step", m.CommittedStep),
 			zap.String("reason", m.Reason), zap.Uint32("restarts", m.Restarts))
 		if st.cfg.OnRestart != nil {
 			st.cfg.OnRestart(m)
 		}
+	}
+}
+
+// maxEarly bounds the readiness kept for a generation not begun yet.
+const maxEarly = 1 << 12
+
+func (a *groupActor) ready(ctx actor.Context, m *phalanxpb.StepReady) {
+	st := a.st
+	if m.Generation > st.cfg.Generation && m.From != nil && len(st.early) < maxEarly {
+		st.early = append(st.early, m)
+		return
+	}
+	if m.Generation != st.cfg.Generation || int(m.Rank) >= st.cfg.World || m.From == nil {
+		st.cfg.Logger.Warn("refusing a step-ready message", zap.Uint32("rank", m.Rank), zap.Int64("step", m.Step),
+			zap.Uint64("generation", m.Generation), zap.Uint64("ours", st.cfg.Generation))
+		return
+	}
+	set := st.ready[m.Step]
+	if set == nil {
+		set = map[uint32]*actor.PID{}
+		st.ready[m.Step] = set
+	}
+	set[m.Rank] = actor.NewPID(m.From.Address, m.From.Id)
+	if len(set) < st.cfg.World {
+		return
+	}
+	delete(st.ready, m.Step)
+	parts := make([]uint32, 0, st.cfg.World)
+	for r := range st.cfg.World {
+		parts = append(parts, uint32(r))
+	}
+	for _, pid := range set {
+		ctx.Send(pid, &phalanxpb.StepGo{Step: m.Step, Generation: st.cfg.Generation, Participants: parts})
 	}
 }

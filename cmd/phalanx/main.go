@@ -19,7 +19,9 @@ import (
 const usage = `phalanx: a runtime for fault-tolerant, elastic distributed training.
 
 Usage:
-  phalanx train [flags]             train an example model data-parallel on N local worker processes
+  phalanx train [flags]             train an example model data-parallel on N local elastic workers
+  phalanx worker [flags]            one elastic worker of a job (joins through etcd)
+  phalanx coordinator [flags]       a job's coordinator (elected; run several for standbys)
   phalanx bench allreduce [flags]   allreduce figures over N local processes (nccl-tests style)
   phalanx bench tcp [flags]         raw single-stream loopback TCP throughput, the reference line
   phalanx version                   print the version
@@ -68,6 +70,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "train":
 		return runTrain(ctx, args[1:], stdout, stderr)
+	case "worker":
+		return runWorker(ctx, args[1:], stdout, stderr)
+	case "coordinator":
+		return runCoordinator(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "version":

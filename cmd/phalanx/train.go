@@ -7,417 +7,384 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
-	"runtime"
+	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
+	"syscall"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/examples/mlp"
 	"github.com/phalanx-rt/phalanx/internal/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
-	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
 type trainConfig struct {
-	example     string
-	workers     int
-	steps       int64
-	batch       int
-	opt         nn.OptimizerConfig
-	sched       nn.Schedule
-	clip        float64
-	micro       int
-	localSteps  int
-	commitEvery int
-	bucket      int
-	seed        uint64
-	hidden      []int
-	samples     int
-	dataDir     string
-	eventsPath  string
-	threads     int
-	timeout     time.Duration
-	asRank      int
-	bind        string
-	logLevel    string
-	failRank    int
-	failStep    int64
-	failTimes   int
-	budget      actors.Budget
-	rawArgs     []string
+	train             trainFlags
+	member            membershipFlags
+	workers           int
+	minWorkers        int
+	maxWorkers        int
+	minWorkersTimeout time.Duration
+	joinWindow        time.Duration
+	eventsPath        string
+	jobDir            string
+	threads           int
+	logLevel          string
+	coordinate        bool
 }
 
 func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("train",
-		"Trains an example model data-parallel on --workers local worker processes (one rank each, over\n"+
-			"loopback TCP), like torchrun --standalone. Shows progress (step, loss, samples/s, ETA) and ends\n"+
-			"with the final loss and the accuracy on held-out data.", stderr)
+		"Trains an example model data-parallel on --workers local elastic worker processes, like torchrun.\n"+
+			"Membership lives in etcd: an embedded etcd server (data under --job-dir) unless --etcd-endpoints\n"+
+			"names a cluster; a coordinator in this process decides the generations (rings). A worker that\n"+
+			"dies is removed and the others go on; workers started later (phalanx worker) join. Shows progress\n"+
+			"(step, loss, samples/s, ETA) and membership changes, and ends with the held-out loss and accuracy.", stderr)
 	var c trainConfig
-	fs.StringVar(&c.example, "example", "mlp", "example to train: mlp")
-	fs.IntVar(&c.workers, "workers", 2, "worker processes (ranks), 1..64")
-	fs.Int64Var(&c.steps, "steps", 300, "the job's total number of steps")
-	fs.IntVar(&c.batch, "batch", 256, "global batch: samples per step across all workers")
-	fs.StringVar(&c.opt.Kind, "optimizer", "momentum", "optimizer: sgd, momentum, adam or adamw")
-	fs.Float64Var(&c.sched.Base, "lr", 0.05, "base learning rate")
-	fs.Float64Var(&c.opt.Momentum, "momentum", 0.9, "momentum factor (optimizer momentum)")
-	fs.BoolVar(&c.opt.Nesterov, "nesterov", false, "Nesterov momentum")
-	fs.Float64Var(&c.opt.WeightDecay, "weight-decay", 0, "weight decay (L2; decoupled for adamw)")
-	fs.StringVar(&c.sched.Kind, "schedule", "cosine", "learning-rate schedule after warm-up: constant, step or cosine (to 0 at --steps)")
-	fs.Int64Var(&c.sched.Warmup, "warmup", 10, "linear warm-up steps")
-	fs.Int64Var(&c.sched.Every, "decay-every", 100, "step schedule: decay period in steps")
-	fs.Float64Var(&c.sched.Gamma, "decay-factor", 0.1, "step schedule: factor applied every --decay-every steps")
-	fs.Float64Var(&c.clip, "clip", 0, "clip gradients to this global L2 norm (0: off)")
-	fs.IntVar(&c.micro, "micro-batches", 1, "gradient accumulation: micro-batches per worker per step, one allreduce per step")
-	fs.IntVar(&c.localSteps, "local-steps", 1, "1: average gradients every step; K > 1: local SGD, average parameters every K steps")
-	fs.IntVar(&c.commitEvery, "commit-every", 1, "commit the training state in memory every this many steps")
-	bucket := fs.String("bucket", "1MiB", "gradient fusion bucket size")
-	fs.Uint64Var(&c.seed, "seed", 1, "seed of the weights, the synthetic data and the shuffle")
-	hidden := fs.String("hidden", "512,512", "mlp: comma-separated hidden layer widths")
-	fs.IntVar(&c.samples, "samples", 60000, "mlp: synthetic training samples (a further 10000 are held out)")
-	fs.StringVar(&c.dataDir, "data", "", "mlp: directory with MNIST's IDX files instead of the synthetic task")
+	c.train.register(fs)
+	c.member.register(fs)
+	fs.IntVar(&c.workers, "workers", 2, "worker processes to start, 1..64")
+	fs.IntVar(&c.minWorkers, "min-workers", 1, "fewest workers the job trains with")
+	fs.IntVar(&c.maxWorkers, "max-workers", 0, "most workers admitted to a ring (default: --workers)")
+	fs.DurationVar(&c.minWorkersTimeout, "min-workers-timeout", time.Minute, "stop the job when it stays below --min-workers this long")
+	fs.DurationVar(&c.joinWindow, "join-window", time.Second, "how long a newcomer waits so that newcomers arriving together enter one generation")
 	fs.StringVar(&c.eventsPath, "events", "", "write the job's events as JSON lines to this file (see docs/events.md)")
+	fs.StringVar(&c.jobDir, "job-dir", "", "the job's directory (embedded etcd data); default: a temporary one, removed at the end")
 	fs.IntVar(&c.threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1")
-	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline of every collective operation")
-	fs.IntVar(&c.asRank, "as-rank", -1, "internal: run as this rank of a job launched by phalanx train")
-	fs.StringVar(&c.bind, "bind", "127.0.0.1:0", "with --as-rank: data-plane listen address")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
-	failAt := fs.String("fail-at", "", "fault injection: RANK:STEP makes that rank's model code panic once at that step;\nits supervisor restarts the rank actor, which resumes from its commit")
-	fs.IntVar(&c.failTimes, "fail-times", 1, "fault injection: how many times in a row --fail-at fails")
-	c.budget = actors.DefaultBudget()
-	fs.IntVar(&c.budget.MaxRestarts, "max-restarts", c.budget.MaxRestarts, "restart budget: a rank actor failing more often than this within --restart-window ends the job")
-	fs.DurationVar(&c.budget.Window, "restart-window", c.budget.Window, "restart budget window")
+	fs.BoolVar(&c.coordinate, "coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var err error
-	c.failRank = -1
-	if *failAt != "" {
-		r, st, ok := strings.Cut(*failAt, ":")
-		rank, err1 := strconv.Atoi(r)
-		step, err2 := strconv.ParseInt(st, 10, 64)
-		if !ok || err1 != nil || err2 != nil || rank < 0 || rank >= c.workers || step < 1 {
-			return usagef("--fail-at %q: want RANK:STEP with a rank below --workers and a step from 1", *failAt)
-		}
-		c.failRank, c.failStep = rank, step
+	if err := c.train.check(); err != nil {
+		return err
 	}
-	if c.budget.MaxRestarts < 0 || c.budget.Window <= 0 {
-		return usagef("--max-restarts must not be negative and --restart-window must be positive")
+	if err := c.member.check(); err != nil {
+		return err
+	}
+	if c.maxWorkers == 0 {
+		c.maxWorkers = c.workers
 	}
 	switch {
-	case c.example != "mlp":
-		return usagef("--example %q: the examples are: mlp", c.example)
-	case c.workers < 1 || c.workers > 64:
-		return usagef("--workers %d: want 1..64", c.workers)
-	case c.steps < 1:
-		return usagef("--steps %d: want at least 1", c.steps)
-	case c.batch < 1:
-		return usagef("--batch %d: want at least 1", c.batch)
-	case c.micro < 1 || c.localSteps < 1 || c.commitEvery < 1:
-		return usagef("--micro-batches, --local-steps and --commit-every must be at least 1")
+	case c.workers < 0 || c.workers > 64:
+		return usagef("--workers %d: want 0..64", c.workers)
+	case c.minWorkers < 1 || c.maxWorkers < c.minWorkers:
+		return usagef("--min-workers %d, --max-workers %d: want 1 <= min <= max", c.minWorkers, c.maxWorkers)
 	case c.threads < 0:
 		return usagef("--threads %d: must not be negative", c.threads)
-	case c.samples < 1:
-		return usagef("--samples %d: want at least 1", c.samples)
-	case c.timeout <= 0:
-		return usagef("--timeout %v: must be positive", c.timeout)
+	case c.minWorkersTimeout <= 0 || c.joinWindow < 0:
+		return usagef("--min-workers-timeout must be positive and --join-window not negative")
+	case c.train.failWorker >= c.workers:
+		return usagef("--fail-at %q: worker %d is not below --workers", c.train.failAt, c.train.failWorker)
 	}
-	if c.bucket, err = parseSize(*bucket); err != nil || c.bucket < 1 {
-		return usagef("--bucket %q: want a size such as 1MiB", *bucket)
+	if c.member.job == "" {
+		c.member.job = fmt.Sprintf("train-%d-%d", os.Getpid(), time.Now().Unix())
 	}
-	if c.hidden, err = parseWidths(*hidden); err != nil {
-		return usagef("--hidden: %v", err)
-	}
-	if c.sched.Kind == "cosine" {
-		c.sched.Total = max(c.steps, c.sched.Warmup+1)
-	}
-	if err := c.sched.Validate(); err != nil {
-		return usagef("learning rate: %v", err)
-	}
-	if _, err := nn.NewOptimizer(c.opt, nil); err != nil {
-		return usagef("--optimizer: %v", err)
-	}
-	c.rawArgs = args
 	log, err := newLogger(c.logLevel, stderr)
 	if err != nil {
 		return err
 	}
 	defer log.Sync()
-	if c.asRank >= 0 {
-		return trainRank(ctx, c, stdout, log)
+	workerArgs := passThrough(fs, func(name string) bool { return name == "lease-ttl" || name == "unreachable" || name == "log-level" })
+	if c.train.rescale == "lr" && c.train.refWorld == 0 {
+		workerArgs = append(workerArgs, "--reference-world="+strconv.Itoa(c.workers))
 	}
-	return trainJob(ctx, c, stdout, stderr)
+	return trainJob(ctx, c, workerArgs, stdout, stderr, log)
 }
 
-func parseWidths(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		w, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || w < 1 {
-			return nil, fmt.Errorf("width %q: want a positive integer", f)
-		}
-		out = append(out, w)
-	}
-	return out, nil
+// job is a running training job as its launcher sees it.
+type job struct {
+	c       trainConfig
+	out     io.Writer
+	ev      *events.Log
+	start   time.Time
+	every   int64
+	gen     *phalanxpb.Generation // the latest generation
+	first   uint64                // the first generation's number
+	byPid   map[int64]int         // worker index by pid
+	done    *report
+	stopped string
 }
 
-// report is a line from rank 0 to the launcher.
-type report struct {
-	Kind       string  `json:"kind"` // step or done
-	Step       int64   `json:"step"`
-	Generation uint64  `json:"generation"`
-	World      int     `json:"world"`
-	Loss       float64 `json:"loss"`
-	Accuracy   float64 `json:"accuracy"`
-	SamplesPS  float64 `json:"samples_per_s"`
-	ComputeS   float64 `json:"compute_s"`
-	CommS      float64 `json:"comm_s"`
-	StepS      float64 `json:"step_s"`
-	Rank       int     `json:"rank,omitempty"`
-	Reason     string  `json:"reason,omitempty"`
-	Restarts   int     `json:"restarts,omitempty"`
+type procLine struct {
+	index int
+	line  []byte
 }
 
-// trainJob launches the workers and follows rank 0's reports.
-func trainJob(ctx context.Context, c trainConfig, stdout, stderr io.Writer) error {
-	var ev *events.Log
+type procExit struct {
+	index int
+	pid   int
+	err   error
+}
+
+// trainJob starts etcd (embedded unless external), a coordinator and the
+// workers, and follows the job until a worker reports it done.
+func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, stderr io.Writer, log *zap.Logger) error {
+	j := &job{c: c, out: stdout, start: time.Now(), every: max(1, c.train.steps/20), byPid: map[int64]int{}}
 	if c.eventsPath != "" {
 		f, err := os.OpenFile(c.eventsPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 		if err != nil {
 			return fmt.Errorf("--events: %w", err)
 		}
 		defer f.Close()
-		ev = events.New(f, nil)
+		j.ev = events.New(f, nil)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	endpoints := c.member.endpointList()
+	if len(endpoints) == 0 {
+		dir := c.jobDir
+		if dir == "" {
+			tmp, err := os.MkdirTemp("", "phalanx-job-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			dir = tmp
+		}
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(dir, "etcd"), Logger: log.Named("etcd")})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		endpoints = e.Endpoints()
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
+	if err != nil {
+		return fmt.Errorf("etcd %v: %w", endpoints, err)
+	}
+	defer cli.Close()
+	keys, err := coordinator.KeysFor(c.member.job)
+	if err != nil {
+		return err
+	}
+	coordDone := make(chan error, 1)
+	followDone := make(chan struct{})
+	defer func() { // stop following before the client and etcd close
+		cancel()
+		<-followDone
+		if c.coordinate {
+			<-coordDone
+		}
+	}()
+	if c.coordinate {
+		host, _ := os.Hostname()
+		co, err := coordinator.New(cli, keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+			Rendezvous: coordinator.Rendezvous{MinWorkers: c.minWorkers, MaxWorkers: c.maxWorkers},
+			JoinWindow: c.joinWindow, MinWorkersTimeout: c.minWorkersTimeout, SessionTTL: c.member.leaseTTL, Logger: log.Named("coordinator")})
+		if err != nil {
+			return err
+		}
+		go func() { coordDone <- co.Run(ctx) }()
+	}
+	gens := make(chan *phalanxpb.Generation, 16)
+	go func() {
+		defer close(followDone)
+		elastic.Follow(ctx, cli, keys, log, func(g *phalanxpb.Generation) {
+			select {
+			case gens <- g:
+			case <-ctx.Done():
+			}
+		})
+	}()
+
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	procs, err := launch.Start(startCtx, c.workers, func(rank int) *exec.Cmd {
-		args := append([]string{"train"}, c.rawArgs...)
-		args = append(args, "--as-rank", strconv.Itoa(rank))
+	threads := launch.ThreadsPerRank(c.threads, c.workers)
+	lines := make(chan procLine, 64)
+	exits := make(chan procExit, c.workers)
+	var procs []*launch.Proc
+	defer func() { launch.Kill(procs) }()
+	for i := range c.workers {
+		args := append([]string{"worker", "--etcd-endpoints", strings.Join(endpoints, ","), "--job", c.member.job,
+			"--rank-hint", strconv.Itoa(i), "--worker-index", strconv.Itoa(i), "--threads", strconv.Itoa(threads)}, workerArgs...)
 		cmd := exec.CommandContext(ctx, exe, args...)
 		cmd.Stderr = stderr
-		return cmd
-	})
-	if err != nil {
-		return err
-	}
-	defer launch.Kill(procs)
-	for _, p := range procs {
-		data, _, err := parseAnnouncement(p.Addr)
+		p, err := launch.Spawn(cmd, i)
 		if err != nil {
-			return fmt.Errorf("rank %d: %w", p.Rank, err)
+			return err
 		}
-		ev.Emit("worker_started", events.F("rank", p.Rank), events.F("pid", p.Pid()), events.F("addr", data))
-	}
-	fmt.Fprintf(stdout, "phalanx train: %s on %d workers, %d steps, global batch %d\n", c.example, c.workers, c.steps, c.batch)
-	start := time.Now()
-	every := max(1, c.steps/20)
-	var done *report
-	sc := bufio.NewScanner(procs[0].Out)
-	for sc.Scan() {
-		var r report
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return fmt.Errorf("rank 0 printed %q: %w", sc.Text(), err)
-		}
-		switch r.Kind {
-		case "step":
-			ev.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
-				events.F("loss", r.Loss), events.F("samples_per_s", r.SamplesPS),
-				events.F("step_s", r.StepS), events.F("compute_s", r.ComputeS), events.F("comm_s", r.CommS))
-			if r.Step%every == 0 || r.Step == c.steps {
-				elapsed := time.Since(start)
-				eta := time.Duration(float64(elapsed) / float64(r.Step) * float64(c.steps-r.Step))
-				fmt.Fprintf(stdout, "step %*d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s  ETA %s\n",
-					len(strconv.FormatInt(c.steps, 10)), r.Step, c.steps, r.Loss, 100*r.Accuracy, r.SamplesPS, eta.Round(time.Second))
+		procs = append(procs, p)
+		j.ev.Emit("worker_started", events.F("worker", i), events.F("pid", p.Pid()))
+		go func() {
+			sc := bufio.NewScanner(p.Out)
+			sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+			for sc.Scan() {
+				lines <- procLine{index: i, line: append([]byte(nil), sc.Bytes()...)}
 			}
-		case "restart":
-			ev.Emit("rank_restarted", events.F("rank", r.Rank), events.F("committed_step", r.Step),
-				events.F("reason", r.Reason), events.F("restarts", r.Restarts))
-			fmt.Fprintf(stdout, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
-		case "done":
-			done = &r
-			ev.Emit("done", events.F("step", r.Step), events.F("accuracy", r.Accuracy), events.F("loss", r.Loss))
+			err := p.Cmd.Wait()
+			exits <- procExit{index: i, pid: p.Pid(), err: err}
+		}()
+	}
+	j.ev.Emit("job_started", events.F("job", c.member.job), events.F("etcd_endpoints", strings.Join(endpoints, ",")),
+		events.F("workers", c.workers), events.F("worker_args", workerArgs))
+	fmt.Fprintf(stdout, "phalanx train: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
+		c.train.example, c.workers, c.minWorkers, c.maxWorkers, c.train.steps, c.train.batch, c.member.job, strings.Join(endpoints, ","))
+
+	running := c.workers
+	var failed error
+	for running > 0 {
+		select {
+		case l := <-lines:
+			if err := j.handle(l); err != nil {
+				return err
+			}
+		case g := <-gens:
+			j.generation(g)
+		case x := <-exits:
+			running--
+			j.exited(x)
+			if failed == nil && j.done == nil && x.err != nil && !signalled(x.err) {
+				failed = fmt.Errorf("worker %d (pid %d) failed: %w", x.index, x.pid, x.err)
+				cancel() // one worker's own failure (not a kill) ends the job
+			}
+		case err := <-coordDone:
+			coordDone <- err // for the deferred wait
+			if err != nil && ctx.Err() == nil {
+				return fmt.Errorf("coordinator: %w", err)
+			}
+			c.coordinate = false
+		case <-ctx.Done():
+			if failed != nil {
+				continue
+			}
+			launch.Kill(procs)
+			return ctx.Err()
 		}
 	}
-	var failed error
-	for _, p := range procs {
-		p.In.Close()
-		if err := p.Cmd.Wait(); err != nil {
-			failed = errors.Join(failed, fmt.Errorf("worker rank %d (pid %d): %w", p.Rank, p.Pid(), err))
+	for {
+		select {
+		case l := <-lines:
+			if err := j.handle(l); err != nil {
+				return err
+			}
+			continue
+		default:
 		}
+		break
 	}
 	if failed != nil {
 		return failed
 	}
-	if done == nil {
-		return fmt.Errorf("rank 0 ended without a result")
+	if j.done == nil {
+		if j.stopped != "" {
+			return fmt.Errorf("the coordinator stopped the job: %s", j.stopped)
+		}
+		return fmt.Errorf("every worker ended and none reported the job done")
 	}
 	fmt.Fprintf(stdout, "done: %d steps in %s; held-out loss %.4f, accuracy %.2f%%\n",
-		done.Step, time.Since(start).Round(time.Millisecond), done.Loss, 100*done.Accuracy)
+		j.done.Step, time.Since(j.start).Round(time.Millisecond), j.done.Loss, 100*j.done.Accuracy)
 	return nil
 }
 
-// reporter writes rank 0's report lines; the rank and group actors both do.
-type reporter struct {
-	mu  sync.Mutex
-	enc *json.Encoder
-}
-
-func (r *reporter) send(rep report) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.enc.Encode(rep)
-}
-
-// announcement is what a worker tells the launcher: its data-plane and
-// control-plane addresses.
-func announcement(data, control string) string { return data + "|" + control }
-
-func parseAnnouncement(s string) (data, control string, err error) {
-	data, control, ok := strings.Cut(s, "|")
-	if !ok || data == "" || control == "" {
-		return "", "", fmt.Errorf("worker address %q: want data|control", s)
-	}
-	return data, control, nil
-}
-
-// trainRank is one worker process: a data-plane endpoint, an actor system
-// whose supervisor owns this rank's actor (and, on rank 0, the group actor),
-// and the trainer they drive.
-func trainRank(ctx context.Context, c trainConfig, stdout io.Writer, log *zap.Logger) error {
-	runtime.GOMAXPROCS(launch.ThreadsPerRank(c.threads, c.workers))
-	log = log.With(zap.Int("rank", c.asRank))
-	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.bind, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer tr.Close()
-	host, _, err := net.SplitHostPort(tr.Addr())
-	if err != nil {
-		return err
-	}
-	sys, err := actors.NewSystem(actors.Options{Logger: log, Remote: true, Bind: net.JoinHostPort(host, "0")})
-	if err != nil {
-		return err
-	}
-	defer sys.Shutdown()
-	list, err := launch.Announce(stdout, bufio.NewReader(os.Stdin), announcement(tr.Addr(), sys.Address()))
-	if err != nil {
-		return err
-	}
-	peers := make([]string, len(list))
-	var control0 string
-	for i, a := range list {
-		var ctl string
-		if peers[i], ctl, err = parseAnnouncement(a); err != nil {
-			return err
-		}
-		if i == 0 {
-			control0 = ctl
+func signalled(err error) bool {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok {
+			return ws.Signaled()
 		}
 	}
-	train, test, err := loadMLPData(c)
-	if err != nil {
-		return err
-	}
-	m := collective.Membership{Job: "train", Generation: 1, Rank: c.asRank, Peers: peers}
-	g, err := collective.Join(ctx, tr, m, collective.Options{Timeout: c.timeout, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-	mlpModel, err := mlp.New(append(append([]int{train.Features}, c.hidden...), train.Classes), c.seed)
-	if err != nil {
-		return err
-	}
-	var model worker.Model = mlpModel
-	var faulty *faultyModel
-	if c.failRank == c.asRank && c.failStep > 0 {
-		faulty = &faultyModel{Model: mlpModel, at: c.failStep, times: c.failTimes}
-		model = faulty
-	}
-	opt, err := nn.NewOptimizer(c.opt, model.Params())
-	if err != nil {
-		return err
-	}
-	cfg := worker.Config{GlobalBatch: c.batch, MicroBatches: c.micro, LocalSteps: c.localSteps, ClipNorm: c.clip,
-		CommitEvery: c.commitEvery, BucketBytes: c.bucket, Schedule: c.sched, Seed: c.seed}
-	t, err := worker.NewTrainer(ctx, g, model, train, opt, cfg, log)
-	if err != nil {
-		return err
-	}
-	defer t.Close()
-	if faulty != nil {
-		faulty.trainer = t
-	}
-	if err := t.State().Sync(ctx, g, 0); err != nil {
-		return err
-	}
-	t.State().Commit()
+	return false
+}
 
-	rep := &reporter{enc: json.NewEncoder(stdout)}
-	done := make(chan error, 2)
-	prev := time.Now()
-	rank := actors.Child{Name: "rank", Props: worker.NewRankProps(worker.RankConfig{
-		Trainer: t, Rank: c.asRank, Generation: m.Generation, Steps: c.steps, Context: ctx, Logger: log,
-		Group:  actors.Ref(control0, "job/group"),
-		OnDone: func(err error) { done <- err },
-		OnStep: func(st worker.StepStats) {
-			now := time.Now()
-			if c.asRank == 0 {
-				rep.send(report{Kind: "step", Step: st.Step, Generation: m.Generation, World: g.Size(), Loss: st.Loss,
-					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
-					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds()})
-			}
-			prev = now
-		},
-	})}
-	children := []actors.Child{rank}
-	if c.asRank == 0 {
-		children = append([]actors.Child{{Name: "group", Props: worker.NewGroupProps(worker.GroupConfig{
-			World: g.Size(), Generation: m.Generation, Logger: log,
-			OnRestart: func(r *phalanxpb.RankRestarted) {
-				rep.send(report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
-			},
-		})}}, children...)
+func (j *job) exited(x procExit) {
+	status := "exit 0"
+	if x.err != nil {
+		status = x.err.Error()
 	}
-	strategy := &actors.Strategy{Budget: c.budget, Logger: log, GiveUp: func(e *actors.GiveUpError) { done <- e }}
-	if _, _, err := actors.StartSupervisor(sys, "job", strategy, children...); err != nil {
-		return err
+	j.ev.Emit("worker_exited", events.F("worker", x.index), events.F("pid", x.pid), events.F("status", status))
+	if x.err != nil && j.done == nil {
+		fmt.Fprintf(j.out, "worker %d (pid %d) ended: %s\n", x.index, x.pid, status)
 	}
-	select {
-	case err = <-done:
-	case <-g.Failed():
-		err = g.Err()
-	case <-ctx.Done():
-		err = ctx.Err()
+}
+
+// generation reports a new generation: who is in the ring, who was lost and
+// who joined.
+func (j *job) generation(g *phalanxpb.Generation) {
+	j.gen = g
+	if j.first == 0 {
+		j.first = g.Number
 	}
-	if err != nil {
-		g.Abort(err.Error())
-		return err
+	if g.Stopped {
+		j.stopped = g.Reason
+		j.ev.Emit("generation", events.F("generation", g.Number), events.F("members", []any{}), events.F("world", 0), events.F("reason", g.Reason))
+		fmt.Fprintf(j.out, "generation %d: job stopped: %s\n", g.Number, g.Reason)
+		return
 	}
-	loss, acc, err := evaluate(ctx, g, mlpModel, test)
-	if err != nil {
-		return err
+	members := make([]map[string]any, len(g.Members))
+	pos := map[string]int{}
+	for i, m := range g.Members {
+		members[i] = map[string]any{"rank": i, "id": m.Id, "pid": m.Pid}
+		pos[m.Id] = i
 	}
-	if c.asRank == 0 {
-		rep.send(report{Kind: "done", Step: t.State().Step, World: g.Size(), Loss: loss, Accuracy: acc})
+	j.ev.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)), events.F("reason", g.Reason))
+	for _, l := range g.Lost {
+		j.ev.Emit("worker_lost", events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
 	}
-	sys.Quiet()
-	return g.Barrier(ctx) // no rank's remote goes away while another still logs
+	for _, id := range g.Joined {
+		if g.Number == j.first {
+			break
+		}
+		i := pos[id]
+		j.ev.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+	}
+	fmt.Fprintf(j.out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
+}
+
+// handle takes one report line of a worker.
+func (j *job) handle(l procLine) error {
+	var r report
+	if err := json.Unmarshal(l.line, &r); err != nil {
+		return fmt.Errorf("worker %d printed %q: %w", l.index, l.line, err)
+	}
+	if r.Kind != "registered" && r.Kind != "restart" && j.gen != nil && r.Generation < j.gen.Number && r.Kind != "done" {
+		return nil // a report from a generation already replaced
+	}
+	switch r.Kind {
+	case "registered":
+		j.byPid[int64(r.Pid)] = l.index
+	case "restored":
+		if j.first != 0 && r.Generation > j.first {
+			j.ev.Emit("restored", events.F("generation", r.Generation), events.F("world", r.World), events.F("step", r.Step),
+				events.F("steps_redone", r.Redone), events.F("root", r.Root))
+			fmt.Fprintf(j.out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", r.Generation, r.Step, r.World, r.Redone)
+		}
+	case "step":
+		j.ev.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
+			events.F("loss", r.Loss), events.F("samples_per_s", r.SamplesPS),
+			events.F("step_s", r.StepS), events.F("compute_s", r.ComputeS), events.F("comm_s", r.CommS),
+			events.F("epoch", r.Epoch), events.F("offset", r.Offset), events.F("fingerprint", r.Fingerprint))
+		if r.Step%j.every == 0 || r.Step == j.c.train.steps {
+			elapsed := time.Since(j.start)
+			eta := time.Duration(float64(elapsed) / float64(r.Step) * float64(j.c.train.steps-r.Step))
+			fmt.Fprintf(j.out, "step %*d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s  %d workers  ETA %s\n",
+				len(strconv.FormatInt(j.c.train.steps, 10)), r.Step, j.c.train.steps, r.Loss, 100*r.Accuracy, r.SamplesPS, r.World, eta.Round(time.Second))
+		}
+	case "restart":
+		j.ev.Emit("rank_restarted", events.F("rank", r.Rank), events.F("committed_step", r.Step),
+			events.F("reason", r.Reason), events.F("restarts", r.Restarts))
+		fmt.Fprintf(j.out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
+	case "done":
+		if j.done == nil {
+			j.done = &r
+			j.ev.Emit("done", events.F("step", r.Step), events.F("accuracy", r.Accuracy), events.F("loss", r.Loss),
+				events.F("generation", r.Generation), events.F("world", r.World))
+		}
+	}
+	return nil
 }
 
 // faultyModel panics once in model code at a chosen step: the --fail-at
@@ -437,7 +404,7 @@ func (f *faultyModel) Step(b *worker.Batch, scale float32, ready func(int)) (wor
 	return f.Model.Step(b, scale, ready)
 }
 
-func loadMLPData(c trainConfig) (train, test *mlp.Data, err error) {
+func loadMLPData(c trainFlags) (train, test *mlp.Data, err error) {
 	if c.dataDir != "" {
 		return mlp.LoadMNIST(c.dataDir)
 	}

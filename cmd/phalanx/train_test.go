@@ -56,9 +56,12 @@ func TestTrainJob(t *testing.T) {
 		kind, _ := e["event"].(string)
 		counts[kind]++
 		want := map[string][]string{
-			"worker_started": {"rank", "pid", "addr"},
-			"step":           {"step", "generation", "world", "loss", "samples_per_s"},
-			"done":           {"step", "accuracy", "loss"},
+			"job_started":    {"job", "etcd_endpoints", "workers", "worker_args"},
+			"worker_started": {"worker", "pid"},
+			"generation":     {"generation", "members", "world", "reason"},
+			"step":           {"step", "generation", "world", "loss", "samples_per_s", "epoch", "offset", "fingerprint"},
+			"done":           {"step", "accuracy", "loss", "generation", "world"},
+			"worker_exited":  {"worker", "pid", "status"},
 		}[kind]
 		if want == nil {
 			t.Errorf("unknown event %v", e)
@@ -69,8 +72,8 @@ func TestTrainJob(t *testing.T) {
 			}
 		}
 	}
-	if counts["worker_started"] != 2 || counts["step"] != 6 || counts["done"] != 1 {
-		t.Errorf("event counts %v, want 2 worker_started, 6 step, 1 done", counts)
+	if counts["worker_started"] != 2 || counts["step"] != 6 || counts["done"] != 1 || counts["generation"] != 1 || counts["worker_exited"] != 2 {
+		t.Errorf("event counts %v, want 2 worker_started, 1 generation, 6 step, 1 done, 2 worker_exited", counts)
 	}
 }
 

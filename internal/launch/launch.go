@@ -158,3 +158,20 @@ func ThreadsPerRank(want, ranks int) int {
 	}
 	return max(1, runtime.NumCPU()/max(ranks, 1))
 }
+
+// Spawn starts one child whose stdout is read by the caller (Proc.Out) and
+// who is killed if this process dies first. Its Stdout must be unset.
+func Spawn(cmd *exec.Cmd, rank int) (*Proc, error) {
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("launch: starting worker %d: %w", rank, err)
+	}
+	return &Proc{Rank: rank, Cmd: cmd, Out: bufio.NewReader(out)}, nil
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/nn"
+)
+
+// trainFlags are the training flags: the launcher passes them to every
+// worker, and workers must agree on them (their hash is the job's
+// configuration).
+type trainFlags struct {
+	example     string
+	steps       int64
+	batch       int
+	opt         nn.OptimizerConfig
+	sched       nn.Schedule
+	clip        float64
+	micro       int
+	localSteps  int
+	commitEvery int
+	bucket      int
+	seed        uint64
+	hidden      []int
+	samples     int
+	dataDir     string
+	timeout     time.Duration
+	rescale     string
+	refWorld    int
+	failWorker  int
+	failStep    int64
+	failTimes   int
+	budget      actors.Budget
+
+	bucketText, hiddenText, failAt string
+}
+
+// membershipFlags say where the job's membership lives.
+type membershipFlags struct {
+	endpoints   string
+	job         string
+	leaseTTL    time.Duration
+	unreachable time.Duration
+}
+
+func (m *membershipFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&m.endpoints, "etcd-endpoints", "", "comma-separated endpoints of an external etcd cluster (default: an embedded etcd server)")
+	fs.StringVar(&m.job, "job", "", "the job's name: its keys in etcd live under /phalanx/<job>/")
+	fs.DurationVar(&m.leaseTTL, "lease-ttl", 5*time.Second, "a worker's registration lease: a frozen or partitioned worker is removed this long after its last keep-alive")
+	fs.DurationVar(&m.unreachable, "unreachable", time.Minute, "how long a worker trains on without etcd, or waits for a decision after its ring broke, before it fails")
+}
+
+func (m *membershipFlags) check() error {
+	switch {
+	case m.leaseTTL < time.Second:
+		return usagef("--lease-ttl %v: want at least 1s (etcd leases count whole seconds)", m.leaseTTL)
+	case m.unreachable <= 0:
+		return usagef("--unreachable %v: must be positive", m.unreachable)
+	case m.job != "" && strings.ContainsAny(m.job, "/\x00"):
+		return usagef("--job %q: want a name without '/'", m.job)
+	}
+	return nil
+}
+
+func (m *membershipFlags) endpointList() []string {
+	var out []string
+	for _, e := range strings.Split(m.endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// register defines the training flags on fs.
+func (c *trainFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.example, "example", "mlp", "example to train: mlp")
+	fs.Int64Var(&c.steps, "steps", 300, "the job's total number of steps")
+	fs.IntVar(&c.batch, "batch", 256, "global batch: samples per step across all workers")
+	fs.StringVar(&c.opt.Kind, "optimizer", "momentum", "optimizer: sgd, momentum, adam or adamw")
+	fs.Float64Var(&c.sched.Base, "lr", 0.05, "base learning rate")
+	fs.Float64Var(&c.opt.Momentum, "momentum", 0.9, "momentum factor (optimizer momentum)")
+	fs.BoolVar(&c.opt.Nesterov, "nesterov", false, "Nesterov momentum")
+	fs.Float64Var(&c.opt.WeightDecay, "weight-decay", 0, "weight decay (L2; decoupled for adamw)")
+	fs.StringVar(&c.sched.Kind, "schedule", "cosine", "learning-rate schedule after warm-up: constant, step or cosine (to 0 at --steps)")
+	fs.Int64Var(&c.sched.Warmup, "warmup", 10, "linear warm-up steps")
+	fs.Int64Var(&c.sched.Every, "decay-every", 100, "step schedule: decay period in steps")
+	fs.Float64Var(&c.sched.Gamma, "decay-factor", 0.1, "step schedule: factor applied every --decay-every steps")
+	fs.Float64Var(&c.clip, "clip", 0, "clip gradients to this global L2 norm (0: off)")
+	fs.IntVar(&c.micro, "micro-batches", 1, "gradient accumulation: micro-batches per worker per step, one allreduce per step")
+	fs.IntVar(&c.localSteps, "local-steps", 1, "1: average gradients every step; K > 1: local SGD, average parameters every K steps")
+	fs.IntVar(&c.commitEvery, "commit-every", 1, "commit the training state in memory every this many steps (a membership change\nredoes the steps since the last commit)")
+	fs.StringVar(&c.bucketText, "bucket", "1MiB", "gradient fusion bucket size")
+	fs.Uint64Var(&c.seed, "seed", 1, "seed of the weights, the synthetic data and the shuffle")
+	fs.StringVar(&c.hiddenText, "hidden", "512,512", "mlp: comma-separated hidden layer widths")
+	fs.IntVar(&c.samples, "samples", 60000, "mlp: synthetic training samples (a further 10000 are held out)")
+	fs.StringVar(&c.dataDir, "data", "", "mlp: directory with MNIST's IDX files instead of the synthetic task")
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline of every collective operation")
+	fs.StringVar(&c.rescale, "rescale", "batch", "when the world size changes: batch keeps the global batch and rescales each worker's\nshare; lr keeps each worker's share (--batch / --reference-world) and scales the learning rate")
+	fs.IntVar(&c.refWorld, "reference-world", 0, "with --rescale lr: the world size --batch and --lr are meant for (default: --workers)")
+	fs.StringVar(&c.failAt, "fail-at", "", "fault injection: WORKER:STEP makes that worker's model code panic once at that step;\nits supervisor restarts the rank actor, which resumes from its commit")
+	fs.IntVar(&c.failTimes, "fail-times", 1, "fault injection: how many times in a row --fail-at fails")
+	c.budget = actors.DefaultBudget()
+	fs.IntVar(&c.budget.MaxRestarts, "max-restarts", c.budget.MaxRestarts, "restart budget: a rank actor failing more often than this within --restart-window ends the worker")
+	fs.DurationVar(&c.budget.Window, "restart-window", c.budget.Window, "restart budget window")
+}
+
+// isTrainingFlag reports whether name is one of the training flags.
+func isTrainingFlag(name string) bool {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	(&trainFlags{}).register(fs)
+	return fs.Lookup(name) != nil
+}
+
+// check validates the parsed training flags and fills the derived fields.
+func (c *trainFlags) check() error {
+	var err error
+	c.failWorker = -1
+	if c.failAt != "" {
+		r, st, ok := strings.Cut(c.failAt, ":")
+		w, err1 := strconv.Atoi(r)
+		step, err2 := strconv.ParseInt(st, 10, 64)
+		if !ok || err1 != nil || err2 != nil || w < 0 || step < 1 {
+			return usagef("--fail-at %q: want WORKER:STEP with a worker index from 0 and a step from 1", c.failAt)
+		}
+		c.failWorker, c.failStep = w, step
+	}
+	switch {
+	case c.budget.MaxRestarts < 0 || c.budget.Window <= 0:
+		return usagef("--max-restarts must not be negative and --restart-window must be positive")
+	case c.example != "mlp":
+		return usagef("--example %q: the examples are: mlp", c.example)
+	case c.steps < 1:
+		return usagef("--steps %d: want at least 1", c.steps)
+	case c.batch < 1:
+		return usagef("--batch %d: want at least 1", c.batch)
+	case c.micro < 1 || c.localSteps < 1 || c.commitEvery < 1:
+		return usagef("--micro-batches, --local-steps and --commit-every must be at least 1")
+	case c.samples < 1:
+		return usagef("--samples %d: want at least 1", c.samples)
+	case c.timeout <= 0:
+		return usagef("--timeout %v: must be positive", c.timeout)
+	case c.rescale != "batch" && c.rescale != "lr":
+		return usagef("--rescale %q: want batch or lr", c.rescale)
+	case c.refWorld < 0 || (c.rescale == "lr" && c.refWorld > c.batch):
+		return usagef("--reference-world %d: want 1..--batch", c.refWorld)
+	}
+	if c.bucket, err = parseSize(c.bucketText); err != nil || c.bucket < 1 {
+		return usagef("--bucket %q: want a size such as 1MiB", c.bucketText)
+	}
+	if c.hidden, err = parseWidths(c.hiddenText); err != nil {
+		return usagef("--hidden: %v", err)
+	}
+	if c.sched.Kind == "cosine" {
+		c.sched.Total = max(c.steps, c.sched.Warmup+1)
+	}
+	if err := c.sched.Validate(); err != nil {
+		return usagef("learning rate: %v", err)
+	}
+	if _, err := nn.NewOptimizer(c.opt, nil); err != nil {
+		return usagef("--optimizer: %v", err)
+	}
+	return nil
+}
+
+// configHash identifies the training configuration that the workers of a job
+// must share: every training flag's value except the fault injection.
+func configHash(fs *flag.FlagSet) string {
+	var kv []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if isTrainingFlag(f.Name) && !strings.HasPrefix(f.Name, "fail-") {
+			kv = append(kv, f.Name+"="+f.Value.String())
+		}
+	})
+	sort.Strings(kv)
+	sum := sha256.Sum256([]byte(strings.Join(kv, "\n")))
+	return hex.EncodeToString(sum[:6])
+}
+
+// passThrough is the command line that gives a worker the flags set on fs
+// that are training or membership flags.
+func passThrough(fs *flag.FlagSet, also func(string) bool) []string {
+	var out []string
+	fs.Visit(func(f *flag.Flag) {
+		if isTrainingFlag(f.Name) || also(f.Name) {
+			out = append(out, fmt.Sprintf("--%s=%s", f.Name, f.Value.String()))
+		}
+	})
+	return out
+}
+
+func parseWidths(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		w, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || w < 1 {
+			return nil, fmt.Errorf("width %q: want a positive integer", f)
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}

@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/elastic"
+	"github.com/phalanx-rt/phalanx/examples/mlp"
+	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// report is a line a worker prints on stdout for its launcher; rank 0 of
+// each generation reports the job's progress.
+type report struct {
+	Kind        string     `json:"kind"` // registered, restored, step, restart or done
+	ID          string     `json:"id,omitempty"`
+	Pid         int        `json:"pid,omitempty"`
+	Step        int64      `json:"step"`
+	Generation  uint64     `json:"generation"`
+	World       int        `json:"world"`
+	Rank        int        `json:"rank"`
+	Loss        float64    `json:"loss"`
+	Accuracy    float64    `json:"accuracy"`
+	SamplesPS   float64    `json:"samples_per_s"`
+	ComputeS    float64    `json:"compute_s"`
+	CommS       float64    `json:"comm_s"`
+	StepS       float64    `json:"step_s"`
+	Epoch       int64      `json:"epoch"`
+	Offset      int64      `json:"offset"`
+	Fingerprint [5]float64 `json:"fingerprint"`
+	Redone      int64      `json:"steps_redone"`
+	Root        int        `json:"root"`
+	Reason      string     `json:"reason,omitempty"`
+	Restarts    int        `json:"restarts,omitempty"`
+}
+
+// reporter writes report lines; the rank and group actors both do.
+type reporter struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+func (r *reporter) send(rep report) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.enc.Encode(rep)
+}
+
+type workerConfig struct {
+	train    trainFlags
+	member   membershipFlags
+	bind     string
+	rankHint int
+	index    int
+	threads  int
+	logLevel string
+	hash     string
+}
+
+func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("worker",
+		"Runs one elastic worker of a training job: it registers in etcd (--etcd-endpoints), trains in\n"+
+			"every generation the coordinator puts it in, and survives the loss or arrival of other workers.\n"+
+			"Start one per host or GPU slot with the same training flags; \"phalanx train\" starts them for you.\n"+
+			"Prints one JSON report per line on stdout (for its launcher).", stderr)
+	var c workerConfig
+	c.train.register(fs)
+	c.member.register(fs)
+	fs.StringVar(&c.bind, "bind", "127.0.0.1:0", "data-plane listen address (host:port; port 0 picks one); the control plane listens on the same host")
+	fs.IntVar(&c.rankHint, "rank-hint", -1, "preferred place in the first ring (-1: none)")
+	fs.IntVar(&c.index, "worker-index", -1, "this worker's index among those its launcher started (for --fail-at)")
+	fs.IntVar(&c.threads, "threads", 0, "OS threads running Go code (GOMAXPROCS); 0 = all cores")
+	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := c.train.check(); err != nil {
+		return err
+	}
+	if err := c.member.check(); err != nil {
+		return err
+	}
+	switch {
+	case c.member.endpoints == "":
+		return usagef("--etcd-endpoints is required: a worker joins a job through its etcd")
+	case c.member.job == "":
+		return usagef("--job is required")
+	case c.train.rescale == "lr" && c.train.refWorld < 1:
+		return usagef("--rescale lr needs --reference-world")
+	case c.threads < 0:
+		return usagef("--threads %d: must not be negative", c.threads)
+	}
+	c.hash = configHash(fs)
+	log, err := newLogger(c.logLevel, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	if c.threads > 0 {
+		runtime.GOMAXPROCS(c.threads)
+	}
+	return workerMain(ctx, c, stdout, log)
+}
+
+// workerMain is one worker process: a data-plane endpoint, an actor system
+// whose supervisor owns the group actor and each round's rank actor, and the
+// elastic agent that moves them from generation to generation.
+func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.Logger) error {
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.bind, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	host, _, err := net.SplitHostPort(tr.Addr())
+	if err != nil {
+		return err
+	}
+	sys, err := actors.NewSystem(actors.Options{Logger: log, Remote: true, Bind: net.JoinHostPort(host, "0")})
+	if err != nil {
+		return err
+	}
+	defer sys.Shutdown()
+	defer sys.Quiet()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.member.endpointList(), DialTimeout: 5 * time.Second, Logger: log.Named("etcd")})
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", c.member.endpoints, err)
+	}
+	defer cli.Close()
+	keys, err := coordinator.KeysFor(c.member.job)
+	if err != nil {
+		return usagef("--job: %v", err)
+	}
+	train, test, err := loadMLPData(c.train)
+	if err != nil {
+		return err
+	}
+	rep := &reporter{enc: json.NewEncoder(stdout)}
+	done := make(chan error, 1)
+	strategy := &actors.Strategy{Budget: c.train.budget, Logger: log, GiveUp: func(e *actors.GiveUpError) {
+		select {
+		case done <- e:
+		default:
+		}
+	}}
+	sup, pids, err := actors.StartSupervisor(sys, "job", strategy, actors.Child{Name: "group", Props: worker.NewGroupProps(worker.GroupConfig{
+		Logger: log,
+		OnRestart: func(r *phalanxpb.RankRestarted) {
+			rep.send(report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
+		},
+	})})
+	if err != nil {
+		return err
+	}
+	groupActor := pids[0]
+
+	agent, err := elastic.New(elastic.Config{Client: cli, Keys: keys, Job: c.member.job, Transport: tr,
+		Collective: collective.Options{Timeout: c.train.timeout, Logger: log},
+		DataAddr:   tr.Addr(), ControlAddr: sys.Address(), RankHint: c.rankHint, ConfigHash: c.hash,
+		Capabilities: []string{"allreduce", "example:" + c.train.example},
+		LeaseTTL:     c.member.leaseTTL, Unreachable: c.member.unreachable, Logger: log})
+	if err != nil {
+		return err
+	}
+	rep.send(report{Kind: "registered", ID: agent.ID(), Pid: os.Getpid()})
+	w := &elasticWorker{c: c, log: log, sys: sys, sup: sup, groupActor: groupActor, rep: rep, done: done,
+		train: train, test: test, procCtx: ctx}
+	defer w.close()
+	return agent.Run(ctx, w.round)
+}
+
+// elasticWorker holds what outlives a round: the model, the optimizer, the
+// trainer and its committed state.
+type elasticWorker struct {
+	c          workerConfig
+	log        *zap.Logger
+	sys        *actors.System
+	sup        *actor.PID
+	groupActor *actor.PID
+	rep        *reporter
+	done       chan error // the restart budget spent
+	train      *mlp.Data
+	test       *mlp.Data
+	procCtx    context.Context
+
+	model   *mlp.Model
+	trainer *worker.Trainer
+}
+
+func (w *elasticWorker) close() {
+	if w.trainer != nil {
+		w.trainer.Close()
+	}
+}
+
+// setup builds the model and trainer in the first round this worker trains.
+func (w *elasticWorker) setup(g *collective.Group) error {
+	c := w.c.train
+	m, err := mlp.New(append(append([]int{w.train.Features}, c.hidden...), w.train.Classes), c.seed)
+	if err != nil {
+		return err
+	}
+	var model worker.Model = m
+	var faulty *faultyModel
+	if c.failWorker >= 0 && c.failWorker == w.c.index {
+		faulty = &faultyModel{Model: m, at: c.failStep, times: c.failTimes}
+		model = faulty
+	}
+	opt, err := nn.NewOptimizer(c.opt, model.Params())
+	if err != nil {
+		return err
+	}
+	cfg := worker.Config{GlobalBatch: c.batch, MicroBatches: c.micro, LocalSteps: c.localSteps, ClipNorm: c.clip,
+		CommitEvery: c.commitEvery, BucketBytes: c.bucket, Schedule: c.sched, Seed: c.seed,
+		KeepRankBatch: c.rescale == "lr", ReferenceWorld: c.refWorld}
+	t, err := worker.NewTrainer(w.procCtx, g, model, w.train, opt, cfg, w.log)
+	if err != nil {
+		return err
+	}
+	if faulty != nil {
+		faulty.trainer = t
+	}
+	t.State().Commit() // step 0: a candidate like any other, the same on every fresh worker
+	w.model, w.trainer = m, t
+	return nil
+}
+
+// round trains in one generation: roll back to the last commit, move to the
+// new ring, resync from the newest commit, then run the step protocol until
+// the job's last step, the end of the round, or a failure.
+func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
+	g, gen := r.Group, r.Generation
+	var reached int64
+	if w.trainer == nil {
+		if err := w.setup(g); err != nil {
+			return err
+		}
+	} else {
+		reached = w.trainer.State().Step
+		if _, err := w.trainer.Rollback(); err != nil {
+			return err
+		}
+		if err := w.trainer.Rebind(g); err != nil {
+			return err
+		}
+	}
+	t := w.trainer
+	res, err := t.Resync(ctx, reached)
+	if err != nil {
+		return err
+	}
+	world := 0
+	if r.Rank == 0 {
+		world = g.Size()
+		w.rep.send(report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root})
+	}
+	w.sys.Root.Send(w.groupActor, &worker.GroupRound{Generation: gen.Number, World: world})
+
+	finished := make(chan error, 1)
+	prev := time.Now()
+	props := worker.NewRankProps(worker.RankConfig{
+		Trainer: t, Rank: r.Rank, Generation: gen.Number, Steps: w.c.train.steps, Context: ctx, Logger: w.log,
+		Group:  actors.Ref(gen.Members[0].ControlAddr, "job/group"),
+		OnDone: func(err error) { finished <- err },
+		OnStep: func(st worker.StepStats) {
+			now := time.Now()
+			if r.Rank == 0 {
+				w.rep.send(report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
+					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
+					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds(),
+					Epoch: st.Position.Epoch, Offset: st.Position.Offset, Fingerprint: st.Fingerprint})
+			}
+			prev = now
+		},
+	})
+	pid, err := actors.SpawnChild(ctx, w.sys, w.sup, actors.Child{Name: fmt.Sprintf("rank-g%d", gen.Number), Props: props})
+	if err != nil {
+		return err
+	}
+	select {
+	case err = <-finished:
+	case err = <-w.done:
+	case <-g.Failed():
+		err = g.Err()
+	case <-ctx.Done():
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		g.Abort(err.Error())
+	}
+	if serr := actors.StopChild(w.sys, pid); serr != nil {
+		w.log.Warn("stopping the rank actor", zap.Error(serr))
+	}
+	if err != nil {
+		return err
+	}
+	loss, acc, err := evaluate(ctx, g, w.model, w.test)
+	if err != nil {
+		return err
+	}
+	if r.Rank == 0 {
+		w.rep.send(report{Kind: "done", Step: t.State().Step, Generation: gen.Number, World: g.Size(), Loss: loss, Accuracy: acc})
+	}
+	w.sys.Quiet() // peers' control planes go away from here on
+	return g.Barrier(ctx) // no worker leaves while another still evaluates
+}
