@@ -316,6 +316,6 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 	if r.Rank == 0 {
 		w.rep.send(report{Kind: "done", Step: t.State().Step, Generation: gen.Number, World: g.Size(), Loss: loss, Accuracy: acc})
 	}
-	w.sys.Quiet() // peers' control planes go away from here on
+	w.sys.Quiet()         // peers' control planes go away from here on
 	return g.Barrier(ctx) // no worker leaves while another still evaluates
 }
