@@ -46,6 +46,10 @@ type Config struct {
 	Now         func() time.Time
 	// ID names the worker; the default is made of host, pid and start time.
 	ID string
+	// JoinTimeout bounds the building of a ring (default 3s). Every member
+	// listens before it registers, so a member that cannot be reached by then
+	// is reported (and removed once the coordinator's probe confirms it).
+	JoinTimeout time.Duration
 }
 
 // Round is one generation as the worker lives it.
@@ -117,6 +121,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.Unreachable == 0 {
 		cfg.Unreachable = time.Minute
+	}
+	if cfg.JoinTimeout <= 0 {
+		cfg.JoinTimeout = 3 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -359,7 +366,9 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 		peers[i] = m.DataAddr
 	}
 	m := collective.Membership{Job: a.cfg.Job, Generation: g.Number, Rank: rank, Peers: peers}
-	grp, err := collective.Join(rctx, a.cfg.Transport, m, a.cfg.Collective)
+	jctx, jcancel := context.WithTimeout(rctx, a.cfg.JoinTimeout)
+	grp, err := collective.Join(jctx, a.cfg.Transport, m, a.cfg.Collective)
+	jcancel()
 	if err != nil {
 		if rctx.Err() == nil {
 			log.Warn("building the ring failed", zap.Error(err))

@@ -330,7 +330,8 @@ func (j *job) generation(g *phalanxpb.Generation) {
 		members[i] = map[string]any{"rank": i, "id": m.Id, "pid": m.Pid}
 		pos[m.Id] = i
 	}
-	j.ev.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)), events.F("reason", g.Reason))
+	j.ev.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)),
+		events.F("reason", g.Reason), events.F("decided_by", g.DecidedBy))
 	for _, l := range g.Lost {
 		j.ev.Emit("worker_lost", events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
 	}
