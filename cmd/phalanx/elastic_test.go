@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -380,4 +382,54 @@ func thaw(t *testing.T, pids ...int) {
 	for _, p := range pids {
 		syscall.Kill(p, syscall.SIGCONT)
 	}
+}
+
+// TestCoordinatorLeaderKilled: two coordinator processes campaign; the
+// leader is killed mid-run. Training goes on in the same ring, and when a
+// worker is then lost, the standby, now leading, decides the new ring.
+func TestCoordinatorLeaderKilled(t *testing.T) {
+	e, err := coordinator.StartEmbedded(context.Background(), coordinator.EmbeddedOptions{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ep := strings.Join(e.Endpoints(), ",")
+	job := fmt.Sprintf("leader-kill-%d", time.Now().UnixNano())
+	coords := map[string]*exec.Cmd{}
+	for _, id := range []string{"coord-a", "coord-b"} {
+		cmd, _, _ := startProcess(t, id, "coordinator", "--etcd-endpoints", ep, "--job", job, "--id", id,
+			"--lease-ttl", "2s", "--join-window", "300ms", "--max-workers", "3")
+		coords[id] = cmd
+	}
+	j := startJob(t, append([]string{"--workers", "3", "--coordinator=false", "--etcd-endpoints", ep, "--job", job,
+		"--lease-ttl", "2s"}, elasticJobArgs...)...)
+	g := j.until(t, "a ring of 3", worldIs(3))
+	leader := g["decided_by"].(string)
+	standby := map[string]string{"coord-a": "coord-b", "coord-b": "coord-a"}[leader]
+	if standby == "" {
+		t.Fatalf("generation decided by %q", leader)
+	}
+	j.until(t, "step 20 in a ring of 3", stepIn(3, 20))
+	if err := coords[leader].Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	j.until(t, "step 40 in the same ring", func(e map[string]any) bool {
+		if e["event"] == "generation" {
+			t.Fatalf("a new generation %v after the coordinator was killed, with no worker lost", e)
+		}
+		return e["event"] == "step" && e["step"].(float64) >= 40
+	})
+	var started []map[string]any
+	for _, e := range j.seen {
+		if e["event"] == "worker_started" {
+			started = append(started, e)
+		}
+	}
+	syscall.Kill(pids(started)[1], syscall.SIGKILL)
+	g2 := j.until(t, "a ring of 2", worldIs(2))
+	if g2["decided_by"] != standby {
+		t.Errorf("the ring of 2 was decided by %v, want the standby %s", g2["decided_by"], standby)
+	}
+	ev := j.finish(t)
+	checkSamples(t, ev["step"], 120, 8000, 256, 3)
 }
