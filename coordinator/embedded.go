@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -17,6 +18,11 @@ type EmbeddedOptions struct {
 	Name   string // member name (default "phalanx")
 	Host   string // listen host (default 127.0.0.1)
 	Logger *zap.Logger
+	// A member of a multi-member cluster: its own client and peer ports
+	// (0: chosen at start) and the initial cluster, name=http://host:peer,...
+	// naming every member. Empty: a single-member cluster.
+	ClientPort, PeerPort int
+	InitialCluster       string
 	// ReadyTimeout bounds the start (default 30s).
 	ReadyTimeout time.Duration
 }
@@ -58,13 +64,17 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = 30 * time.Second
 	}
-	clientPort, err := freePort(opts.Host)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+	clientPort, peerPort := strconv.Itoa(opts.ClientPort), strconv.Itoa(opts.PeerPort)
+	var err error
+	if opts.ClientPort == 0 {
+		if clientPort, err = freePort(opts.Host); err != nil {
+			return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+		}
 	}
-	peerPort, err := freePort(opts.Host)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+	if opts.PeerPort == 0 {
+		if peerPort, err = freePort(opts.Host); err != nil {
+			return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+		}
 	}
 	cu := url.URL{Scheme: "http", Host: net.JoinHostPort(opts.Host, clientPort)}
 	pu := url.URL{Scheme: "http", Host: net.JoinHostPort(opts.Host, peerPort)}
@@ -74,6 +84,10 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if opts.InitialCluster != "" {
+		cfg.InitialCluster = opts.InitialCluster
+		cfg.InitialClusterToken = "phalanx"
+	}
 	cfg.ListenMetricsUrls = nil
 	cfg.Logger = "zap"
 	level := zap.NewAtomicLevelAt(zap.WarnLevel)

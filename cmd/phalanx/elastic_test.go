@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -432,4 +435,76 @@ func TestCoordinatorLeaderKilled(t *testing.T) {
 	}
 	ev := j.finish(t)
 	checkSamples(t, ev["step"], 120, 8000, 256, 3)
+}
+
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var out []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return out
+}
+
+// TestEtcdLeaderKilled: the job's membership lives in a 3-member etcd
+// cluster of separate processes; killing its leader mid-run interrupts
+// nothing: no worker is lost, every step is trained once.
+func TestEtcdLeaderKilled(t *testing.T) {
+	ports := freePorts(t, 6)
+	var cluster, endpoints []string
+	for i := range 3 {
+		cluster = append(cluster, fmt.Sprintf("m%d=http://127.0.0.1:%d", i, ports[3+i]))
+		endpoints = append(endpoints, fmt.Sprintf("http://127.0.0.1:%d", ports[i]))
+	}
+	members := make([]*exec.Cmd, 3)
+	dir := t.TempDir()
+	for i := range 3 {
+		members[i], _, _ = startProcess(t, fmt.Sprintf("etcd m%d", i), "etcd", "--name", fmt.Sprintf("m%d", i),
+			"--dir", fmt.Sprintf("%s/m%d", dir, i), "--client-port", fmt.Sprint(ports[i]), "--peer-port", fmt.Sprint(ports[3+i]),
+			"--initial-cluster", strings.Join(cluster, ","))
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	leaderOf := func() int {
+		t.Helper()
+		for i, ep := range endpoints {
+			st, err := cli.Status(ctx, ep)
+			if err != nil {
+				t.Fatalf("status of %s: %v", ep, err)
+			}
+			if st.Leader == st.Header.MemberId {
+				return i
+			}
+		}
+		t.Fatal("no member is the leader")
+		return -1
+	}
+	if _, err := cli.Put(ctx, "/phalanx-test/ready", "1"); err != nil { // waits for the cluster to form
+		t.Fatal(err)
+	}
+	j := startJob(t, append([]string{"--workers", "3", "--etcd-endpoints", strings.Join(endpoints, ",")}, elasticJobArgs...)...)
+	j.until(t, "step 20 in a ring of 3", stepIn(3, 20))
+	l := leaderOf()
+	if err := members[l].Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ev := j.finish(t)
+	checkSamples(t, ev["step"], 120, 8000, 256, 3)
+	if len(ev["worker_lost"]) != 0 || len(ev["generation"]) != 1 {
+		t.Errorf("after killing etcd member m%d (the leader): lost %v, generations %v", l, ev["worker_lost"], ev["generation"])
+	}
 }

@@ -22,6 +22,7 @@ Usage:
   phalanx train [flags]             train an example model data-parallel on N local elastic workers
   phalanx worker [flags]            one elastic worker of a job (joins through etcd)
   phalanx coordinator [flags]       a job's coordinator (elected; run several for standbys)
+  phalanx etcd [flags]              one embedded etcd member (three make a cluster)
   phalanx bench allreduce [flags]   allreduce figures over N local processes (nccl-tests style)
   phalanx bench tcp [flags]         raw single-stream loopback TCP throughput, the reference line
   phalanx version                   print the version
@@ -74,6 +75,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runWorker(ctx, args[1:], stdout, stderr)
 	case "coordinator":
 		return runCoordinator(ctx, args[1:], stdout, stderr)
+	case "etcd":
+		return runEtcd(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "version":
