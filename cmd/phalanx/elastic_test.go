@@ -508,3 +508,39 @@ func TestEtcdLeaderKilled(t *testing.T) {
 		t.Errorf("after killing etcd member m%d (the leader): lost %v, generations %v", l, ev["worker_lost"], ev["generation"])
 	}
 }
+
+// TestElasticFrozenWorker: a worker frozen with SIGSTOP keeps its sockets
+// open, so nobody's connection resets; its lease expires and the others go on
+// without it. Resumed with SIGCONT, the same process finds itself out of the
+// ring, registers again and is readmitted; nobody's state is corrupted.
+func TestElasticFrozenWorker(t *testing.T) {
+	j := startJob(t, append([]string{"--workers", "4", "--lease-ttl", "2s", "--join-window", "200ms"}, elasticJobArgs...)...)
+	j.until(t, "step 20 in a ring of 4", stepIn(4, 20))
+	var started []map[string]any
+	for _, e := range j.seen {
+		if e["event"] == "worker_started" {
+			started = append(started, e)
+		}
+	}
+	victim := pids(started)[1]
+	stopped := time.Now()
+	freeze(t, victim)
+	j.until(t, "a ring of 3", worldIs(3))
+	next := j.until(t, "a step in the ring of 3", func(e map[string]any) bool { return e["event"] == "step" && e["world"] == 3.0 })
+	t.Logf("SIGSTOP → step %v in the new ring: %.3fs (lease TTL 2s)", next["step"], next["ts"].(float64)-float64(stopped.UnixNano())/1e9)
+	thaw(t, victim)
+	back := j.until(t, "the thawed worker back in the ring", worldIs(4))
+	ev := j.finish(t)
+	checkSamples(t, ev["step"], 120, 8000, 256, 3)
+	lost := ev["worker_lost"]
+	if len(lost) != 1 || num(lost[0], "pid") != victim || lost[0]["detected_by"] != "lease expired" {
+		t.Errorf("worker_lost %v, want pid %d by lease expiry", lost, victim)
+	}
+	found := false
+	for _, m := range back["members"].([]any) {
+		found = found || num(m.(map[string]any), "pid") == victim
+	}
+	if !found {
+		t.Errorf("ring of 4 %v without the thawed process %d", back["members"], victim)
+	}
+}
