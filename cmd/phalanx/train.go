@@ -72,12 +72,13 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := c.member.check(); err != nil {
 		return err
 	}
+	if c.workers < 1 || c.workers > 64 {
+		return usagef("--workers %d: want 1..64", c.workers)
+	}
 	if c.maxWorkers == 0 {
 		c.maxWorkers = c.workers
 	}
 	switch {
-	case c.workers < 0 || c.workers > 64:
-		return usagef("--workers %d: want 0..64", c.workers)
 	case c.minWorkers < 1 || c.maxWorkers < c.minWorkers:
 		return usagef("--min-workers %d, --max-workers %d: want 1 <= min <= max", c.minWorkers, c.maxWorkers)
 	case c.threads < 0:
