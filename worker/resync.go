@@ -12,6 +12,11 @@ type Resynced struct {
 	Step   int64 // the step every rank continues from
 	Root   int   // the rank whose state was taken
 	Redone int64 // completed steps that are lost and will be trained again
+	// Last holds the figures (loss, accuracy, samples, position,
+	// fingerprint) of step Step as the root computed them, when the root
+	// trained it; its Step is 0 otherwise. A progress reporter that never
+	// saw that step (its reporter was aborted before) can report it now.
+	Last StepStats
 }
 
 // maxRanks bounds the rank encoded next to the step in Resync's key.
@@ -46,7 +51,20 @@ func (t *Trainer) Resync(ctx context.Context, reached int64) (Resynced, error) {
 	if err := t.state.Sync(ctx, g, root); err != nil {
 		return Resynced{}, err
 	}
+	c := &t.committed
+	if c.Step != t.state.Step {
+		*c = StepStats{}
+	}
+	v := append(t.lastBuf[:0], float64(c.Step), c.Loss, c.Accuracy, float64(c.Samples), float64(c.Position.Epoch), float64(c.Position.Offset))
+	v = append(v, c.Fingerprint[:]...)
+	t.lastBuf = v
+	if err := g.Broadcast(ctx, collective.Float64s(v), root); err != nil {
+		return Resynced{}, fmt.Errorf("worker: resync statistics from rank %d: %w", root, err)
+	}
+	*c = StepStats{Step: int64(v[0]), Loss: v[1], Accuracy: v[2], Samples: int(v[3]),
+		Position: Position{Epoch: int64(v[4]), Offset: int64(v[5])}, Epoch: int64(v[4])}
+	copy(c.Fingerprint[:], v[6:])
 	t.state.Commit()
 	t.phase = phaseIdle
-	return Resynced{Step: t.state.Step, Root: root, Redone: max(0, int64(key[1])-t.state.Step)}, nil
+	return Resynced{Step: t.state.Step, Root: root, Redone: max(0, int64(key[1])-t.state.Step), Last: *c}, nil
 }

@@ -149,6 +149,8 @@ type Trainer struct {
 	pend    pending
 
 	beforeUpdate func(step int64) // test hook: runs inside the update phase
+	committed    StepStats        // the statistics of the last committed step
+	lastBuf      []float64
 }
 
 // NewTrainer prepares a trainer; the group's world size and rank decide this
@@ -414,9 +416,6 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 		}
 	}
 	s.Step, s.Position = p.step, p.next
-	if p.step%int64(t.cfg.CommitEvery) == 0 {
-		s.Commit()
-	}
 	t.phase = phaseIdle
 	st.Step, st.Samples, st.Epoch, st.Position = p.step, p.size, p.next.Epoch, p.next
 	for i := range st.Fingerprint {
@@ -424,6 +423,10 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	}
 	st.Loss = float64(t.stats[0]) / float64(p.size)
 	st.Accuracy = float64(t.stats[1]) / float64(p.size)
+	if p.step%int64(t.cfg.CommitEvery) == 0 {
+		s.Commit()
+		t.committed = st
+	}
 	st.Compute = p.compute
 	st.Total = time.Since(p.start)
 	return st, nil

@@ -105,16 +105,18 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // job is a running training job as its launcher sees it.
 type job struct {
-	c       trainConfig
-	out     io.Writer
-	ev      *events.Log
-	start   time.Time
-	every   int64
-	gen     *phalanxpb.Generation // the latest generation
-	first   uint64                // the first generation's number
-	byPid   map[int64]int         // worker index by pid
-	done    *report
-	stopped string
+	c        trainConfig
+	out      io.Writer
+	ev       *events.Log
+	start    time.Time
+	every    int64
+	gen      *phalanxpb.Generation // the latest generation
+	first    uint64                // the first generation's number
+	byPid    map[int64]int         // worker index by pid
+	done     *report
+	stopped  string
+	stepGen  uint64 // the generation of the latest step report
+	lastStep int64
 }
 
 type procLine struct {
@@ -352,9 +354,6 @@ func (j *job) handle(l procLine) error {
 	if err := json.Unmarshal(l.line, &r); err != nil {
 		return fmt.Errorf("worker %d printed %q: %w", l.index, l.line, err)
 	}
-	if r.Kind != "registered" && r.Kind != "restart" && j.gen != nil && r.Generation < j.gen.Number && r.Kind != "done" {
-		return nil // a report from a generation already replaced
-	}
 	switch r.Kind {
 	case "registered":
 		j.byPid[int64(r.Pid)] = l.index
@@ -365,6 +364,10 @@ func (j *job) handle(l procLine) error {
 			fmt.Fprintf(j.out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", r.Generation, r.Step, r.World, r.Redone)
 		}
 	case "step":
+		if r.Generation < j.stepGen || (r.Replayed && r.Step <= j.lastStep) {
+			return nil // from a rank 0 of a ring that steps no more, or already reported
+		}
+		j.stepGen, j.lastStep = r.Generation, r.Step
 		j.ev.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
 			events.F("loss", r.Loss), events.F("samples_per_s", r.SamplesPS),
 			events.F("step_s", r.StepS), events.F("compute_s", r.ComputeS), events.F("comm_s", r.CommS),

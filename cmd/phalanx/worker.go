@@ -48,6 +48,7 @@ type report struct {
 	Root        int        `json:"root"`
 	Reason      string     `json:"reason,omitempty"`
 	Restarts    int        `json:"restarts,omitempty"`
+	Replayed    bool       `json:"replayed,omitempty"` // a step report repeated after a ring change
 }
 
 // reporter writes report lines; the rank and group actors both do.
@@ -268,6 +269,10 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 	if r.Rank == 0 {
 		world = g.Size()
 		w.rep.send(report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root})
+		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous reporter never saw it
+			w.rep.send(report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen.Number, World: g.Size(), Loss: l.Loss,
+				Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint})
+		}
 	}
 	w.sys.Root.Send(w.groupActor, &worker.GroupRound{Generation: gen.Number, World: world})
 
