@@ -215,3 +215,68 @@ func TestConfigMismatchRefused(t *testing.T) {
 		t.Errorf("the refused worker registered")
 	}
 }
+
+// TestEtcdUnreachable: with etcd gone, the ring keeps training (membership
+// is unchanged), and each worker fails with ErrUnreachable once its lease
+// cannot be renewed for longer than the bound.
+func TestEtcdUnreachable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			e.Close()
+		}
+	}()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	keys := jobKeys(t)
+	c, err := coordinator.New(cli, keys, coordinator.Config{ID: "c", Rendezvous: coordinator.Rendezvous{MinWorkers: 2, MaxWorkers: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	cdone := make(chan struct{})
+	go func() { defer close(cdone); c.Run(cctx) }()
+	defer func() { stop(); <-cdone }()
+	j := &counterJob{target: 1 << 40, steps: map[string]int{}, worlds: map[int]bool{}, reached: make(chan string, 1)}
+	var runs []chan error
+	for _, id := range []string{"u1", "u2"} {
+		tr, err := collective.ListenTCP(collective.TCPOptions{Bind: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wcli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wcli.Close()
+		a, err := New(Config{Client: wcli, Keys: keys, Job: "unreachable", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
+			RankHint: -1, LeaseTTL: time.Second, Unreachable: 2 * time.Second, ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx, j.body(id)); tr.Close() }()
+		runs = append(runs, done)
+	}
+	waitFor(t, j.reached, "u1", j, 100)
+	e.Close()
+	closed = true
+	j.mu.Lock()
+	at := j.steps["u1"]
+	j.mu.Unlock()
+	waitFor(t, j.reached, "u1", j, at+1000) // training goes on without etcd
+	for _, done := range runs {
+		if err := <-done; !errors.Is(err, ErrUnreachable) {
+			t.Fatalf("a worker without etcd returned %v, want ErrUnreachable", err)
+		}
+	}
+}

@@ -177,3 +177,35 @@ func regroup(t *testing.T, ctx context.Context, r *rig, gen uint64, newcomers []
 	r.groups = groups
 	t.Cleanup(func() { collective.CloseGroups(groups) })
 }
+
+// TestElasticKeepRankBatch: with KeepRankBatch, a ring that shrinks from 4
+// to 2 keeps each rank's share (64 samples), so the global batch halves and
+// the learning rate with it.
+func TestElasticKeepRankBatch(t *testing.T) {
+	data, err := Synthetic(2048, 784, 10, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := worker.Config{GlobalBatch: 256, Schedule: nn.Schedule{Base: 0.08}, Seed: 5, KeepRankBatch: true, ReferenceWorld: 4}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newRig(t, 4, data, cfg, nn.OptimizerConfig{Kind: "sgd"}, []int{784, 16, 10})
+	for _, tr := range r.trainers {
+		tr.State().Commit()
+	}
+	st, errs := r.step(ctx)
+	must(t, errs)
+	if st.Samples != 256 || math.Abs(float64(st.LR)-0.08) > 1e-7 {
+		t.Fatalf("world 4: %d samples at lr %v, want 256 at 0.08", st.Samples, st.LR)
+	}
+	half := &rig{models: r.models[:2], trainers: r.trainers[:2]}
+	for _, g := range r.groups[2:] {
+		g.Abort("left")
+	}
+	regroup(t, ctx, half, 2, nil)
+	st, errs = half.step(ctx)
+	must(t, errs)
+	if st.Samples != 128 || math.Abs(float64(st.LR)-0.04) > 1e-7 {
+		t.Fatalf("world 2: %d samples at lr %v, want 128 at 0.04", st.Samples, st.LR)
+	}
+}
