@@ -90,7 +90,7 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 	}
 	cfg.ListenMetricsUrls = nil
 	cfg.Logger = "zap"
-	level := zap.NewAtomicLevelAt(zap.WarnLevel)
+	level := zap.NewAtomicLevelAt(zap.ErrorLevel) // its warnings (single port, simple token) are expected here
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger.Named("etcd").WithOptions(zap.IncreaseLevel(level)))
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
