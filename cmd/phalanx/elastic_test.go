@@ -175,11 +175,14 @@ func worldIs(n int) func(map[string]any) bool {
 
 func num(e map[string]any, k string) int { return int(e[k].(float64)) }
 
-// pids returns the launcher's workers' pids by index.
-func pids(by []map[string]any) map[int]int {
+// workerPids returns the pids of the launcher's workers seen so far, by
+// launch index.
+func (j *liveJob) workerPids() map[int]int {
 	out := map[int]int{}
-	for _, e := range by {
-		out[num(e, "worker")] = num(e, "pid")
+	for _, e := range j.seen {
+		if e["event"] == "worker_started" {
+			out[num(e, "worker")] = num(e, "pid")
+		}
 	}
 	return out
 }
@@ -232,15 +235,7 @@ func TestElasticKillOne(t *testing.T) {
 	clean := startJob(t, base...).finish(t)
 	j := startJob(t, base...)
 	j.until(t, "step 45 in a ring of 4", stepIn(4, 45)) // epoch 2, in its middle
-	started := pids(func() []map[string]any {
-		var out []map[string]any
-		for _, e := range j.seen {
-			if e["event"] == "worker_started" {
-				out = append(out, e)
-			}
-		}
-		return out
-	}())
+	started := j.workerPids()
 	victim := started[2]
 	killed := time.Now()
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
@@ -303,13 +298,7 @@ func workerArgs(t *testing.T, j *liveJob, index int) []string {
 func TestElasticKillTwoThenRejoin(t *testing.T) {
 	j := startJob(t, append([]string{"--workers", "4", "--join-window", "200ms", "--lease-ttl", "10s"}, elasticJobArgs...)...)
 	j.until(t, "step 30 in a ring of 4", stepIn(4, 30))
-	var started []map[string]any
-	for _, e := range j.seen {
-		if e["event"] == "worker_started" {
-			started = append(started, e)
-		}
-	}
-	p := pids(started)
+	p := j.workerPids()
 	syscall.Kill(p[1], syscall.SIGKILL)
 	syscall.Kill(p[3], syscall.SIGKILL)
 	j.until(t, "a ring of 2", worldIs(2))
@@ -346,13 +335,7 @@ func TestElasticKillTwoThenRejoin(t *testing.T) {
 func TestElasticFifthWorker(t *testing.T) {
 	j := startJob(t, append([]string{"--workers", "4", "--max-workers", "5", "--join-window", "200ms", "--lease-ttl", "10s"}, elasticJobArgs...)...)
 	j.until(t, "step 20 in a ring of 4", stepIn(4, 20))
-	var started []map[string]any
-	for _, e := range j.seen {
-		if e["event"] == "worker_started" {
-			started = append(started, e)
-		}
-	}
-	p := pids(started)
+	p := j.workerPids()
 	freeze(t, p[0], p[1], p[2], p[3])
 	_, out, exited := startProcess(t, "fifth worker", workerArgs(t, j, 4)...)
 	g := j.until(t, "a ring of 5", worldIs(5))
@@ -422,13 +405,7 @@ func TestCoordinatorLeaderKilled(t *testing.T) {
 		}
 		return e["event"] == "step" && e["step"].(float64) >= 40
 	})
-	var started []map[string]any
-	for _, e := range j.seen {
-		if e["event"] == "worker_started" {
-			started = append(started, e)
-		}
-	}
-	syscall.Kill(pids(started)[1], syscall.SIGKILL)
+	syscall.Kill(j.workerPids()[1], syscall.SIGKILL)
 	g2 := j.until(t, "a ring of 2", worldIs(2))
 	if g2["decided_by"] != standby {
 		t.Errorf("the ring of 2 was decided by %v, want the standby %s", g2["decided_by"], standby)
@@ -516,13 +493,7 @@ func TestEtcdLeaderKilled(t *testing.T) {
 func TestElasticFrozenWorker(t *testing.T) {
 	j := startJob(t, append([]string{"--workers", "4", "--lease-ttl", "2s", "--join-window", "200ms"}, elasticJobArgs...)...)
 	j.until(t, "step 20 in a ring of 4", stepIn(4, 20))
-	var started []map[string]any
-	for _, e := range j.seen {
-		if e["event"] == "worker_started" {
-			started = append(started, e)
-		}
-	}
-	victim := pids(started)[1]
+	victim := j.workerPids()[1]
 	stopped := time.Now()
 	freeze(t, victim)
 	j.until(t, "a ring of 3", worldIs(3))
