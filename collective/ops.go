@@ -99,6 +99,21 @@ func (g *Group) AllGather(ctx context.Context, in, out Buffer) error {
 	return g.end(err)
 }
 
+// AllGatherInPlace fills b on every rank from its owners: each rank
+// contributes elements ShardRange(b.Len(), Size(), Rank()) of its own b, and
+// when it returns every rank's b holds every rank's share. Unlike AllGather the
+// shares may differ in length by one element, so any length can be gathered.
+func (g *Group) AllGatherInPlace(ctx context.Context, b Buffer) error {
+	if err := g.begin(ctx, opAllGather, b.dt, b.Len(), 1); err != nil {
+		return err
+	}
+	var err error
+	if g.world > 1 {
+		err = g.ringSteps(b.b, b.dt, 0, chunking{count: b.Len(), world: g.world}, g.world-1, 2*(g.world-1))
+	}
+	return g.end(err)
+}
+
 // Broadcast copies root's b into b on every other rank.
 func (g *Group) Broadcast(ctx context.Context, b Buffer, root int) error {
 	if root < 0 || root >= g.world {

@@ -54,6 +54,24 @@ func TestReduceScatterAllGatherBroadcast(t *testing.T) {
 				}
 				return nil
 			}))
+			// AllGatherInPlace: bytes, each rank's ShardRange filled from its owner.
+			mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
+				buf := make([]byte, n)
+				lo, hi := ShardRange(n, world, r)
+				for i := lo; i < hi; i++ {
+					buf[i] = byte(i*7 + 3)
+				}
+				if err := g.AllGatherInPlace(ctx, Bytes(buf)); err != nil {
+					return err
+				}
+				for i := range buf {
+					if buf[i] != byte(i*7+3) {
+						t.Errorf("allgather in place world %d n %d rank %d: byte %d wrong", world, n, r, i)
+						return nil
+					}
+				}
+				return nil
+			}))
 			// Broadcast from every root, small and chained.
 			for root := range world {
 				mustAll(t, onEveryRank(groups, func(r int, g *Group) error {

@@ -1,0 +1,421 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// Votes are a rank's say in checkpoint decisions, summed over the ranks by
+// the step's own allreduce (a Trainer carries them), so that every rank
+// takes the same decision at the same step boundary.
+type Votes = [4]float32
+
+// The meaning of each vote.
+const (
+	VoteWant   = iota // rank 0: the --checkpoint-every period has passed
+	VoteStop          // this rank was asked to stop (SIGTERM): checkpoint, then every rank stops
+	VoteDone          // this rank stored its shard of the checkpoint in flight
+	VoteFailed        // this rank could not store it
+)
+
+// Config configures a Checkpointer.
+type Config struct {
+	Store      Store
+	Job        string
+	ConfigHash string // every training flag
+	StateHash  string // the flags that give the state its meaning; a resume requires the same
+	Seed       uint64
+	EverySteps int64         // checkpoint every this many steps (0: not by steps)
+	Every      time.Duration // and/or this often (0: not by time)
+	Retention  Retention
+	// Wait bounds how long training waits for the previous checkpoint's
+	// upload when the next is due (back-pressure), and for the final one:
+	// after it the upload is abandoned and the checkpoint reported failed.
+	Wait time.Duration
+	// BlockBytes is the checksum block size (default 1 MiB).
+	BlockBytes int
+	// SingleWriter has rank 0 store the whole state: for when the ranks'
+	// states are not identical (local SGD between averagings).
+	SingleWriter bool
+	Backoff      Backoff
+	Now          func() time.Time
+	Logger       *zap.Logger
+	// OnEvent is told of every checkpoint saved, failed, skipped or
+	// restored; the ranks each report what they alone know.
+	OnEvent func(Event)
+}
+
+// Event is a checkpoint event for the job's log.
+type Event struct {
+	Kind        string // "saved", "failed", "skipped" or "restored"
+	ID          string
+	URL         string
+	Step        int64
+	Bytes       int64
+	Seconds     float64
+	Err         string
+	WorldBefore int
+	WorldAfter  int
+}
+
+// Ring is the group a Checkpointer saves from: one generation's ring.
+type Ring struct {
+	Group      *collective.Group
+	Generation uint64
+	Decided    int64 // the generation's decision time, unix nanoseconds: part of its checkpoints' names
+}
+
+// Progress is where training stands at a step boundary.
+type Progress struct {
+	Step, Epoch, Offset int64
+	Loss, Accuracy      float64
+	Samples             int64
+}
+
+// Checkpointer saves a rank's training state periodically and restores it.
+// Its methods are called from the training loop's goroutine; uploads run on a
+// goroutine of its own, one at a time.
+type Checkpointer struct {
+	cfg     Config
+	log     *zap.Logger
+	tensors []Tensor
+	offsets []int64
+	ring    Ring
+
+	tasks   chan func()
+	bg      context.Context
+	stopBg  context.CancelFunc
+	workers sync.WaitGroup
+
+	cur       *inflight // the checkpoint whose upload is not yet resolved
+	snap      []byte
+	lastStart time.Time
+	lastSaved int64 // step of the last checkpoint started or restored (-1: none)
+	seq       uint64
+	stopReq   atomic.Bool
+}
+
+// inflight is a checkpoint between its snapshot and its resolution.
+type inflight struct {
+	id       string
+	step     int64
+	gen      uint64
+	rank     int
+	world    int
+	cancel   context.CancelFunc
+	done     chan struct{}
+	err      error               // this rank's upload, set before done closes
+	manifest *phalanxpb.Manifest // rank 0
+	start    time.Time
+}
+
+// New returns a Checkpointer for the state held in tensors (whose Data
+// slices must stay the live state).
+func New(cfg Config, tensors []Tensor) (*Checkpointer, error) {
+	var probe [2]byte
+	binary.NativeEndian.PutUint16(probe[:], 1)
+	switch {
+	case probe[0] != 1:
+		return nil, errors.New("checkpoint: the state is stored little-endian, as it is in memory: this machine is big-endian")
+	case cfg.Store == nil:
+		return nil, errors.New("checkpoint: no store")
+	case cfg.EverySteps < 0 || cfg.Every < 0 || cfg.Wait < 0 || cfg.BlockBytes < 0 || cfg.BlockBytes%4 != 0:
+		return nil, errors.New("checkpoint: periods, the wait bound and the block size must not be negative (and blocks a multiple of 4 bytes)")
+	case cfg.Retention.KeepLast < 0 || cfg.Retention.KeepEvery < 0:
+		return nil, errors.New("checkpoint: retention counts must not be negative")
+	}
+	if cfg.Wait == 0 {
+		cfg.Wait = 5 * time.Minute
+	}
+	if cfg.BlockBytes == 0 {
+		cfg.BlockBytes = DefaultBlockBytes
+	}
+	if cfg.Backoff == (Backoff{}) {
+		cfg.Backoff = DefaultBackoff
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.OnEvent == nil {
+		cfg.OnEvent = func(Event) {}
+	}
+	c := &Checkpointer{cfg: cfg, log: cfg.Logger, tensors: tensors, tasks: make(chan func(), 4), lastSaved: -1}
+	c.offsets = newLayout(tensors, int64(cfg.BlockBytes), 1).offsets
+	c.bg, c.stopBg = context.WithCancel(context.Background())
+	c.lastStart = cfg.Now()
+	c.workers.Add(1)
+	go func() {
+		defer c.workers.Done()
+		for t := range c.tasks {
+			t()
+		}
+	}()
+	return c, nil
+}
+
+// Location is the store's URL.
+func (c *Checkpointer) Location() string { return c.cfg.Store.Location() }
+
+// Bind moves the Checkpointer to a new ring (a new generation). A checkpoint
+// not yet stored by every rank of the old ring is abandoned.
+func (c *Checkpointer) Bind(r Ring) {
+	if c.cur != nil && c.cur.gen != r.Generation {
+		c.abandon(fmt.Sprintf("abandoned: the ring changed (generation %d)", r.Generation))
+	}
+	c.ring = r
+}
+
+func (c *Checkpointer) abandon(reason string) {
+	cur := c.cur
+	c.cur = nil
+	cur.cancel()
+	<-cur.done
+	if cur.rank == 0 {
+		c.cfg.OnEvent(Event{Kind: "failed", ID: cur.id, Step: cur.step, Err: reason})
+	}
+}
+
+// RequestStop asks for a final checkpoint and a stop at the next step
+// boundary (graceful preemption); safe from any goroutine.
+func (c *Checkpointer) RequestStop() { c.stopReq.Store(true) }
+
+// StopRequested reports whether RequestStop was called.
+func (c *Checkpointer) StopRequested() bool { return c.stopReq.Load() }
+
+// Votes is this rank's say for the step being finished.
+func (c *Checkpointer) Votes() (v Votes) {
+	if c.stopReq.Load() {
+		v[VoteStop] = 1
+	}
+	if c.ring.Group != nil && c.ring.Group.Rank() == 0 && c.cfg.Every > 0 && c.cfg.Now().Sub(c.lastStart) >= c.cfg.Every {
+		v[VoteWant] = 1
+	}
+	if cur := c.cur; cur != nil {
+		select {
+		case <-cur.done:
+			if cur.err != nil {
+				v[VoteFailed] = 1
+			} else {
+				v[VoteDone] = 1
+			}
+		default:
+		}
+	}
+	return v
+}
+
+// AfterStep is called at every step boundary with the step's summed votes.
+// It settles the checkpoint in flight when every rank has voted on it,
+// starts a checkpoint when one is due (waiting, within Config.Wait, for the
+// previous upload first), and at the job's last step or on a stop request
+// saves synchronously. stop reports that every rank must stop now.
+func (c *Checkpointer) AfterStep(ctx context.Context, p Progress, sums Votes, last bool) (stop bool, err error) {
+	if c.cur != nil {
+		c.resolve(sums[VoteDone], sums[VoteFailed])
+	}
+	stop = sums[VoteStop] > 0
+	due := stop || last || sums[VoteWant] > 0 || (c.cfg.EverySteps > 0 && p.Step%c.cfg.EverySteps == 0)
+	if !due || p.Step == c.lastSaved {
+		return stop, nil
+	}
+	if c.cur != nil {
+		if err := c.settle(ctx); err != nil {
+			return stop, err
+		}
+	}
+	c.start(p)
+	if stop || last {
+		if err := c.settle(ctx); err != nil {
+			return stop, err
+		}
+		if err := c.Flush(ctx); err != nil {
+			return stop, err
+		}
+	}
+	return stop, nil
+}
+
+// resolve settles the checkpoint in flight by the ranks' votes: stored by
+// all, its manifest is written (rank 0); failed anywhere, it is dropped.
+func (c *Checkpointer) resolve(done, failed float32) {
+	cur := c.cur
+	switch {
+	case failed > 0:
+		c.cur = nil
+		cur.cancel() // this rank's upload may still run; its snapshot is about to be reused
+		<-cur.done
+		if cur.rank == 0 {
+			reason := fmt.Sprintf("%v of %d ranks could not store their shards (their logs say why)", failed, cur.world)
+			if cur.err != nil {
+				reason = cur.err.Error()
+			}
+			c.cfg.OnEvent(Event{Kind: "failed", ID: cur.id, Step: cur.step, Err: reason})
+		} else if cur.err != nil {
+			c.log.Warn("checkpoint shard not stored", zap.String("checkpoint", cur.id), zap.Error(cur.err))
+		}
+	case int(done) == cur.world:
+		c.cur = nil
+		if cur.rank == 0 {
+			c.commit(cur)
+		}
+	}
+}
+
+// settle waits (within Config.Wait) for this rank's upload of the
+// checkpoint in flight, then has the ranks vote on it at once.
+func (c *Checkpointer) settle(ctx context.Context) error {
+	cur := c.cur
+	t := time.NewTimer(c.cfg.Wait)
+	select {
+	case <-cur.done:
+	case <-t.C:
+		cur.cancel()
+		<-cur.done
+		if cur.err == nil || errors.Is(cur.err, context.Canceled) {
+			cur.err = fmt.Errorf("checkpoint %s: the upload did not finish within the back-pressure bound of %v", cur.id, c.cfg.Wait)
+		}
+	case <-ctx.Done():
+		t.Stop()
+		return context.Cause(ctx)
+	}
+	t.Stop()
+	v := []float32{0, 0}
+	if cur.err != nil {
+		v[1] = 1
+	} else {
+		v[0] = 1
+	}
+	if err := c.ring.Group.AllReduce(ctx, collective.Float32s(v), collective.Sum); err != nil {
+		return fmt.Errorf("checkpoint %s: voting on the upload: %w", cur.id, err)
+	}
+	c.resolve(v[0], v[1])
+	return nil
+}
+
+// start snapshots the state and queues this rank's upload.
+func (c *Checkpointer) start(p Progress) {
+	g := c.ring.Group
+	rank, world := g.Rank(), g.Size()
+	writers := world
+	if c.cfg.SingleWriter {
+		writers = 1
+	}
+	l := newLayout(c.tensors, int64(c.cfg.BlockBytes), writers)
+	lo, hi := int64(0), int64(0)
+	if rank < writers {
+		lo, hi = l.objectRange(rank)
+	}
+	// Rank 0 keeps the whole stream: it computes the manifest's checksums.
+	slo, shi := lo, hi
+	if rank == 0 {
+		slo, shi = 0, l.total
+	}
+	if int64(cap(c.snap)) < shi-slo {
+		c.snap = make([]byte, shi-slo)
+	}
+	snap := c.snap[:shi-slo]
+	copyOut(c.tensors, c.offsets, slo, shi, snap)
+
+	c.seq++
+	now := c.cfg.Now()
+	id := NewID(p.Step, c.ring.Generation, c.ring.Decided)
+	uctx, cancel := context.WithCancel(c.bg)
+	cur := &inflight{id: id, step: p.Step, gen: c.ring.Generation, rank: rank, world: world, cancel: cancel,
+		done: make(chan struct{}), start: now}
+	c.cur, c.lastStart, c.lastSaved = cur, now, p.Step
+	meta := Meta{ID: id, Job: c.cfg.Job, Step: p.Step, Epoch: p.Epoch, Offset: p.Offset, Seed: c.cfg.Seed, World: world,
+		Generation: c.ring.Generation, ConfigHash: c.cfg.ConfigHash, StateHash: c.cfg.StateHash, Created: now.UnixNano(),
+		Sequence: c.seq, Loss: p.Loss, Accuracy: p.Accuracy, Samples: p.Samples}
+	name := id + "/" + objectName(rank, writers)
+	data := snap[lo-slo : hi-slo]
+	c.tasks <- func() {
+		defer close(cur.done)
+		if rank == 0 {
+			cur.manifest = buildManifest(meta, c.tensors, snap, l)
+		}
+		if len(data) == 0 {
+			return
+		}
+		cur.err = c.cfg.Backoff.do(uctx, func(ctx context.Context) error {
+			return c.cfg.Store.Put(ctx, name, data)
+		}, func(attempt int, err error) {
+			c.log.Warn("checkpoint upload failed; retrying", zap.String("object", name), zap.Int("attempt", attempt), zap.Error(err))
+		})
+	}
+}
+
+// commit queues the manifest of a checkpoint every rank has stored, then
+// the retention policy.
+func (c *Checkpointer) commit(cur *inflight) {
+	c.tasks <- func() {
+		ctx, cancel := context.WithTimeout(c.bg, c.cfg.Wait)
+		defer cancel()
+		m := cur.manifest
+		b, err := proto.Marshal(m)
+		if err == nil {
+			err = c.cfg.Backoff.do(ctx, func(ctx context.Context) error {
+				return c.cfg.Store.Put(ctx, cur.id+"/"+ManifestName, b)
+			}, func(attempt int, err error) {
+				c.log.Warn("checkpoint manifest upload failed; retrying", zap.String("checkpoint", cur.id), zap.Int("attempt", attempt), zap.Error(err))
+			})
+		}
+		if err != nil {
+			c.cfg.OnEvent(Event{Kind: "failed", ID: cur.id, Step: cur.step, Err: "writing the manifest: " + err.Error()})
+			return
+		}
+		c.cfg.OnEvent(Event{Kind: "saved", ID: cur.id, Step: cur.step, Bytes: int64(m.TotalBytes) + int64(len(b)),
+			Seconds: c.cfg.Now().Sub(cur.start).Seconds(), URL: c.cfg.Store.Location() + "/" + cur.id, WorldAfter: int(m.World)})
+		if c.cfg.Retention.KeepLast > 0 {
+			gone, err := c.cfg.Retention.Retain(ctx, c.cfg.Store)
+			if err != nil {
+				c.log.Warn("checkpoint retention", zap.Error(err))
+			}
+			for _, id := range gone {
+				c.log.Info("checkpoint deleted by the retention policy", zap.String("checkpoint", id))
+			}
+		}
+	}
+}
+
+// Flush waits until every queued upload and manifest is written.
+func (c *Checkpointer) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case c.tasks <- func() { close(done) }:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// Close abandons a checkpoint not yet stored by every rank, waits for the
+// queued manifests (within ctx) and stops the upload goroutine.
+func (c *Checkpointer) Close(ctx context.Context) error {
+	if c.cur != nil {
+		c.abandon("abandoned: the worker stopped")
+	}
+	err := c.Flush(ctx)
+	c.stopBg()
+	close(c.tasks)
+	c.workers.Wait()
+	return err
+}
