@@ -198,4 +198,3 @@ func (c *Checkpointer) load(ctx context.Context, m *phalanxpb.Manifest, stream [
 	}
 	return flag[0] == 0, nil
 }
-
