@@ -8,8 +8,9 @@ import (
 
 // Tensor is a named slice of optimizer state.
 type Tensor struct {
-	Name string
-	Data []float32
+	Name  string
+	Shape []int // the shape of the parameter it belongs to
+	Data  []float32
 }
 
 // Optimizer updates parameters from their gradients. Its per-parameter state
@@ -69,7 +70,7 @@ func NewOptimizer(cfg OptimizerConfig, params []*Param) (Optimizer, error) {
 func slots(params []*Param, kind string) []Tensor {
 	out := make([]Tensor, len(params))
 	for i, p := range params {
-		out[i] = Tensor{Name: p.Name + "/" + kind, Data: make([]float32, p.Size())}
+		out[i] = Tensor{Name: p.Name + "/" + kind, Shape: p.Shape, Data: make([]float32, p.Size())}
 	}
 	return out
 }

@@ -23,11 +23,19 @@ type RankConfig struct {
 	// OnStep is told of every finished step; OnDone once, when the rank has
 	// done Steps steps or failed beyond what a restart can repair.
 	OnStep func(StepStats)
-	OnDone func(error)
+	// AfterStep, when set, runs at every step boundary after OnStep (where
+	// a checkpoint is taken); stop ends the rank with ErrStopped, an error
+	// with that error.
+	AfterStep func(StepStats) (stop bool, err error)
+	OnDone    func(error)
 	// Context bounds the collective operations.
 	Context context.Context
 	Logger  *zap.Logger
 }
+
+// ErrStopped ends a rank whose AfterStep asked to stop (a graceful
+// preemption at a step boundary).
+var ErrStopped = errors.New("worker: stopped at a step boundary on request")
 
 type rankState struct {
 	cfg      RankConfig
@@ -139,6 +147,17 @@ func (a *rankActor) finish(ctx actor.Context, m *phalanxpb.StepGo) {
 func (a *rankActor) stepDone(ctx actor.Context, stats StepStats) {
 	if a.st.cfg.OnStep != nil {
 		a.st.cfg.OnStep(stats)
+	}
+	if f := a.st.cfg.AfterStep; f != nil {
+		stop, err := f(stats)
+		switch {
+		case err != nil:
+			a.done(err)
+			return
+		case stop:
+			a.done(ErrStopped)
+			return
+		}
 	}
 	ctx.Send(ctx.Self(), &computeNext{})
 }

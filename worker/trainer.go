@@ -67,9 +67,12 @@ type StepStats struct {
 	// Samples is a fingerprint of the global batch's sample indices, summed
 	// over the ranks: an audit that no sample was lost or repeated.
 	Fingerprint Fingerprint
-	Compute     time.Duration // this rank's model time
-	Comm        time.Duration // waiting for the allreduce after the backward pass
-	Total       time.Duration
+	// Votes are the sums over the ranks of what each rank's voter said for
+	// this step (see SetVoter).
+	Votes   Votes
+	Compute time.Duration // this rank's model time
+	Comm    time.Duration // waiting for the allreduce after the backward pass
+	Total   time.Duration
 }
 
 // Fingerprint summarises a set of sample indices: their count, the sums of
@@ -97,6 +100,14 @@ func addFingerprint(f *Fingerprint, i int) {
 	h := u * 0x9e3779b1
 	f[4] += float64(h >> 24)
 }
+
+// Votes are small counts every rank contributes to a step and every rank
+// receives summed: they travel in the step's own allreduce, so ranks agree on
+// decisions (a checkpoint now, a stop) at the same step boundary for free.
+type Votes = [4]float32
+
+// statsVotes is where the votes sit in the statistics vector.
+const statsVotes = 2 + len(Fingerprint{})
 
 // NonFiniteError is a NaN or infinite gradient or loss.
 type NonFiniteError struct {
@@ -148,6 +159,7 @@ type Trainer struct {
 	phase   phase
 	pend    pending
 
+	voter        func() Votes
 	beforeUpdate func(step int64) // test hook: runs inside the update phase
 	committed    StepStats        // the statistics of the last committed step
 	lastBuf      []float64
@@ -167,7 +179,7 @@ func NewTrainer(ctx context.Context, g *collective.Group, m Model, data Dataset,
 		return nil, err
 	}
 	t := &Trainer{g: g, model: m, params: m.Params(), data: data, opt: opt, cfg: cfg, log: log, sampler: sampler,
-		stats: make([]float32, 2+len(Fingerprint{})), fctx: ctx}
+		stats: make([]float32, statsVotes+len(Votes{})), fctx: ctx}
 	t.state = NewState(t.params, opt)
 	// Backward produces the last layers' gradients first: fuse them in reverse
 	// order so the first bucket fills, and is reduced, earliest.
@@ -232,6 +244,25 @@ func (t *Trainer) globalBatch() (int, float32) {
 	}
 	w := t.g.Size()
 	return t.cfg.GlobalBatch / t.cfg.ReferenceWorld * w, float32(w) / float32(t.cfg.ReferenceWorld)
+}
+
+// SetVoter installs the function that gives this rank's votes for each step
+// as it is finished (nil: none).
+func (t *Trainer) SetVoter(f func() Votes) { t.voter = f }
+
+// Restored installs a state loaded from elsewhere (a checkpoint) into the
+// trainer between steps: its tensors already hold the values; step and
+// position say where training stands, last the loaded step's statistics.
+// The state is committed.
+func (t *Trainer) Restored(step int64, pos Position, last StepStats) error {
+	if t.phase != phaseIdle {
+		return fmt.Errorf("worker: restore in the middle of step %d", t.pend.step)
+	}
+	t.state.Step, t.state.Position = step, pos
+	t.state.Commit()
+	last.Step, last.Position, last.Epoch = step, pos, pos.Epoch
+	t.committed = last
+	return nil
 }
 
 // State is the trainer's committed and live state.
@@ -371,6 +402,11 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 	for i, v := range p.fp {
 		t.stats[2+i] = float32(v)
 	}
+	var votes Votes
+	if t.voter != nil {
+		votes = t.voter()
+	}
+	copy(t.stats[statsVotes:], votes[:])
 	if t.cfg.LocalSteps > 1 {
 		if err := t.g.AllReduce(ctx, collective.Float32s(t.stats), collective.Sum); err != nil {
 			return st, fmt.Errorf("worker: step %d: %w", p.step, err)
@@ -421,6 +457,7 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	for i := range st.Fingerprint {
 		st.Fingerprint[i] = float64(t.stats[2+i])
 	}
+	copy(st.Votes[:], t.stats[statsVotes:])
 	st.Loss = float64(t.stats[0]) / float64(p.size)
 	st.Accuracy = float64(t.stats[1]) / float64(p.size)
 	if p.step%int64(t.cfg.CommitEvery) == 0 {

@@ -5,12 +5,14 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -39,8 +41,83 @@ type trainFlags struct {
 	failStep    int64
 	failTimes   int
 	budget      actors.Budget
+	ckpt        checkpointFlags
 
 	bucketText, hiddenText, failAt string
+}
+
+// checkpointFlags say where and how often the job checkpoints.
+type checkpointFlags struct {
+	url        string
+	everySteps int64
+	every      time.Duration
+	keepLast   int
+	keepEvery  int
+	wait       time.Duration
+	resume     bool
+}
+
+func (k *checkpointFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.url, "checkpoint", "", "where checkpoints go: a directory, or s3://bucket/prefix?endpoint=host:port[&region=R][&tls=true|false]\n"+
+		"(S3 credentials from --s3-access-key/--s3-secret-key or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY;\n"+
+		"TLS is off by default for a loopback endpoint). A job whose store holds checkpoints resumes from the newest that verifies")
+	fs.Int64Var(&k.everySteps, "checkpoint-every-steps", 0, "checkpoint every this many steps (0: not by steps; with neither period, only at the end and on SIGTERM)")
+	fs.DurationVar(&k.every, "checkpoint-every", 0, "checkpoint this often (0: not by time)")
+	fs.IntVar(&k.keepLast, "checkpoint-keep", 3, "keep the newest this many checkpoints (0: keep all)")
+	fs.IntVar(&k.keepEvery, "checkpoint-keep-every", 0, "also keep every this-many-th checkpoint (by sequence number; 0: none)")
+	fs.DurationVar(&k.wait, "checkpoint-wait", 2*time.Minute, "back-pressure bound: how long training waits for the previous upload when the next checkpoint\n"+
+		"is due (and for the final one) before it gives that checkpoint up as failed")
+	fs.BoolVar(&k.resume, "resume", false, "require a checkpoint to resume from (without it, resuming is automatic when the store has one)")
+}
+
+func (k *checkpointFlags) check() error {
+	switch {
+	case k.url == "" && (k.everySteps != 0 || k.every != 0 || k.resume):
+		return usagef("--checkpoint-every-steps, --checkpoint-every and --resume need --checkpoint")
+	case k.everySteps < 0 || k.every < 0:
+		return usagef("--checkpoint-every-steps and --checkpoint-every must not be negative")
+	case k.keepLast < 0 || k.keepEvery < 0:
+		return usagef("--checkpoint-keep and --checkpoint-keep-every must not be negative")
+	case k.wait <= 0:
+		return usagef("--checkpoint-wait %v: must be positive", k.wait)
+	}
+	if k.url != "" {
+		if _, err := checkpoint.ParseLocation(k.url); err != nil {
+			return usagef("--checkpoint: %v", err)
+		}
+	}
+	return nil
+}
+
+// isCheckpointFlag: flags that say how the job checkpoints, not what the
+// state means.
+func isCheckpointFlag(name string) bool {
+	return strings.HasPrefix(name, "checkpoint") || name == "resume"
+}
+
+// stateFlags give a checkpoint's state its meaning: a resume needs the same.
+var stateFlags = []string{"example", "hidden", "optimizer", "nesterov", "seed", "samples", "data"}
+
+// s3Flags are explicit S3 credentials. They never travel on a command line
+// to the workers (nor into logs): the workers get them in the environment.
+type s3Flags struct {
+	accessKey, secretKey string
+}
+
+func (s *s3Flags) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.accessKey, "s3-access-key", "", "S3 access key for --checkpoint (default: AWS_ACCESS_KEY_ID, MINIO_ROOT_USER, ~/.aws/credentials)")
+	fs.StringVar(&s.secretKey, "s3-secret-key", "", "S3 secret key for --checkpoint (default: AWS_SECRET_ACCESS_KEY, ...); prefer the environment,\nwhich other users of the host cannot read from the process list")
+}
+
+func (s *s3Flags) credentials() checkpoint.Credentials {
+	return checkpoint.Credentials{AccessKey: s.accessKey, SecretKey: s.secretKey}
+}
+
+func (s *s3Flags) env() []string {
+	if s.accessKey == "" && s.secretKey == "" {
+		return nil
+	}
+	return []string{"AWS_ACCESS_KEY_ID=" + s.accessKey, "AWS_SECRET_ACCESS_KEY=" + s.secretKey}
 }
 
 // membershipFlags say where the job's membership lives.
@@ -111,6 +188,7 @@ func (c *trainFlags) register(fs *flag.FlagSet) {
 	c.budget = actors.DefaultBudget()
 	fs.IntVar(&c.budget.MaxRestarts, "max-restarts", c.budget.MaxRestarts, "restart budget: a rank actor failing more often than this within --restart-window ends the worker")
 	fs.DurationVar(&c.budget.Window, "restart-window", c.budget.Window, "restart budget window")
+	c.ckpt.register(fs)
 }
 
 // isTrainingFlag reports whether name is one of the training flags.
@@ -153,6 +231,9 @@ func (c *trainFlags) check() error {
 	case c.refWorld < 0 || (c.rescale == "lr" && c.refWorld > c.batch):
 		return usagef("--reference-world %d: want 1..--batch", c.refWorld)
 	}
+	if err := c.ckpt.check(); err != nil {
+		return err
+	}
 	if c.bucket, err = parseSize(c.bucketText); err != nil || c.bucket < 1 {
 		return usagef("--bucket %q: want a size such as 1MiB", c.bucketText)
 	}
@@ -174,9 +255,25 @@ func (c *trainFlags) check() error {
 // configHash identifies the training configuration that the workers of a job
 // must share: every training flag's value except the fault injection.
 func configHash(fs *flag.FlagSet) string {
+	return flagHash(fs, func(name string) bool { return isTrainingFlag(name) && !strings.HasPrefix(name, "fail-") })
+}
+
+// checkpointHashes are the hashes a checkpoint records: of every training
+// flag but those about checkpoints and fault injection (a difference is
+// worth a warning), and of the flags that give the state its meaning (a
+// difference refuses the resume).
+func checkpointHashes(fs *flag.FlagSet) (config, state string) {
+	config = flagHash(fs, func(name string) bool {
+		return isTrainingFlag(name) && !strings.HasPrefix(name, "fail-") && !isCheckpointFlag(name)
+	})
+	state = flagHash(fs, func(name string) bool { return slices.Contains(stateFlags, name) })
+	return config, state
+}
+
+func flagHash(fs *flag.FlagSet, include func(string) bool) string {
 	var kv []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if isTrainingFlag(f.Name) && !strings.HasPrefix(f.Name, "fail-") {
+		if include(f.Name) {
 			kv = append(kv, f.Name+"="+f.Value.String())
 		}
 	})

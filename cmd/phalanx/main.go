@@ -53,6 +53,10 @@ func exitCode(err error) int {
 	if errors.As(err, &ue) {
 		return 2
 	}
+	var se *stoppedError
+	if errors.As(err, &se) {
+		return 3
+	}
 	return 1
 }
 

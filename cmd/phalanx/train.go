@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
@@ -41,6 +42,7 @@ type trainConfig struct {
 	threads           int
 	logLevel          string
 	coordinate        bool
+	s3                s3Flags
 }
 
 func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -62,6 +64,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.jobDir, "job-dir", "", "the job's directory (embedded etcd data); default: a temporary one, removed at the end")
 	fs.IntVar(&c.threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	c.s3.register(fs)
 	fs.BoolVar(&c.coordinate, "coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -115,7 +118,8 @@ type job struct {
 	byPid    map[int64]int         // worker index by pid
 	done     *report
 	stopped  string
-	stepGen  uint64 // the generation of the latest step report
+	stop     *report // every rank stopped at a step boundary after a final checkpoint
+	stepGen  uint64  // the generation of the latest step report
 	lastStep int64
 }
 
@@ -142,8 +146,20 @@ func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, s
 		defer f.Close()
 		j.ev = events.New(f, nil)
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	// A signal (the caller's ctx) does not cancel the job's own context:
+	// with checkpoints it first asks the workers for a final one.
+	outer := ctx
+	ctx, cancel := context.WithCancel(context.WithoutCancel(outer))
 	defer cancel()
+	if c.train.ckpt.url != "" { // fail before starting anything when the store is unusable
+		sctx, scancel := context.WithTimeout(outer, time.Minute)
+		store, err := checkpoint.OpenURL(sctx, c.train.ckpt.url, c.s3.credentials())
+		scancel()
+		if err != nil {
+			return fmt.Errorf("--checkpoint: %w", err)
+		}
+		fmt.Fprintf(stdout, "checkpoints: %s\n", store.Location())
+	}
 
 	endpoints := c.member.endpointList()
 	if len(endpoints) == 0 {
@@ -216,6 +232,7 @@ func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, s
 			"--rank-hint", strconv.Itoa(i), "--worker-index", strconv.Itoa(i), "--threads", strconv.Itoa(threads)}, workerArgs...)
 		cmd := exec.CommandContext(ctx, exe, args...)
 		cmd.Stderr = stderr
+		cmd.Env = append(os.Environ(), c.s3.env()...)
 		p, err := launch.Spawn(cmd, i)
 		if err != nil {
 			return err
@@ -239,8 +256,25 @@ func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, s
 
 	running := c.workers
 	var failed error
+	sigCh := outer.Done()
+	var grace <-chan time.Time
 	for running > 0 {
 		select {
+		case <-sigCh:
+			sigCh = nil
+			if c.train.ckpt.url == "" {
+				launch.Kill(procs)
+				return context.Cause(outer)
+			}
+			fmt.Fprintln(stdout, "stopping: the workers take a final checkpoint at the next step boundary")
+			j.ev.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
+			for _, p := range procs {
+				p.Signal(syscall.SIGTERM)
+			}
+			grace = time.After(c.train.ckpt.wait + time.Minute)
+		case <-grace:
+			launch.Kill(procs)
+			return fmt.Errorf("asked to stop, the workers did not within %v; killed", c.train.ckpt.wait+time.Minute)
 		case l := <-lines:
 			if err := j.handle(l); err != nil {
 				return err
@@ -282,6 +316,10 @@ func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, s
 	if failed != nil {
 		return failed
 	}
+	if j.done == nil && j.stop != nil {
+		fmt.Fprintf(stdout, "stopped at step %d after a final checkpoint; run the same command to resume\n", j.stop.Step)
+		return &stoppedError{step: j.stop.Step}
+	}
 	if j.done == nil {
 		if j.stopped != "" {
 			return fmt.Errorf("the coordinator stopped the job: %s", j.stopped)
@@ -291,6 +329,48 @@ func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, s
 	fmt.Fprintf(stdout, "done: %d steps in %s; held-out loss %.4f, accuracy %.2f%%\n",
 		j.done.Step, time.Since(j.start).Round(time.Millisecond), j.done.Loss, 100*j.done.Accuracy)
 	return nil
+}
+
+// stoppedError: the job stopped on request after a final checkpoint.
+type stoppedError struct{ step int64 }
+
+func (e *stoppedError) Error() string {
+	return fmt.Sprintf("stopped on request at step %d, after a final checkpoint", e.step)
+}
+
+// checkpointEvent logs a worker's checkpoint event.
+func (j *job) checkpointEvent(e *checkpoint.Event) {
+	if e == nil {
+		return
+	}
+	switch e.Kind {
+	case "saved":
+		j.ev.Emit("checkpoint_saved", events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
+			events.F("url", e.URL), events.F("world", e.WorldAfter))
+		fmt.Fprintf(j.out, "checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, humanBytes(e.Bytes), e.Seconds)
+	case "failed":
+		j.ev.Emit("checkpoint_failed", events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err))
+		fmt.Fprintf(j.out, "checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
+	case "skipped":
+		j.ev.Emit("checkpoint_skipped", events.F("checkpoint", e.ID), events.F("error", e.Err))
+		fmt.Fprintf(j.out, "checkpoint %s skipped: %s\n", e.ID, e.Err)
+	case "restored":
+		j.ev.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
+			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes))
+		fmt.Fprintf(j.out, "resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
+	}
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 func signalled(err error) bool {
@@ -382,6 +462,13 @@ func (j *job) handle(l procLine) error {
 		j.ev.Emit("rank_restarted", events.F("rank", r.Rank), events.F("committed_step", r.Step),
 			events.F("reason", r.Reason), events.F("restarts", r.Restarts))
 		fmt.Fprintf(j.out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
+	case "checkpoint":
+		j.checkpointEvent(r.Checkpoint)
+	case "stopped":
+		if j.stop == nil {
+			j.stop = &r
+			j.ev.Emit("stopped", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World))
+		}
 	case "done":
 		if j.done == nil {
 			j.done = &r

@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"runtime"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -16,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
@@ -28,27 +33,28 @@ import (
 // report is a line a worker prints on stdout for its launcher; rank 0 of
 // each generation reports the job's progress.
 type report struct {
-	Kind        string     `json:"kind"` // registered, restored, step, restart or done
-	ID          string     `json:"id,omitempty"`
-	Pid         int        `json:"pid,omitempty"`
-	Step        int64      `json:"step"`
-	Generation  uint64     `json:"generation"`
-	World       int        `json:"world"`
-	Rank        int        `json:"rank"`
-	Loss        float64    `json:"loss"`
-	Accuracy    float64    `json:"accuracy"`
-	SamplesPS   float64    `json:"samples_per_s"`
-	ComputeS    float64    `json:"compute_s"`
-	CommS       float64    `json:"comm_s"`
-	StepS       float64    `json:"step_s"`
-	Epoch       int64      `json:"epoch"`
-	Offset      int64      `json:"offset"`
-	Fingerprint [5]float64 `json:"fingerprint"`
-	Redone      int64      `json:"steps_redone"`
-	Root        int        `json:"root"`
-	Reason      string     `json:"reason,omitempty"`
-	Restarts    int        `json:"restarts,omitempty"`
-	Replayed    bool       `json:"replayed,omitempty"` // a step report repeated after a ring change
+	Kind        string            `json:"kind"` // registered, restored, step, restart or done
+	ID          string            `json:"id,omitempty"`
+	Pid         int               `json:"pid,omitempty"`
+	Step        int64             `json:"step"`
+	Generation  uint64            `json:"generation"`
+	World       int               `json:"world"`
+	Rank        int               `json:"rank"`
+	Loss        float64           `json:"loss"`
+	Accuracy    float64           `json:"accuracy"`
+	SamplesPS   float64           `json:"samples_per_s"`
+	ComputeS    float64           `json:"compute_s"`
+	CommS       float64           `json:"comm_s"`
+	StepS       float64           `json:"step_s"`
+	Epoch       int64             `json:"epoch"`
+	Offset      int64             `json:"offset"`
+	Fingerprint [5]float64        `json:"fingerprint"`
+	Redone      int64             `json:"steps_redone"`
+	Root        int               `json:"root"`
+	Reason      string            `json:"reason,omitempty"`
+	Restarts    int               `json:"restarts,omitempty"`
+	Replayed    bool              `json:"replayed,omitempty"` // a step report repeated after a ring change
+	Checkpoint  *checkpoint.Event `json:"checkpoint,omitempty"`
 }
 
 // reporter writes report lines; the rank and group actors both do.
@@ -72,6 +78,8 @@ type workerConfig struct {
 	threads  int
 	logLevel string
 	hash     string
+	// the hashes a checkpoint records
+	ckptConfigHash, ckptStateHash string
 }
 
 func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -108,6 +116,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usagef("--threads %d: must not be negative", c.threads)
 	}
 	c.hash = configHash(fs)
+	c.ckptConfigHash, c.ckptStateHash = checkpointHashes(fs)
 	log, err := newLogger(c.logLevel, stderr)
 	if err != nil {
 		return err
@@ -151,6 +160,46 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	if err != nil {
 		return err
 	}
+	w := &elasticWorker{}
+	var store checkpoint.Store
+	if c.train.ckpt.url != "" {
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		store, err = checkpoint.OpenURL(sctx, c.train.ckpt.url, checkpoint.Credentials{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--checkpoint: %w", err)
+		}
+		// SIGTERM or SIGINT asks for a final checkpoint and a stop at the next
+		// step boundary (graceful preemption); a second signal, or no step
+		// boundary within the wait bound, ends the worker at once.
+		parent := ctx
+		var cancelRun context.CancelCauseFunc
+		ctx, cancelRun = context.WithCancelCause(context.WithoutCancel(parent))
+		defer cancelRun(nil)
+		sigs := make(chan os.Signal, 2)
+		signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+		defer signal.Stop(sigs)
+		go func() {
+			select {
+			case s := <-sigs:
+				log.Warn("asked to stop: final checkpoint at the next step boundary", zap.Stringer("signal", s))
+				w.stopAsked.Store(true)
+				if ck := w.checkpointer(); ck != nil {
+					ck.RequestStop()
+				}
+				t := time.NewTimer(c.train.ckpt.wait + 30*time.Second)
+				defer t.Stop()
+				select {
+				case s = <-sigs:
+					cancelRun(fmt.Errorf("stopped by a second %v", s))
+				case <-t.C:
+					cancelRun(fmt.Errorf("asked to stop and no step boundary came within %v", c.train.ckpt.wait+30*time.Second))
+				case <-ctx.Done():
+				}
+			case <-ctx.Done():
+			}
+		}()
+	}
 	rep := &reporter{enc: json.NewEncoder(stdout)}
 	done := make(chan error, 1)
 	strategy := &actors.Strategy{Budget: c.train.budget, Logger: log, GiveUp: func(e *actors.GiveUpError) {
@@ -179,8 +228,8 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 		return err
 	}
 	rep.send(report{Kind: "registered", ID: agent.ID(), Pid: os.Getpid()})
-	w := &elasticWorker{c: c, log: log, sys: sys, sup: sup, groupActor: groupActor, rep: rep, done: done,
-		train: train, test: test, procCtx: ctx}
+	w.c, w.log, w.sys, w.sup, w.groupActor, w.rep, w.done = c, log, sys, sup, groupActor, rep, done
+	w.train, w.test, w.procCtx, w.store = train, test, ctx, store
 	defer w.close()
 	return agent.Run(ctx, w.round)
 }
@@ -189,6 +238,10 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 // trainer and its committed state.
 type elasticWorker struct {
 	c          workerConfig
+	store      checkpoint.Store
+	stopAsked  atomic.Bool // a signal came before the checkpointer existed
+	mu         sync.Mutex
+	ckpt       *checkpoint.Checkpointer
 	log        *zap.Logger
 	sys        *actors.System
 	sup        *actor.PID
@@ -207,6 +260,74 @@ func (w *elasticWorker) close() {
 	if w.trainer != nil {
 		w.trainer.Close()
 	}
+	if ck := w.checkpointer(); ck != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), w.c.train.ckpt.wait)
+		defer cancel()
+		if err := ck.Close(ctx); err != nil {
+			w.log.Warn("closing the checkpointer", zap.Error(err))
+		}
+	}
+}
+
+func (w *elasticWorker) checkpointer() *checkpoint.Checkpointer {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ckpt
+}
+
+// newCheckpointer saves and restores the trainer's state: the parameters,
+// then the optimizer's slots, the order of worker.State.
+func (w *elasticWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*checkpoint.Checkpointer, error) {
+	var tensors []checkpoint.Tensor
+	for _, p := range params {
+		tensors = append(tensors, checkpoint.Tensor{Name: p.Name, Shape: shape64(p.Shape), Role: "parameter", Data: p.Value})
+	}
+	for _, s := range opt.Slots() {
+		tensors = append(tensors, checkpoint.Tensor{Name: s.Name, Shape: shape64(s.Shape), Role: "optimizer", Data: s.Data})
+	}
+	k := w.c.train.ckpt
+	ck, err := checkpoint.New(checkpoint.Config{Store: w.store, Job: w.c.member.job, ConfigHash: w.c.ckptConfigHash,
+		StateHash: w.c.ckptStateHash, Seed: w.c.train.seed, EverySteps: k.everySteps, Every: k.every,
+		Retention: checkpoint.Retention{KeepLast: k.keepLast, KeepEvery: k.keepEvery}, Wait: k.wait,
+		SingleWriter: w.c.train.localSteps > 1, Logger: w.log.Named("checkpoint"),
+		OnEvent: func(ev checkpoint.Event) { w.rep.send(report{Kind: "checkpoint", Checkpoint: &ev}) }}, tensors)
+	if err != nil {
+		return nil, err
+	}
+	return ck, nil
+}
+
+func shape64(s []int) []int64 {
+	out := make([]int64, len(s))
+	for i, d := range s {
+		out[i] = int64(d)
+	}
+	return out
+}
+
+// restoreIfFresh loads the newest checkpoint when no rank of the ring has
+// trained yet (a job started or restarted from storage); a ring with any
+// trained state resumes from memory instead, which is never older.
+func (w *elasticWorker) restoreIfFresh(ctx context.Context, g *collective.Group) error {
+	t := w.trainer
+	committed, _ := t.State().Committed()
+	v := []float64{float64(committed)}
+	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Max); err != nil {
+		return fmt.Errorf("checking for trained state: %w", err)
+	}
+	if v[0] > 0 {
+		return nil
+	}
+	res, err := w.ckpt.Restore(ctx, w.c.train.ckpt.resume)
+	if err != nil || res == nil {
+		return err
+	}
+	m := res.Manifest
+	var last worker.StepStats
+	if s := m.Stats; s != nil {
+		last.Loss, last.Accuracy, last.Samples = s.Loss, s.Accuracy, int(s.Samples)
+	}
+	return t.Restored(m.Step, worker.Position{Epoch: m.Epoch, Offset: m.Offset}, last)
 }
 
 // setup builds the model and trainer in the first round this worker trains.
@@ -238,6 +359,19 @@ func (w *elasticWorker) setup(g *collective.Group) error {
 	}
 	t.State().Commit() // step 0: a candidate like any other, the same on every fresh worker
 	w.model, w.trainer = m, t
+	if w.store != nil {
+		ck, err := w.newCheckpointer(model.Params(), opt)
+		if err != nil {
+			return err
+		}
+		t.SetVoter(ck.Votes)
+		w.mu.Lock()
+		w.ckpt = ck
+		w.mu.Unlock()
+		if w.stopAsked.Load() { // a signal that came before ck was published
+			ck.RequestStop()
+		}
+	}
 	return nil
 }
 
@@ -261,6 +395,12 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 		}
 	}
 	t := w.trainer
+	if w.ckpt != nil {
+		w.ckpt.Bind(checkpoint.Ring{Group: g, Generation: gen.Number, Decided: gen.DecidedUnixNano})
+		if err := w.restoreIfFresh(ctx, g); err != nil {
+			return err
+		}
+	}
 	res, err := t.Resync(ctx, reached)
 	if err != nil {
 		return err
@@ -282,6 +422,13 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 		Trainer: t, Rank: r.Rank, Generation: gen.Number, Steps: w.c.train.steps, Context: ctx, Logger: w.log,
 		Group:  actors.Ref(gen.Members[0].ControlAddr, "job/group"),
 		OnDone: func(err error) { finished <- err },
+		AfterStep: func(st worker.StepStats) (bool, error) {
+			if w.ckpt == nil {
+				return false, nil
+			}
+			return w.ckpt.AfterStep(ctx, checkpoint.Progress{Step: st.Step, Epoch: st.Position.Epoch, Offset: st.Position.Offset,
+				Loss: st.Loss, Accuracy: st.Accuracy, Samples: int64(st.Samples)}, st.Votes, st.Step >= w.c.train.steps)
+		},
 		OnStep: func(st worker.StepStats) {
 			now := time.Now()
 			if r.Rank == 0 {
@@ -305,6 +452,10 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 	case <-ctx.Done():
 		err = context.Cause(ctx)
 	}
+	stopped := errors.Is(err, worker.ErrStopped)
+	if stopped {
+		err = nil
+	}
 	if err != nil {
 		g.Abort(err.Error())
 	}
@@ -313,6 +464,13 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 	}
 	if err != nil {
 		return err
+	}
+	if stopped {
+		if r.Rank == 0 {
+			w.rep.send(report{Kind: "stopped", Step: t.State().Step, Generation: gen.Number, World: g.Size()})
+		}
+		w.sys.Quiet()
+		return nil // every rank stops at this boundary: the job is over for now
 	}
 	loss, acc, err := evaluate(ctx, g, w.model, w.test)
 	if err != nil {
