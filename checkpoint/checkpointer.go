@@ -43,7 +43,8 @@ type Config struct {
 	// upload when the next is due (back-pressure), and for the final one:
 	// after it the upload is abandoned and the checkpoint reported failed.
 	Wait time.Duration
-	// BlockBytes is the checksum block size (default 1 MiB).
+	// BlockBytes is the checksum block size (default: 1 MiB, smaller for a
+	// small state so that every rank has blocks to write).
 	BlockBytes int
 	// SingleWriter has rank 0 store the whole state: for when the ranks'
 	// states are not identical (local SGD between averagings).
@@ -138,9 +139,6 @@ func New(cfg Config, tensors []Tensor) (*Checkpointer, error) {
 	if cfg.Wait == 0 {
 		cfg.Wait = 5 * time.Minute
 	}
-	if cfg.BlockBytes == 0 {
-		cfg.BlockBytes = DefaultBlockBytes
-	}
 	if cfg.Backoff == (Backoff{}) {
 		cfg.Backoff = DefaultBackoff
 	}
@@ -154,7 +152,7 @@ func New(cfg Config, tensors []Tensor) (*Checkpointer, error) {
 		cfg.OnEvent = func(Event) {}
 	}
 	c := &Checkpointer{cfg: cfg, log: cfg.Logger, tensors: tensors, tasks: make(chan func(), 4), lastSaved: -1}
-	c.offsets = newLayout(tensors, int64(cfg.BlockBytes), 1).offsets
+	c.offsets = newLayout(tensors, 4, 1).offsets
 	c.bg, c.stopBg = context.WithCancel(context.Background())
 	c.lastStart = cfg.Now()
 	c.workers.Add(1)
@@ -314,7 +312,7 @@ func (c *Checkpointer) start(p Progress) {
 	if c.cfg.SingleWriter {
 		writers = 1
 	}
-	l := newLayout(c.tensors, int64(c.cfg.BlockBytes), writers)
+	l := newLayout(c.tensors, blockBytes(c.cfg.BlockBytes, c.offsets[len(c.tensors)], writers), writers)
 	lo, hi := int64(0), int64(0)
 	if rank < writers {
 		lo, hi = l.objectRange(rank)
@@ -356,6 +354,16 @@ func (c *Checkpointer) start(p Progress) {
 			c.log.Warn("checkpoint upload failed; retrying", zap.String("object", name), zap.Int("attempt", attempt), zap.Error(err))
 		})
 	}
+}
+
+// blockBytes is the configured block size, or one that gives each writer
+// about 16 blocks: at least 4 KiB, at most DefaultBlockBytes.
+func blockBytes(configured int, total int64, writers int) int64 {
+	if configured > 0 {
+		return int64(configured)
+	}
+	b := (total/int64(writers*16) + 4095) / 4096 * 4096
+	return min(max(b, 4096), DefaultBlockBytes)
 }
 
 // commit queues the manifest of a checkpoint every rank has stored, then

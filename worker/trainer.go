@@ -252,16 +252,14 @@ func (t *Trainer) SetVoter(f func() Votes) { t.voter = f }
 
 // Restored installs a state loaded from elsewhere (a checkpoint) into the
 // trainer between steps: its tensors already hold the values; step and
-// position say where training stands, last the loaded step's statistics.
-// The state is committed.
-func (t *Trainer) Restored(step int64, pos Position, last StepStats) error {
+// position say where training stands. The state is committed.
+func (t *Trainer) Restored(step int64, pos Position) error {
 	if t.phase != phaseIdle {
 		return fmt.Errorf("worker: restore in the middle of step %d", t.pend.step)
 	}
 	t.state.Step, t.state.Position = step, pos
 	t.state.Commit()
-	last.Step, last.Position, last.Epoch = step, pos, pos.Epoch
-	t.committed = last
+	t.committed = StepStats{} // its figures were reported by the job that trained it
 	return nil
 }
 

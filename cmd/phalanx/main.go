@@ -33,16 +33,21 @@ Run "phalanx <command> [<subcommand>] --help" for the flags of each.
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-func main() {
+func main() { os.Exit(runMain(os.Args[1:])) }
+
+// runMain runs a command line as the phalanx process: SIGINT and SIGTERM
+// cancel its context; it returns the exit code.
+func runMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	err := run(ctx, args, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "phalanx:", err)
 		}
-		os.Exit(exitCode(err))
+		return exitCode(err)
 	}
+	return 0
 }
 
 func exitCode(err error) int {

@@ -15,11 +15,7 @@ import (
 // launches workers (they re-execute the running binary).
 func TestMain(m *testing.M) {
 	if os.Getenv("PHALANX_TEST_AS_COMMAND") == "1" {
-		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
-			os.Stderr.WriteString("phalanx: " + err.Error() + "\n")
-			os.Exit(exitCode(err))
-		}
-		os.Exit(0)
+		os.Exit(runMain(os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }

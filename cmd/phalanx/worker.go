@@ -323,11 +323,7 @@ func (w *elasticWorker) restoreIfFresh(ctx context.Context, g *collective.Group)
 		return err
 	}
 	m := res.Manifest
-	var last worker.StepStats
-	if s := m.Stats; s != nil {
-		last.Loss, last.Accuracy, last.Samples = s.Loss, s.Accuracy, int(s.Samples)
-	}
-	return t.Restored(m.Step, worker.Position{Epoch: m.Epoch, Offset: m.Offset}, last)
+	return t.Restored(m.Step, worker.Position{Epoch: m.Epoch, Offset: m.Offset})
 }
 
 // setup builds the model and trainer in the first round this worker trains.

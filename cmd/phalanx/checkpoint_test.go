@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/internal/miniotest"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+var ckptJobArgs = []string{"--steps", "120", "--samples", "8000", "--batch", "256", "--hidden", "64", "--seed", "5",
+	"--threads", "1", "--checkpoint-every-steps", "10", "--checkpoint-keep", "0"}
+
+// s3Store opens the store at url with the test server's credentials.
+func s3Store(t *testing.T, srv *miniotest.Server, url string) checkpoint.Store {
+	t.Helper()
+	l, err := checkpoint.ParseLocation(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := checkpoint.Open(context.Background(), l, checkpoint.Credentials{AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// copyCheckpoint copies checkpoint id from one store to another.
+func copyCheckpoint(t *testing.T, from, to checkpoint.Store, id string) {
+	t.Helper()
+	ctx := context.Background()
+	objs, err := from.List(ctx, id+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(objs, func(a, b checkpoint.ObjectInfo) int { // the manifest last
+		return boolInt(strings.HasSuffix(a.Name, checkpoint.ManifestName)) - boolInt(strings.HasSuffix(b.Name, checkpoint.ManifestName))
+	})
+	for _, o := range objs {
+		buf := make([]byte, o.Size)
+		if err := from.ReadAt(ctx, o.Name, buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := to.Put(ctx, o.Name, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// newestComplete is the newest complete checkpoint's manifest.
+func newestComplete(t *testing.T, s checkpoint.Store) *phalanxpb.Manifest {
+	t.Helper()
+	infos, err := checkpoint.List(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range infos {
+		if in.Complete {
+			m, err := checkpoint.ReadManifest(context.Background(), s, in.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+	}
+	t.Fatal("no complete checkpoint")
+	return nil
+}
+
+func tensorSums(m *phalanxpb.Manifest) []uint32 {
+	var out []uint32
+	for _, tn := range m.Tensors {
+		out = append(out, tn.Crc32C)
+	}
+	return out
+}
+
+// TestCheckpointKillAllResumeReshaped is the used-by scenario, end to end on
+// real processes and a real MinIO: 4 workers checkpoint to S3 every 10
+// steps; every worker is SIGKILLed at a random step in the middle of an
+// epoch; 3 workers started afresh resume from the newest complete checkpoint
+// and finish. Their final parameters and optimizer state are bitwise those of
+// an undisturbed 3-worker run resumed from a copy of the same checkpoint
+// (same world, so the same summation order), and every sample of every epoch
+// was trained exactly once across the two jobs. Then a flipped byte in the
+// final checkpoint makes a resume take the one before, say why, and write a
+// new final checkpoint identical to the first, overwriting nothing.
+func TestCheckpointKillAllResumeReshaped(t *testing.T) {
+	srv := miniotest.Start(t)
+	for _, kv := range srv.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	url := srv.URL("phalanx/kill-all")
+	store := s3Store(t, srv, url)
+	killAt := 40 + rand.IntN(20) // epoch 2 runs from step 33 to 63
+	t.Logf("killing every worker after step %d", killAt)
+
+	a := startJob(t, append([]string{"--workers", "4", "--checkpoint", url}, ckptJobArgs...)...)
+	a.until(t, "a checkpoint saved", func(e map[string]any) bool { return e["event"] == "checkpoint_saved" })
+	a.until(t, "step "+strconv.Itoa(killAt), stepIn(4, killAt))
+	for _, pid := range a.workerPids() {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.cmd.Process.Kill()
+	<-a.exited
+	for e := range a.events {
+		a.seen = append(a.seen, e)
+	}
+	resumeFrom := newestComplete(t, store)
+	if resumeFrom.World != 4 || resumeFrom.Step > int64(killAt) || resumeFrom.Step < 10 {
+		t.Fatalf("newest complete checkpoint: step %d, world %d", resumeFrom.Step, resumeFrom.World)
+	}
+	refURL := srv.URL("phalanx/reference")
+	copyCheckpoint(t, store, s3Store(t, srv, refURL), resumeFrom.Id)
+
+	b := startJob(t, append([]string{"--workers", "3", "--checkpoint", url, "--resume"}, ckptJobArgs...)...)
+	evB := b.finish(t)
+	r := evB["checkpoint_restored"]
+	if len(r) != 1 || num(r[0], "step") != int(resumeFrom.Step) || num(r[0], "world_before") != 4 || num(r[0], "world_after") != 3 ||
+		!strings.HasSuffix(r[0]["url"].(string), resumeFrom.Id) {
+		t.Fatalf("checkpoint_restored events %v, want one of %s (step %d) from 4 workers to 3", r, resumeFrom.Id, resumeFrom.Step)
+	}
+	var steps []map[string]any
+	for _, e := range a.seen {
+		if e["event"] == "step" && num(e, "step") <= int(resumeFrom.Step) {
+			steps = append(steps, e)
+		}
+	}
+	steps = append(steps, evB["step"]...)
+	checkSamples(t, steps, 120, 8000, 256, 5)
+	finalB := newestComplete(t, store)
+	if finalB.Step != 120 || finalB.World != 3 {
+		t.Fatalf("final checkpoint of the resumed job: step %d world %d", finalB.Step, finalB.World)
+	}
+
+	ref := startJob(t, append([]string{"--workers", "3", "--checkpoint", refURL, "--resume"}, ckptJobArgs...)...).finish(t)
+	finalRef := newestComplete(t, s3Store(t, srv, refURL))
+	if !slices.Equal(tensorSums(finalB), tensorSums(finalRef)) || finalB.Step != finalRef.Step {
+		t.Fatalf("the resumed job's final state differs from the undisturbed resume's")
+	}
+	if evB["done"][0]["accuracy"] != ref["done"][0]["accuracy"] || evB["done"][0]["loss"] != ref["done"][0]["loss"] {
+		t.Fatalf("done: %v vs %v", evB["done"][0], ref["done"][0])
+	}
+	t.Logf("resumed at step %d from 4 workers to 3; final state bitwise equal to the reference; accuracy %v",
+		resumeFrom.Step, evB["done"][0]["accuracy"])
+
+	// A flipped byte in the final checkpoint: the resume says why and takes
+	// step 110's; retraining 10 steps writes a new, identical final one.
+	ctx := context.Background()
+	obj := finalB.Id + "/" + finalB.Objects[1].Name
+	buf := make([]byte, finalB.Objects[1].Bytes)
+	if err := store.ReadAt(ctx, obj, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	buf[len(buf)/2] ^= 1
+	if err := store.Delete(ctx, obj); err != nil { // the test rewrites it, as a failing disk would
+		t.Fatal(err)
+	}
+	if err := store.Put(ctx, obj, buf); err != nil {
+		t.Fatal(err)
+	}
+	c := startJob(t, append([]string{"--workers", "3", "--checkpoint", url}, ckptJobArgs...)...).finish(t)
+	sk, rs := c["checkpoint_skipped"], c["checkpoint_restored"]
+	if len(sk) == 0 || sk[0]["checkpoint"] != finalB.Id || !strings.Contains(sk[0]["error"].(string), "checksum") ||
+		len(rs) != 1 || num(rs[0], "step") != 110 {
+		t.Fatalf("skipped %v, restored %v: want %s skipped for its checksum and step 110 restored", sk, rs, finalB.Id)
+	}
+	again := newestComplete(t, store)
+	if again.Id == finalB.Id || again.Step != 120 || !slices.Equal(tensorSums(again), tensorSums(finalB)) {
+		t.Fatalf("the retrained final checkpoint %s differs from %s", again.Id, finalB.Id)
+	}
+	if err := checkpoint.Verify(ctx, store, again); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckpointSIGTERM: SIGTERM to the launcher makes every worker take a
+// final checkpoint at the next step boundary and stop; the launcher exits 3;
+// the same command resumes from that step.
+func TestCheckpointSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	args := append([]string{"--workers", "2", "--checkpoint", dir}, ckptJobArgs...)
+	args = append(args, "--checkpoint-every-steps", "0", "--steps", "100000")
+	j := startJob(t, args...)
+	j.until(t, "step 15", stepIn(2, 15))
+	if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	stop := j.until(t, "the stopped event", func(e map[string]any) bool { return e["event"] == "stopped" })
+	for e := range j.events {
+		j.seen = append(j.seen, e)
+	}
+	err := <-j.exited
+	if code := exitStatus(err); code != 3 {
+		t.Fatalf("launcher exit %v, want status 3", err)
+	}
+	var saved []map[string]any
+	for _, e := range j.seen {
+		if e["event"] == "checkpoint_saved" {
+			saved = append(saved, e)
+		}
+	}
+	if len(saved) != 1 || num(saved[0], "step") != num(stop, "step") {
+		t.Fatalf("checkpoints saved %v, want one at the stop step %v", saved, stop["step"])
+	}
+	store, err := checkpoint.NewLocalStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := newestComplete(t, store); m.Step != int64(num(stop, "step")) {
+		t.Fatalf("newest checkpoint at step %d, want %v", m.Step, stop["step"])
+	}
+	args[len(args)-1] = strconv.Itoa(num(stop, "step") + 5)
+	ev := startJob(t, args...).finish(t)
+	if r := ev["checkpoint_restored"]; len(r) != 1 || num(r[0], "step") != num(stop, "step") || len(ev["step"]) != 5 {
+		t.Fatalf("resume: restored %v, %d steps trained; want the stop step and 5", r, len(ev["step"]))
+	}
+}
+
+func exitStatus(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
