@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -241,4 +243,63 @@ func exitStatus(err error) int {
 		return ee.ExitCode()
 	}
 	return -1
+}
+
+// TestCkptCommand: ls, inspect, verify and rm on the checkpoints of a small
+// job, and verify naming a flipped byte.
+func TestCkptCommand(t *testing.T) {
+	t.Setenv("PHALANX_TEST_AS_COMMAND", "1") // the launcher's workers re-execute this binary
+	dir := t.TempDir()
+	ctx := context.Background()
+	var out strings.Builder
+	if err := run(ctx, append([]string{"train", "--workers", "1", "--checkpoint", dir, "--steps", "6", "--checkpoint-every-steps", "2",
+		"--samples", "1000", "--hidden", "16", "--checkpoint-keep", "0"}), &out, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	ck := func(args ...string) (string, error) {
+		var b strings.Builder
+		err := run(ctx, append([]string{"ckpt"}, args...), &b, &b)
+		return b.String(), err
+	}
+	ls, err := ck("ls", "--checkpoint", dir)
+	if err != nil || strings.Count(ls, "complete") != 3 || !strings.Contains(ls, "STEP") {
+		t.Fatalf("ls: %v\n%s", err, ls)
+	}
+	store, _ := checkpoint.NewLocalStore(dir)
+	newest := newestComplete(t, store)
+	js, err := ck("inspect", newest.Id, "--checkpoint", dir)
+	var shown map[string]any
+	if err != nil || json.Unmarshal([]byte(js), &shown) != nil || shown["step"] != "6" || shown["blockCrc32c"] == nil {
+		t.Fatalf("inspect: %v\n%s", err, js)
+	}
+	if v, err := ck("verify", "--checkpoint", dir); err != nil || strings.Count(v, ": ok") != 3 {
+		t.Fatalf("verify: %v\n%s", err, v)
+	}
+	obj := dir + "/" + newest.Id + "/" + newest.Objects[0].Name
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[7] ^= 0x80
+	if err := os.WriteFile(obj, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v, err := ck("verify", "--checkpoint", dir)
+	if err == nil || !strings.Contains(v, newest.Id+": CORRUPT") || !strings.Contains(v, newest.Objects[0].Name) || strings.Count(v, ": ok") != 2 {
+		t.Fatalf("verify after a flipped byte: %v\n%s", err, v)
+	}
+	if rm, err := ck("rm", "--checkpoint", dir, "--keep", "1", "--dry-run"); err != nil || strings.Count(rm, "would delete") != 2 {
+		t.Fatalf("rm --dry-run: %v\n%s", err, rm)
+	}
+	if rm, err := ck("rm", newest.Id, "--checkpoint", dir); err != nil || !strings.Contains(rm, "deleted "+newest.Id) {
+		t.Fatalf("rm: %v\n%s", err, rm)
+	}
+	if ls, _ := ck("ls", "--checkpoint", dir); strings.Contains(ls, newest.Id) {
+		t.Fatalf("ls after rm still shows it:\n%s", ls)
+	}
+	for _, bad := range [][]string{{"ls"}, {"inspect", "--checkpoint", dir}, {"rm", "--checkpoint", dir}, {"frob"}, {"rm", "--checkpoint", dir, "--keep-every", "2"}} {
+		if _, err := ck(bad...); exitCode(err) != 2 {
+			t.Errorf("ckpt %v: %v, want a usage error", bad, err)
+		}
+	}
 }

@@ -25,6 +25,8 @@ Usage:
   phalanx etcd [flags]              one embedded etcd member (three make a cluster)
   phalanx bench allreduce [flags]   allreduce figures over N local processes (nccl-tests style)
   phalanx bench tcp [flags]         raw single-stream loopback TCP throughput, the reference line
+  phalanx bench checkpoint [flags]  checkpoint save, stall and resume figures against plain minio-go
+  phalanx ckpt ls|inspect|verify|rm list, show, verify or delete the checkpoints at --checkpoint URL
   phalanx version                   print the version
 
 Run "phalanx <command> [<subcommand>] --help" for the flags of each.
@@ -88,6 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runEtcd(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return runBench(ctx, args[1:], stdout, stderr)
+	case "ckpt":
+		return runCkpt(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "phalanx", version)
 		return nil
