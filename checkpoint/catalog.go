@@ -159,7 +159,7 @@ func objectAt(m *phalanxpb.Manifest, at int64) string {
 }
 
 // Verify reads every object of checkpoint m and checks every checksum: of
-// each object, block and tensor.
+// each object, block and tensor segment.
 func Verify(ctx context.Context, s Store, m *phalanxpb.Manifest) error {
 	for _, o := range m.Objects {
 		buf := make([]byte, o.Bytes)
@@ -173,9 +173,13 @@ func Verify(ctx context.Context, s Store, m *phalanxpb.Manifest) error {
 			return err
 		}
 		for _, t := range m.Tensors {
-			if t.Offset >= o.Offset && t.Offset+t.Bytes <= o.Offset+o.Bytes {
-				if got := crc(buf[t.Offset-o.Offset : t.Offset-o.Offset+t.Bytes]); got != t.Crc32C {
-					return &CorruptError{ID: m.Id, Object: o.Name, What: "tensor " + t.Name, Reason: fmt.Sprintf("checksum %08x, want %08x", got, t.Crc32C)}
+			for _, s := range t.Segments {
+				if m.Objects[s.Object] != o {
+					continue
+				}
+				if got := crc(buf[s.Offset : s.Offset+s.Bytes]); got != s.Crc32C {
+					return &CorruptError{ID: m.Id, Object: o.Name, What: fmt.Sprintf("tensor %s (bytes [%d,+%d) of the object)", t.Name, s.Offset, s.Bytes),
+						Reason: fmt.Sprintf("checksum %08x, want %08x", got, s.Crc32C)}
 				}
 			}
 		}

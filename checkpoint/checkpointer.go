@@ -100,7 +100,8 @@ type Checkpointer struct {
 	workers sync.WaitGroup
 
 	cur       *inflight // the checkpoint whose upload is not yet resolved
-	snap      []byte
+	snap      []byte // this rank's share of the last snapshot, reused
+	loadBuf   []byte // this rank's share of a restored checkpoint
 	lastStart time.Time
 	lastSaved int64 // step of the last checkpoint started or restored (-1: none)
 	seq       uint64
@@ -117,7 +118,8 @@ type inflight struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	err      error               // this rank's upload, set before done closes
-	manifest *phalanxpb.Manifest // rank 0
+	manifest *phalanxpb.Manifest  // its layout; rank 0 fills in the checksums
+	index    *phalanxpb.ShardIndex // this rank's shard's checksums
 	start    time.Time
 }
 
@@ -317,16 +319,11 @@ func (c *Checkpointer) start(p Progress) {
 	if rank < writers {
 		lo, hi = l.objectRange(rank)
 	}
-	// Rank 0 keeps the whole stream: it computes the manifest's checksums.
-	slo, shi := lo, hi
-	if rank == 0 {
-		slo, shi = 0, l.total
+	if int64(cap(c.snap)) < hi-lo {
+		c.snap = make([]byte, hi-lo)
 	}
-	if int64(cap(c.snap)) < shi-slo {
-		c.snap = make([]byte, shi-slo)
-	}
-	snap := c.snap[:shi-slo]
-	copyOut(c.tensors, c.offsets, slo, shi, snap)
+	data := c.snap[:hi-lo]
+	copyOut(c.tensors, c.offsets, lo, hi, data)
 
 	c.seq++
 	now := c.cfg.Now()
@@ -335,24 +332,36 @@ func (c *Checkpointer) start(p Progress) {
 	cur := &inflight{id: id, step: p.Step, gen: c.ring.Generation, rank: rank, world: world, cancel: cancel,
 		done: make(chan struct{}), start: now}
 	c.cur, c.lastStart, c.lastSaved = cur, now, p.Step
-	meta := Meta{ID: id, Job: c.cfg.Job, Step: p.Step, Epoch: p.Epoch, Offset: p.Offset, Seed: c.cfg.Seed, World: world,
+	cur.manifest = skeleton(Meta{ID: id, Job: c.cfg.Job, Step: p.Step, Epoch: p.Epoch, Offset: p.Offset, Seed: c.cfg.Seed, World: world,
 		Generation: c.ring.Generation, ConfigHash: c.cfg.ConfigHash, StateHash: c.cfg.StateHash, Created: now.UnixNano(),
-		Sequence: c.seq, Loss: p.Loss, Accuracy: p.Accuracy, Samples: p.Samples}
-	name := id + "/" + objectName(rank, writers)
-	data := snap[lo-slo : hi-slo]
+		Sequence: c.seq, Loss: p.Loss, Accuracy: p.Accuracy, Samples: p.Samples}, c.tensors, l)
+	k := objectFor(cur.manifest, rank)
 	c.tasks <- func() {
 		defer close(cur.done)
-		if rank == 0 {
-			cur.manifest = buildManifest(meta, c.tensors, snap, l)
+		if k < 0 {
+			return // nothing of the state falls to this rank
 		}
-		if len(data) == 0 {
+		m := cur.manifest
+		cur.index = indexShard(m, k, data)
+		idx, err := proto.Marshal(cur.index)
+		if err != nil {
+			cur.err = err
 			return
 		}
-		cur.err = c.cfg.Backoff.do(uctx, func(ctx context.Context) error {
-			return c.cfg.Store.Put(ctx, name, data)
-		}, func(attempt int, err error) {
-			c.log.Warn("checkpoint upload failed; retrying", zap.String("object", name), zap.Int("attempt", attempt), zap.Error(err))
-		})
+		name := id + "/" + m.Objects[k].Name
+		for _, obj := range []struct {
+			name string
+			b    []byte
+		}{{name, data}, {indexName(name), idx}} { // the shard, then its index
+			cur.err = c.cfg.Backoff.do(uctx, func(ctx context.Context) error {
+				return c.cfg.Store.Put(ctx, obj.name, obj.b)
+			}, func(attempt int, err error) {
+				c.log.Warn("checkpoint upload failed; retrying", zap.String("object", obj.name), zap.Int("attempt", attempt), zap.Error(err))
+			})
+			if cur.err != nil {
+				return
+			}
+		}
 	}
 }
 
@@ -373,7 +382,11 @@ func (c *Checkpointer) commit(cur *inflight) {
 		ctx, cancel := context.WithTimeout(c.bg, c.cfg.Wait)
 		defer cancel()
 		m := cur.manifest
-		b, err := proto.Marshal(m)
+		err := c.gatherIndexes(ctx, cur)
+		var b []byte
+		if err == nil {
+			b, err = proto.Marshal(m)
+		}
 		if err == nil {
 			err = c.cfg.Backoff.do(ctx, func(ctx context.Context) error {
 				return c.cfg.Store.Put(ctx, cur.id+"/"+ManifestName, b)
@@ -397,6 +410,44 @@ func (c *Checkpointer) commit(cur *inflight) {
 			}
 		}
 	}
+}
+
+// gatherIndexes fills rank 0's manifest with the checksums of every
+// shard: its own from memory, the others' from the index each rank stored
+// after its shard.
+func (c *Checkpointer) gatherIndexes(ctx context.Context, cur *inflight) error {
+	m := cur.manifest
+	for k, o := range m.Objects {
+		x := cur.index
+		if o.Rank != 0 || x == nil {
+			name := cur.id + "/" + indexName(o.Name)
+			objs, err := c.cfg.Store.List(ctx, name)
+			if err != nil {
+				return err
+			}
+			var size int64 = -1
+			for _, ob := range objs {
+				if ob.Name == name {
+					size = ob.Size
+				}
+			}
+			if size < 0 || size > maxManifestBytes {
+				return fmt.Errorf("the index %s is missing or too large (%d bytes)", name, size)
+			}
+			b := make([]byte, size)
+			if err := c.cfg.Backoff.do(ctx, func(ctx context.Context) error { return c.cfg.Store.ReadAt(ctx, name, b, 0) }, nil); err != nil {
+				return err
+			}
+			x = &phalanxpb.ShardIndex{}
+			if err := proto.Unmarshal(b, x); err != nil {
+				return fmt.Errorf("the index %s: %w", name, err)
+			}
+		}
+		if err := fillShard(m, k, x); err != nil {
+			return err
+		}
+	}
+	return validate(m)
 }
 
 // Flush waits until every queued upload and manifest is written.

@@ -494,3 +494,25 @@ func TestManifestRejectsInconsistency(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeNothingVerifies: when every checkpoint is corrupt, the resume
+// fails naming the store rather than train afresh over a half-loaded state.
+func TestResumeNothingVerifies(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	store, _ := NewLocalStore(dir)
+	j := newJob(t, 2, 1, store, Config{})
+	if err := j.train(ctx, 1, 1, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	infos, _ := List(ctx, store)
+	m, err := ReadManifest(ctx, store, infos[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corruptByte(t, dir, m.Id+"/"+m.Objects[0].Name, 0)
+	r := newJob(t, 2, 2, store, Config{})
+	if _, err := r.restore(ctx, false); err == nil || !strings.Contains(err.Error(), "none of the 1 tried verifies") {
+		t.Fatalf("got %v", err)
+	}
+}

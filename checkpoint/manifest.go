@@ -110,44 +110,96 @@ type Meta struct {
 	Samples    int64
 }
 
-// buildManifest describes a stream held whole in stream (rank 0's
-// snapshot) as written by l.writers writers.
-func buildManifest(meta Meta, tensors []Tensor, stream []byte, l layout) *phalanxpb.Manifest {
+// skeleton is the manifest of a checkpoint laid out by l, without the
+// checksums: each writer's shard index brings those of its part.
+func skeleton(meta Meta, tensors []Tensor, l layout) *phalanxpb.Manifest {
 	m := &phalanxpb.Manifest{
 		Format: Format, Id: meta.ID, Job: meta.Job, Step: meta.Step, Epoch: meta.Epoch, Offset: meta.Offset,
 		Seed: meta.Seed, World: uint32(meta.World), Generation: meta.Generation, ConfigHash: meta.ConfigHash,
 		StateHash: meta.StateHash, CreatedUnixNano: meta.Created, TotalBytes: uint64(l.total), BlockBytes: uint32(l.block),
-		Sequence: meta.Sequence,
-		Stats:    &phalanxpb.CheckpointStats{Loss: meta.Loss, Accuracy: meta.Accuracy, Samples: meta.Samples},
+		Sequence:    meta.Sequence,
+		BlockCrc32C: make([]uint32, l.blocks()),
+		Stats:       &phalanxpb.CheckpointStats{Loss: meta.Loss, Accuracy: meta.Accuracy, Samples: meta.Samples},
 	}
-	for b := int64(0); b < l.blocks(); b++ {
-		m.BlockCrc32C = append(m.BlockCrc32C, crc(stream[b*l.block:min((b+1)*l.block, l.total)]))
-	}
-	var objIndex []int // writer → object index, -1 when it wrote nothing
 	for r := range l.writers {
-		lo, hi := l.objectRange(r)
-		if lo == hi {
-			objIndex = append(objIndex, -1)
-			continue
+		if lo, hi := l.objectRange(r); lo < hi {
+			m.Objects = append(m.Objects, &phalanxpb.Object{Name: objectName(r, l.writers), Offset: uint64(lo), Bytes: uint64(hi - lo), Rank: uint32(r)})
 		}
-		objIndex = append(objIndex, len(m.Objects))
-		m.Objects = append(m.Objects, &phalanxpb.Object{Name: objectName(r, l.writers), Offset: uint64(lo), Bytes: uint64(hi - lo),
-			Crc32C: crc(stream[lo:hi]), Rank: uint32(r)})
 	}
 	for i, t := range tensors {
 		lo, hi := l.offsets[i], l.offsets[i+1]
-		pt := &phalanxpb.Tensor{Name: t.Name, Dtype: "float32", Shape: t.Shape, Role: t.Role, Offset: uint64(lo),
-			Bytes: uint64(hi - lo), Crc32C: crc(stream[lo:hi])}
-		for _, o := range m.Objects {
+		pt := &phalanxpb.Tensor{Name: t.Name, Dtype: "float32", Shape: t.Shape, Role: t.Role, Offset: uint64(lo), Bytes: uint64(hi - lo)}
+		for k, o := range m.Objects {
 			a, b := max(lo, int64(o.Offset)), min(hi, int64(o.Offset+o.Bytes))
 			if a < b {
-				pt.Segments = append(pt.Segments, &phalanxpb.Segment{Object: uint32(objIndex[o.Rank]), Offset: uint64(a) - o.Offset, Bytes: uint64(b - a)})
+				pt.Segments = append(pt.Segments, &phalanxpb.Segment{Object: uint32(k), Offset: uint64(a) - o.Offset, Bytes: uint64(b - a)})
 			}
 		}
 		m.Tensors = append(m.Tensors, pt)
 	}
 	return m
 }
+
+// objectSegments are the segments stored in object k, in stream order.
+func objectSegments(m *phalanxpb.Manifest, k int) []*phalanxpb.Segment {
+	var out []*phalanxpb.Segment
+	for _, t := range m.Tensors {
+		for _, s := range t.Segments {
+			if int(s.Object) == k {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// objectFor returns the index of the object writer rank stores, or -1.
+func objectFor(m *phalanxpb.Manifest, rank int) int {
+	for k, o := range m.Objects {
+		if int(o.Rank) == rank {
+			return k
+		}
+	}
+	return -1
+}
+
+// indexShard computes the checksums of object k of m, whose bytes are data.
+func indexShard(m *phalanxpb.Manifest, k int, data []byte) *phalanxpb.ShardIndex {
+	o := m.Objects[k]
+	x := &phalanxpb.ShardIndex{Format: Format, Checkpoint: m.Id, Rank: o.Rank, Offset: o.Offset, Bytes: o.Bytes, Crc32C: crc(data)}
+	bs := uint64(m.BlockBytes)
+	for a := uint64(0); a < o.Bytes; a += bs {
+		x.BlockCrc32C = append(x.BlockCrc32C, crc(data[a:min(a+bs, o.Bytes)]))
+	}
+	for _, s := range objectSegments(m, k) {
+		x.SegmentCrc32C = append(x.SegmentCrc32C, crc(data[s.Offset:s.Offset+s.Bytes]))
+	}
+	return x
+}
+
+// fillShard puts the checksums of a shard index into the manifest.
+func fillShard(m *phalanxpb.Manifest, k int, x *phalanxpb.ShardIndex) error {
+	o := m.Objects[k]
+	segs := objectSegments(m, k)
+	bs := uint64(m.BlockBytes)
+	first := o.Offset / bs
+	switch {
+	case x.Format != Format || x.Checkpoint != m.Id || x.Rank != o.Rank || x.Offset != o.Offset || x.Bytes != o.Bytes:
+		return fmt.Errorf("the index of %s describes %s rank %d bytes [%d,+%d), want rank %d [%d,+%d)",
+			o.Name, x.Checkpoint, x.Rank, x.Offset, x.Bytes, o.Rank, o.Offset, o.Bytes)
+	case uint64(len(x.BlockCrc32C)) != (o.Bytes+bs-1)/bs || len(x.SegmentCrc32C) != len(segs):
+		return fmt.Errorf("the index of %s has %d block and %d segment checksums, want %d and %d",
+			o.Name, len(x.BlockCrc32C), len(x.SegmentCrc32C), (o.Bytes+bs-1)/bs, len(segs))
+	}
+	o.Crc32C = x.Crc32C
+	copy(m.BlockCrc32C[first:], x.BlockCrc32C)
+	for i, s := range segs {
+		s.Crc32C = x.SegmentCrc32C[i]
+	}
+	return nil
+}
+
+func indexName(object string) string { return object + ".idx" }
 
 // idPattern is a checkpoint's name: its step, zero-padded so names sort by
 // step, and a suffix that makes it unique.
@@ -296,7 +348,8 @@ func validate(m *phalanxpb.Manifest) error {
 }
 
 func validObjectName(s string) bool {
-	return s != "" && s != "." && s != ".." && s != ManifestName && !strings.ContainsAny(s, "/\\\x00") && !strings.HasPrefix(s, tmpPrefix)
+	return s != "" && s != "." && s != ".." && s != ManifestName && !strings.HasSuffix(s, ".idx") &&
+		!strings.ContainsAny(s, "/\\\x00") && !strings.HasPrefix(s, tmpPrefix)
 }
 
 // Compatible reports whether m holds a state for tensors: the same names,

@@ -114,6 +114,28 @@ func (g *Group) AllGatherInPlace(ctx context.Context, b Buffer) error {
 	return g.end(err)
 }
 
+// AllGatherRanges is AllGatherInPlace with shares of any sizes: rank r
+// contributes elements [cuts[r], cuts[r+1]) of b. cuts has Size()+1
+// non-decreasing entries from 0 to b.Len(), the same on every rank.
+func (g *Group) AllGatherRanges(ctx context.Context, b Buffer, cuts []int) error {
+	if len(cuts) != g.world+1 || cuts[0] != 0 || cuts[g.world] != b.Len() {
+		return fmt.Errorf("collective allgather: %d cuts from %v to %v for %d ranks and %d elements", len(cuts), cuts[0], cuts[len(cuts)-1], g.world, b.Len())
+	}
+	for i := range g.world {
+		if cuts[i] > cuts[i+1] {
+			return fmt.Errorf("collective allgather: cuts %v decrease", cuts)
+		}
+	}
+	if err := g.begin(ctx, opAllGather, b.dt, b.Len(), 2); err != nil {
+		return err
+	}
+	var err error
+	if g.world > 1 {
+		err = g.ringSteps(b.b, b.dt, 0, chunking{count: b.Len(), world: g.world, cuts: cuts}, g.world-1, 2*(g.world-1))
+	}
+	return g.end(err)
+}
+
 // Broadcast copies root's b into b on every other rank.
 func (g *Group) Broadcast(ctx context.Context, b Buffer, root int) error {
 	if root < 0 || root >= g.world {

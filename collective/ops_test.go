@@ -72,6 +72,28 @@ func TestReduceScatterAllGatherBroadcast(t *testing.T) {
 				}
 				return nil
 			}))
+			// AllGatherRanges: uneven shares, some empty.
+			mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
+				cuts := make([]int, world+1)
+				for i := 1; i < world; i++ {
+					cuts[i] = min(n, i*i*n/(world*world)) // grows quadratically: empty and large shares
+				}
+				cuts[world] = n
+				buf := make([]float64, n)
+				for i := cuts[r]; i < cuts[r+1]; i++ {
+					buf[i] = float64(i) + 0.5
+				}
+				if err := g.AllGatherRanges(ctx, Float64s(buf), cuts); err != nil {
+					return err
+				}
+				for i := range buf {
+					if buf[i] != float64(i)+0.5 {
+						t.Errorf("allgather ranges world %d n %d rank %d: element %d wrong", world, n, r, i)
+						return nil
+					}
+				}
+				return nil
+			}))
 			// Broadcast from every root, small and chained.
 			for root := range world {
 				mustAll(t, onEveryRank(groups, func(r int, g *Group) error {

@@ -1,12 +1,17 @@
 package collective
 
 // chunking splits a tensor of count elements into world chunks: chunk i is
-// [i*count/world, (i+1)*count/world), or [i*per, (i+1)*per) when per > 0.
+// [i*count/world, (i+1)*count/world), or [i*per, (i+1)*per) when per > 0, or
+// [cuts[i], cuts[i+1]) when cuts is set.
 type chunking struct {
 	count, world, per int
+	cuts              []int
 }
 
 func (c chunking) bounds(i int) (lo, hi int) {
+	if c.cuts != nil {
+		return c.cuts[i], c.cuts[i+1]
+	}
 	if c.per > 0 {
 		return i * c.per, (i + 1) * c.per
 	}
@@ -14,6 +19,13 @@ func (c chunking) bounds(i int) (lo, hi int) {
 }
 
 func (c chunking) maxLen() int {
+	if c.cuts != nil {
+		m := 0
+		for i := range c.world {
+			m = max(m, c.cuts[i+1]-c.cuts[i])
+		}
+		return m
+	}
 	if c.per > 0 {
 		return c.per
 	}

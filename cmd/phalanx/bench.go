@@ -23,15 +23,17 @@ import (
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return usagef("bench: name what to measure: allreduce or tcp")
+		return usagef("bench: name what to measure: allreduce, tcp or checkpoint")
 	}
 	switch args[0] {
 	case "allreduce":
 		return benchAllReduce(ctx, args[1:], stdout, stderr)
 	case "tcp":
 		return benchTCP(ctx, args[1:], stdout, stderr)
+	case "checkpoint":
+		return benchCheckpoint(ctx, args[1:], stdout, stderr)
 	}
-	return usagef("bench: unknown benchmark %q (want allreduce or tcp)", args[0])
+	return usagef("bench: unknown benchmark %q (want allreduce, tcp or checkpoint)", args[0])
 }
 
 // allreduceResult is one line of the benchmark's JSON output.

@@ -84,10 +84,14 @@ func newestComplete(t *testing.T, s checkpoint.Store) *phalanxpb.Manifest {
 	return nil
 }
 
+// tensorSums are the checksums of every tensor segment: equal sums of two
+// checkpoints of one world are equal states.
 func tensorSums(m *phalanxpb.Manifest) []uint32 {
 	var out []uint32
 	for _, tn := range m.Tensors {
-		out = append(out, tn.Crc32C)
+		for _, s := range tn.Segments {
+			out = append(out, s.Crc32C)
+		}
 	}
 	return out
 }
@@ -252,8 +256,8 @@ func TestCkptCommand(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	var out strings.Builder
-	if err := run(ctx, append([]string{"train", "--workers", "1", "--checkpoint", dir, "--steps", "6", "--checkpoint-every-steps", "2",
-		"--samples", "1000", "--hidden", "16", "--checkpoint-keep", "0"}), &out, &out); err != nil {
+	if err := run(ctx, []string{"train", "--workers", "1", "--checkpoint", dir, "--steps", "6", "--checkpoint-every-steps", "2",
+		"--samples", "1000", "--hidden", "16", "--checkpoint-keep", "0"}, &out, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	ck := func(args ...string) (string, error) {

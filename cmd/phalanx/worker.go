@@ -308,22 +308,22 @@ func shape64(s []int) []int64 {
 // restoreIfFresh loads the newest checkpoint when no rank of the ring has
 // trained yet (a job started or restarted from storage); a ring with any
 // trained state resumes from memory instead, which is never older.
-func (w *elasticWorker) restoreIfFresh(ctx context.Context, g *collective.Group) error {
+func (w *elasticWorker) restoreIfFresh(ctx context.Context, g *collective.Group) (restored bool, err error) {
 	t := w.trainer
 	committed, _ := t.State().Committed()
 	v := []float64{float64(committed)}
 	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Max); err != nil {
-		return fmt.Errorf("checking for trained state: %w", err)
+		return false, fmt.Errorf("checking for trained state: %w", err)
 	}
 	if v[0] > 0 {
-		return nil
+		return false, nil
 	}
 	res, err := w.ckpt.Restore(ctx, w.c.train.ckpt.resume)
 	if err != nil || res == nil {
-		return err
+		return false, err
 	}
 	m := res.Manifest
-	return t.Restored(m.Step, worker.Position{Epoch: m.Epoch, Offset: m.Offset})
+	return true, t.Restored(m.Step, worker.Position{Epoch: m.Epoch, Offset: m.Offset})
 }
 
 // setup builds the model and trainer in the first round this worker trains.
@@ -391,15 +391,22 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 		}
 	}
 	t := w.trainer
+	restored := false
 	if w.ckpt != nil {
 		w.ckpt.Bind(checkpoint.Ring{Group: g, Generation: gen.Number, Decided: gen.DecidedUnixNano})
-		if err := w.restoreIfFresh(ctx, g); err != nil {
+		var err error
+		if restored, err = w.restoreIfFresh(ctx, g); err != nil {
 			return err
 		}
 	}
-	res, err := t.Resync(ctx, reached)
-	if err != nil {
-		return err
+	// After a restore every rank holds the same state (each rank restores
+	// when any does): nothing to resynchronise.
+	res := worker.Resynced{Step: t.State().Step}
+	if !restored {
+		var err error
+		if res, err = t.Resync(ctx, reached); err != nil {
+			return err
+		}
 	}
 	world := 0
 	if r.Rank == 0 {

@@ -227,8 +227,7 @@ type Tensor struct {
 	Role          string                 `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`      // "parameter" or "optimizer"
 	Offset        uint64                 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"` // where it starts in the stream
 	Bytes         uint64                 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Crc32C        uint32                 `protobuf:"varint,7,opt,name=crc32c,proto3" json:"crc32c,omitempty"`    // of its bytes
-	Segments      []*Segment             `protobuf:"bytes,8,rep,name=segments,proto3" json:"segments,omitempty"` // where its bytes are stored, in order
+	Segments      []*Segment             `protobuf:"bytes,8,rep,name=segments,proto3" json:"segments,omitempty"` // where its bytes are stored, in order, each with its checksum
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -305,13 +304,6 @@ func (x *Tensor) GetBytes() uint64 {
 	return 0
 }
 
-func (x *Tensor) GetCrc32C() uint32 {
-	if x != nil {
-		return x.Crc32C
-	}
-	return 0
-}
-
 func (x *Tensor) GetSegments() []*Segment {
 	if x != nil {
 		return x.Segments
@@ -325,6 +317,7 @@ type Segment struct {
 	Object        uint32                 `protobuf:"varint,1,opt,name=object,proto3" json:"object,omitempty"` // index into Manifest.objects
 	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"` // in the object
 	Bytes         uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Crc32C        uint32                 `protobuf:"varint,4,opt,name=crc32c,proto3" json:"crc32c,omitempty"` // of these bytes
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +369,13 @@ func (x *Segment) GetOffset() uint64 {
 func (x *Segment) GetBytes() uint64 {
 	if x != nil {
 		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Segment) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
 	}
 	return 0
 }
@@ -519,6 +519,109 @@ func (x *CheckpointStats) GetSamples() int64 {
 	return 0
 }
 
+// ShardIndex is written by each rank next to its shard, after it: the
+// checksums of what it stored, from which rank 0 assembles the manifest
+// without ever holding the other ranks' bytes.
+type ShardIndex struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Format        uint32                 `protobuf:"varint,1,opt,name=format,proto3" json:"format,omitempty"` // 1
+	Checkpoint    string                 `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Rank          uint32                 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Offset        uint64                 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"` // the shard's place in the stream
+	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Crc32C        uint32                 `protobuf:"varint,6,opt,name=crc32c,proto3" json:"crc32c,omitempty"`                                           // of the whole shard
+	BlockCrc32C   []uint32               `protobuf:"varint,7,rep,packed,name=block_crc32c,json=blockCrc32c,proto3" json:"block_crc32c,omitempty"`       // of each block of the shard
+	SegmentCrc32C []uint32               `protobuf:"varint,8,rep,packed,name=segment_crc32c,json=segmentCrc32c,proto3" json:"segment_crc32c,omitempty"` // of each tensor segment in the shard, in stream order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardIndex) Reset() {
+	*x = ShardIndex{}
+	mi := &file_phalanx_v1_checkpoint_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardIndex) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardIndex) ProtoMessage() {}
+
+func (x *ShardIndex) ProtoReflect() protoreflect.Message {
+	mi := &file_phalanx_v1_checkpoint_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardIndex.ProtoReflect.Descriptor instead.
+func (*ShardIndex) Descriptor() ([]byte, []int) {
+	return file_phalanx_v1_checkpoint_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ShardIndex) GetFormat() uint32 {
+	if x != nil {
+		return x.Format
+	}
+	return 0
+}
+
+func (x *ShardIndex) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *ShardIndex) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ShardIndex) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ShardIndex) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ShardIndex) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
+	}
+	return 0
+}
+
+func (x *ShardIndex) GetBlockCrc32C() []uint32 {
+	if x != nil {
+		return x.BlockCrc32C
+	}
+	return nil
+}
+
+func (x *ShardIndex) GetSegmentCrc32C() []uint32 {
+	if x != nil {
+		return x.SegmentCrc32C
+	}
+	return nil
+}
+
 var File_phalanx_v1_checkpoint_proto protoreflect.FileDescriptor
 
 const file_phalanx_v1_checkpoint_proto_rawDesc = "" +
@@ -551,20 +654,20 @@ const file_phalanx_v1_checkpoint_proto_rawDesc = "" +
 	"\atensors\x18\x10 \x03(\v2\x12.phalanx.v1.TensorR\atensors\x12,\n" +
 	"\aobjects\x18\x11 \x03(\v2\x12.phalanx.v1.ObjectR\aobjects\x121\n" +
 	"\x05stats\x18\x12 \x01(\v2\x1b.phalanx.v1.CheckpointStatsR\x05stats\x12\x1a\n" +
-	"\bsequence\x18\x13 \x01(\x04R\bsequence\"\xd3\x01\n" +
+	"\bsequence\x18\x13 \x01(\x04R\bsequence\"\xc1\x01\n" +
 	"\x06Tensor\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x14\n" +
 	"\x05shape\x18\x03 \x03(\x03R\x05shape\x12\x12\n" +
 	"\x04role\x18\x04 \x01(\tR\x04role\x12\x16\n" +
 	"\x06offset\x18\x05 \x01(\x04R\x06offset\x12\x14\n" +
-	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x16\n" +
-	"\x06crc32c\x18\a \x01(\rR\x06crc32c\x12/\n" +
-	"\bsegments\x18\b \x03(\v2\x13.phalanx.v1.SegmentR\bsegments\"O\n" +
+	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12/\n" +
+	"\bsegments\x18\b \x03(\v2\x13.phalanx.v1.SegmentR\bsegmentsJ\x04\b\a\x10\b\"g\n" +
 	"\aSegment\x12\x16\n" +
 	"\x06object\x18\x01 \x01(\rR\x06object\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"v\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x16\n" +
+	"\x06crc32c\x18\x04 \x01(\rR\x06crc32c\"v\n" +
 	"\x06Object\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x14\n" +
@@ -574,7 +677,19 @@ const file_phalanx_v1_checkpoint_proto_rawDesc = "" +
 	"\x0fCheckpointStats\x12\x12\n" +
 	"\x04loss\x18\x01 \x01(\x01R\x04loss\x12\x1a\n" +
 	"\baccuracy\x18\x02 \x01(\x01R\baccuracy\x12\x18\n" +
-	"\asamples\x18\x03 \x01(\x03R\asamplesB9Z7github.com/phalanx-rt/phalanx/proto/phalanxpb;phalanxpbb\x06proto3"
+	"\asamples\x18\x03 \x01(\x03R\asamples\"\xe8\x01\n" +
+	"\n" +
+	"ShardIndex\x12\x16\n" +
+	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x02 \x01(\tR\n" +
+	"checkpoint\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x16\n" +
+	"\x06crc32c\x18\x06 \x01(\rR\x06crc32c\x12!\n" +
+	"\fblock_crc32c\x18\a \x03(\rR\vblockCrc32c\x12%\n" +
+	"\x0esegment_crc32c\x18\b \x03(\rR\rsegmentCrc32cB9Z7github.com/phalanx-rt/phalanx/proto/phalanxpb;phalanxpbb\x06proto3"
 
 var (
 	file_phalanx_v1_checkpoint_proto_rawDescOnce sync.Once
@@ -588,13 +703,14 @@ func file_phalanx_v1_checkpoint_proto_rawDescGZIP() []byte {
 	return file_phalanx_v1_checkpoint_proto_rawDescData
 }
 
-var file_phalanx_v1_checkpoint_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_phalanx_v1_checkpoint_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_phalanx_v1_checkpoint_proto_goTypes = []any{
 	(*Manifest)(nil),        // 0: phalanx.v1.Manifest
 	(*Tensor)(nil),          // 1: phalanx.v1.Tensor
 	(*Segment)(nil),         // 2: phalanx.v1.Segment
 	(*Object)(nil),          // 3: phalanx.v1.Object
 	(*CheckpointStats)(nil), // 4: phalanx.v1.CheckpointStats
+	(*ShardIndex)(nil),      // 5: phalanx.v1.ShardIndex
 }
 var file_phalanx_v1_checkpoint_proto_depIdxs = []int32{
 	1, // 0: phalanx.v1.Manifest.tensors:type_name -> phalanx.v1.Tensor
@@ -619,7 +735,7 @@ func file_phalanx_v1_checkpoint_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_phalanx_v1_checkpoint_proto_rawDesc), len(file_phalanx_v1_checkpoint_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
