@@ -100,8 +100,8 @@ type Checkpointer struct {
 	workers sync.WaitGroup
 
 	cur       *inflight // the checkpoint whose upload is not yet resolved
-	snap      []byte // this rank's share of the last snapshot, reused
-	loadBuf   []byte // this rank's share of a restored checkpoint
+	snap      []byte    // this rank's share of the last snapshot, reused
+	loadBuf   []byte    // this rank's share of a restored checkpoint
 	lastStart time.Time
 	lastSaved int64 // step of the last checkpoint started or restored (-1: none)
 	seq       uint64
@@ -117,8 +117,8 @@ type inflight struct {
 	world    int
 	cancel   context.CancelFunc
 	done     chan struct{}
-	err      error               // this rank's upload, set before done closes
-	manifest *phalanxpb.Manifest  // its layout; rank 0 fills in the checksums
+	err      error                 // this rank's upload, set before done closes
+	manifest *phalanxpb.Manifest   // its layout; rank 0 fills in the checksums
 	index    *phalanxpb.ShardIndex // this rank's shard's checksums
 	start    time.Time
 }
