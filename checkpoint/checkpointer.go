@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -365,6 +366,16 @@ func (c *Checkpointer) start(p Progress) {
 	}
 }
 
+// CheckpointURL names checkpoint id of store for people:
+// s3://bucket/prefix/id?endpoint=... or dir/id.
+func CheckpointURL(s Store, id string) string {
+	loc := s.Location()
+	if base, query, ok := strings.Cut(loc, "?"); ok {
+		return base + "/" + id + "?" + query
+	}
+	return loc + "/" + id
+}
+
 // blockBytes is the configured block size, or one that gives each writer
 // about 16 blocks: at least 4 KiB, at most DefaultBlockBytes.
 func blockBytes(configured int, total int64, writers int) int64 {
@@ -399,7 +410,7 @@ func (c *Checkpointer) commit(cur *inflight) {
 			return
 		}
 		c.cfg.OnEvent(Event{Kind: "saved", ID: cur.id, Step: cur.step, Bytes: int64(m.TotalBytes) + int64(len(b)),
-			Seconds: c.cfg.Now().Sub(cur.start).Seconds(), URL: c.cfg.Store.Location() + "/" + cur.id, WorldAfter: int(m.World)})
+			Seconds: c.cfg.Now().Sub(cur.start).Seconds(), URL: CheckpointURL(c.cfg.Store, cur.id), WorldAfter: int(m.World)})
 		if c.cfg.Retention.KeepLast > 0 {
 			gone, err := c.cfg.Retention.Retain(ctx, c.cfg.Store)
 			if err != nil {

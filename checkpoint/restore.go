@@ -136,7 +136,7 @@ func (c *Checkpointer) Restore(ctx context.Context, required bool) (*Restored, e
 				zap.String("checkpoint", m.Id), zap.String("its_flags", m.ConfigHash), zap.String("ours", c.cfg.ConfigHash))
 		}
 		if rank == 0 {
-			c.cfg.OnEvent(Event{Kind: "restored", ID: m.Id, Step: m.Step, URL: c.cfg.Store.Location() + "/" + m.Id,
+			c.cfg.OnEvent(Event{Kind: "restored", ID: m.Id, Step: m.Step, URL: CheckpointURL(c.cfg.Store, m.Id),
 				WorldBefore: int(m.World), WorldAfter: g.Size(), Bytes: int64(m.TotalBytes)})
 		}
 		return &Restored{Manifest: m}, nil

@@ -141,7 +141,7 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	evB := b.finish(t)
 	r := evB["checkpoint_restored"]
 	if len(r) != 1 || num(r[0], "step") != int(resumeFrom.Step) || num(r[0], "world_before") != 4 || num(r[0], "world_after") != 3 ||
-		!strings.HasSuffix(r[0]["url"].(string), resumeFrom.Id) {
+		!strings.Contains(r[0]["url"].(string), "/"+resumeFrom.Id+"?endpoint=") {
 		t.Fatalf("checkpoint_restored events %v, want one of %s (step %d) from 4 workers to 3", r, resumeFrom.Id, resumeFrom.Step)
 	}
 	var steps []map[string]any
