@@ -213,15 +213,39 @@ func (a *Agent) Run(ctx context.Context, body Body) error {
 		done, err := a.round(ctx, w, g, prev, body)
 		switch {
 		case done:
-			if _, perr := a.cfg.Client.Put(ctx, a.cfg.Keys.Done(), fmt.Sprintf("generation %d", g.Number)); perr != nil {
-				a.log.Warn("recording that the job is done", zap.Error(perr))
-			}
+			a.recordDone(ctx, g.Number)
 			return nil
 		case err != nil:
 			return err
 		}
 		prev = g
 		brokeAt = a.cfg.Now()
+	}
+}
+
+// recordDone writes the job's done key, retrying through etcd trouble (a
+// leader election fails writes for a second or two) for up to
+// Config.Unreachable: without it the coordinator would take the workers'
+// exits for losses.
+func (a *Agent) recordDone(ctx context.Context, gen uint64) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Unreachable)
+	defer cancel()
+	wait := 100 * time.Millisecond
+	for {
+		_, err := a.cfg.Client.Put(ctx, a.cfg.Keys.Done(), fmt.Sprintf("generation %d", gen))
+		if err == nil {
+			return
+		}
+		a.log.Warn("recording that the job is done; retrying", zap.Error(err))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			a.log.Warn("the job's done key could not be written; the coordinator may take this worker's exit for a loss", zap.Error(err))
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
 	}
 }
 
