@@ -461,6 +461,56 @@ func (c *Checkpointer) gatherIndexes(ctx context.Context, cur *inflight) error {
 	return validate(m)
 }
 
+// SaveAlone writes a whole checkpoint from this rank alone, synchronously,
+// without a ring: for a worker left without one (the job stopped below its
+// minimum) whose state is the job's last commit. Generation names the
+// checkpoint with the current time.
+func (c *Checkpointer) SaveAlone(ctx context.Context, p Progress, generation uint64) (id string, err error) {
+	if c.cur != nil {
+		c.abandon("abandoned: the ring is gone")
+	}
+	if err := c.Flush(ctx); err != nil {
+		return "", err
+	}
+	l := newLayout(c.tensors, blockBytes(c.cfg.BlockBytes, c.offsets[len(c.tensors)], 1), 1)
+	data := make([]byte, l.total)
+	copyOut(c.tensors, c.offsets, 0, l.total, data)
+	c.seq++
+	now := c.cfg.Now()
+	id = NewID(p.Step, generation, now.UnixNano())
+	m := skeleton(Meta{ID: id, Job: c.cfg.Job, Step: p.Step, Epoch: p.Epoch, Offset: p.Offset, Seed: c.cfg.Seed, World: 1,
+		Generation: generation, ConfigHash: c.cfg.ConfigHash, StateHash: c.cfg.StateHash, Created: now.UnixNano(),
+		Sequence: c.seq, Loss: p.Loss, Accuracy: p.Accuracy, Samples: p.Samples}, c.tensors, l)
+	if len(m.Objects) == 1 {
+		if err := fillShard(m, 0, indexShard(m, 0, data)); err != nil {
+			return "", err
+		}
+	}
+	mb, err := proto.Marshal(m)
+	if err != nil {
+		return "", err
+	}
+	puts := []struct {
+		name string
+		b    []byte
+	}{{id + "/" + ManifestName, mb}}
+	if len(m.Objects) == 1 {
+		puts = append([]struct {
+			name string
+			b    []byte
+		}{{id + "/" + m.Objects[0].Name, data}}, puts...)
+	}
+	for _, o := range puts { // the shard first, the manifest last
+		if err := c.cfg.Backoff.do(ctx, func(ctx context.Context) error { return c.cfg.Store.Put(ctx, o.name, o.b) }, nil); err != nil {
+			c.cfg.OnEvent(Event{Kind: "failed", ID: id, Step: p.Step, Err: err.Error()})
+			return "", err
+		}
+	}
+	c.cfg.OnEvent(Event{Kind: "saved", ID: id, Step: p.Step, Bytes: int64(len(data) + len(mb)), Seconds: c.cfg.Now().Sub(now).Seconds(),
+		URL: CheckpointURL(c.cfg.Store, id), WorldAfter: 1})
+	return id, nil
+}
+
 // Flush waits until every queued upload and manifest is written.
 func (c *Checkpointer) Flush(ctx context.Context) error {
 	done := make(chan struct{})

@@ -47,6 +47,10 @@ func (k Keys) Report(reporter, lost string) string {
 // and waiting workers exit.
 func (k Keys) Done() string { return k.prefix + "done" }
 
+// FinalCheckpoint is claimed (created once) by the one worker that writes
+// the final checkpoint of a job the coordinator stopped.
+func (k Keys) FinalCheckpoint() string { return k.prefix + "final-checkpoint" }
+
 // Config holds the hash of the job's training configuration, which every
 // worker must share.
 func (k Keys) Config() string { return k.prefix + "config" }

@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,7 +213,7 @@ func TestCheckpointSIGTERM(t *testing.T) {
 		j.seen = append(j.seen, e)
 	}
 	err := <-j.exited
-	if code := exitStatus(err); code != 3 {
+	if code := exitStatusOf(err); code != 3 {
 		t.Fatalf("launcher exit %v, want status 3", err)
 	}
 	var saved []map[string]any
@@ -241,13 +239,6 @@ func TestCheckpointSIGTERM(t *testing.T) {
 	}
 }
 
-func exitStatus(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	return -1
-}
 
 // TestCkptCommand: ls, inspect, verify and rm on the checkpoints of a small
 // job, and verify naming a flipped byte.
@@ -305,5 +296,49 @@ func TestCkptCommand(t *testing.T) {
 		if _, err := ck(bad...); exitCode(err) != 2 {
 			t.Errorf("ckpt %v: %v, want a usage error", bad, err)
 		}
+	}
+}
+
+// TestCheckpointStoppedBelowMinimum: killing one of 3 workers of a job that
+// needs 3 makes the coordinator stop it; one survivor (the one that claims
+// it in etcd) writes a final checkpoint of the last commit alone.
+func TestCheckpointStoppedBelowMinimum(t *testing.T) {
+	dir := t.TempDir()
+	args := append([]string{"--workers", "3", "--min-workers", "3", "--min-workers-timeout", "500ms", "--checkpoint", dir}, ckptJobArgs...)
+	args = append(args, "--checkpoint-every-steps", "0", "--steps", "100000")
+	j := startJob(t, args...)
+	j.until(t, "step 12", stepIn(3, 12))
+	if err := syscall.Kill(j.workerPids()[1], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	saved := j.until(t, "the final checkpoint", func(e map[string]any) bool { return e["event"] == "checkpoint_saved" })
+	for e := range j.events {
+		j.seen = append(j.seen, e)
+	}
+	if err := <-j.exited; err == nil || !strings.Contains(j.out.String(), "the coordinator stopped the job") {
+		t.Fatalf("launcher: %v, want the coordinator's stop reported", err)
+	}
+	last := 0
+	for _, e := range j.seen {
+		if e["event"] == "step" {
+			last = max(last, num(e, "step"))
+		}
+	}
+	if num(saved, "world") != 1 || num(saved, "step") < 12 || num(saved, "step") > last {
+		t.Fatalf("final checkpoint %v: want one of world 1 at the last committed step (<= %d)", saved, last)
+	}
+	store, _ := checkpoint.NewLocalStore(dir)
+	m := newestComplete(t, store)
+	if err := checkpoint.Verify(context.Background(), store, m); err != nil || m.Step != int64(num(saved, "step")) {
+		t.Fatalf("checkpoint %s step %d: %v", m.Id, m.Step, err)
+	}
+	var finals int
+	for _, e := range j.seen {
+		if e["event"] == "checkpoint_saved" {
+			finals++
+		}
+	}
+	if finals != 1 {
+		t.Fatalf("%d checkpoints saved, want the one final", finals)
 	}
 }

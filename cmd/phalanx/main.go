@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/elastic"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -64,8 +66,16 @@ func exitCode(err error) int {
 	if errors.As(err, &se) {
 		return 3
 	}
+	var ce *elastic.StoppedError
+	if errors.As(err, &ce) {
+		return exitCoordinatorStopped
+	}
 	return 1
 }
+
+// exitCoordinatorStopped is a worker's exit status when the coordinator
+// stopped the job (too few workers): not a failure of its own.
+const exitCoordinatorStopped = 4
 
 // usageError is a mistake in the command line.
 type usageError struct{ msg string }

@@ -284,7 +284,7 @@ func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, s
 		case x := <-exits:
 			running--
 			j.exited(x)
-			if failed == nil && j.done == nil && x.err != nil && !signalled(x.err) {
+			if failed == nil && j.done == nil && x.err != nil && !signalled(x.err) && exitStatusOf(x.err) != exitCoordinatorStopped {
 				failed = fmt.Errorf("worker %d (pid %d) failed: %w", x.index, x.pid, x.err)
 				cancel() // one worker's own failure (not a kill) ends the job
 			}
@@ -371,6 +371,14 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+func exitStatusOf(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
 }
 
 func signalled(err error) bool {

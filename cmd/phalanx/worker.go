@@ -231,7 +231,12 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	w.c, w.log, w.sys, w.sup, w.groupActor, w.rep, w.done = c, log, sys, sup, groupActor, rep, done
 	w.train, w.test, w.procCtx, w.store = train, test, ctx, store
 	defer w.close()
-	return agent.Run(ctx, w.round)
+	err = agent.Run(ctx, w.round)
+	var stopped *elastic.StoppedError
+	if errors.As(err, &stopped) {
+		w.finalCheckpoint(ctx, cli, keys, stopped)
+	}
+	return err
 }
 
 // elasticWorker holds what outlives a round: the model, the optimizer, the
@@ -295,6 +300,36 @@ func (w *elasticWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*
 		return nil, err
 	}
 	return ck, nil
+}
+
+// finalCheckpoint: the coordinator stopped the job (too few workers) and
+// the survivors have no ring to checkpoint with. Each holds the job's last
+// commit; the one that claims the job's final-checkpoint key in etcd writes
+// it alone.
+func (w *elasticWorker) finalCheckpoint(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, stopped *elastic.StoppedError) {
+	ck, t := w.checkpointer(), w.trainer
+	if ck == nil || t == nil {
+		return
+	}
+	if _, err := t.Rollback(); err != nil {
+		w.log.Warn("no final checkpoint: no committed state", zap.Error(err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.c.train.ckpt.wait)
+	defer cancel()
+	key := keys.FinalCheckpoint()
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, fmt.Sprintf("pid %d", os.Getpid()))).Commit()
+	if err != nil || !resp.Succeeded {
+		if err != nil {
+			w.log.Warn("no final checkpoint: claiming it in etcd", zap.Error(err))
+		}
+		return
+	}
+	s := t.State()
+	if _, err := ck.SaveAlone(ctx, checkpoint.Progress{Step: s.Step, Epoch: s.Position.Epoch, Offset: s.Position.Offset}, stopped.Generation); err != nil {
+		w.log.Warn("the final checkpoint failed", zap.Error(err))
+	}
 }
 
 func shape64(s []int) []int64 {
