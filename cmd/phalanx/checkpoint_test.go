@@ -239,7 +239,6 @@ func TestCheckpointSIGTERM(t *testing.T) {
 	}
 }
 
-
 // TestCkptCommand: ls, inspect, verify and rm on the checkpoints of a small
 // job, and verify naming a flipped byte.
 func TestCkptCommand(t *testing.T) {
