@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -514,5 +515,31 @@ func TestResumeNothingVerifies(t *testing.T) {
 	r := newJob(t, 2, 2, store, Config{})
 	if _, err := r.restore(ctx, false); err == nil || !strings.Contains(err.Error(), "none of the 1 tried verifies") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestCheckpointEveryDuration: with a period in time, rank 0's clock decides
+// and every rank checkpoints at the same step.
+func TestCheckpointEveryDuration(t *testing.T) {
+	ctx := context.Background()
+	store, _ := NewLocalStore(t.TempDir())
+	var now atomic.Int64 // seconds, advanced by the test between steps
+	clock := func() time.Time { return time.Unix(now.Load(), 0) }
+	j := newJob(t, 3, 1, store, Config{Every: time.Minute, Now: clock})
+	err := j.train(ctx, 1, 12, 12, func(r int, step int64) {
+		if r == 0 && (step == 4 || step == 9) {
+			now.Add(61) // rank 0 votes at the next step, the others follow
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, _ := List(ctx, store)
+	var steps []int64
+	for _, in := range infos {
+		steps = append(steps, in.Step)
+	}
+	if !slices.Equal(steps, []int64{12, 10, 5}) {
+		t.Fatalf("checkpoints at %v, want [12 10 5]", steps)
 	}
 }
