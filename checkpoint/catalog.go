@@ -71,27 +71,36 @@ func List(ctx context.Context, s Store) ([]Info, error) {
 
 // ReadManifest reads and checks the manifest of checkpoint id.
 func ReadManifest(ctx context.Context, s Store, id string) (*phalanxpb.Manifest, error) {
-	objs, err := s.List(ctx, id+"/"+ManifestName)
+	buf, err := readSmall(ctx, s, id+"/"+ManifestName)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: manifest: %w", id, err)
+	}
+	return DecodeManifest(id, buf)
+}
+
+// readSmall reads a whole object of at most maxManifestBytes.
+func readSmall(ctx context.Context, s Store, name string) ([]byte, error) {
+	objs, err := s.List(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	var size int64 = -1
 	for _, o := range objs {
-		if o.Name == id+"/"+ManifestName {
+		if o.Name == name {
 			size = o.Size
 		}
 	}
-	if size < 0 {
-		return nil, fmt.Errorf("checkpoint %s: no manifest: %w", id, ErrNotFound)
-	}
-	if size > maxManifestBytes {
-		return nil, &ManifestError{id, fmt.Sprintf("%d bytes, more than the %d allowed", size, maxManifestBytes)}
+	switch {
+	case size < 0:
+		return nil, fmt.Errorf("%s: %w", name, ErrNotFound)
+	case size > maxManifestBytes:
+		return nil, fmt.Errorf("%s: %d bytes, more than the %d allowed", name, size, maxManifestBytes)
 	}
 	buf := make([]byte, size)
-	if err := s.ReadAt(ctx, id+"/"+ManifestName, buf, 0); err != nil {
+	if err := s.ReadAt(ctx, name, buf, 0); err != nil {
 		return nil, err
 	}
-	return DecodeManifest(id, buf)
+	return buf, nil
 }
 
 // CorruptError is a checkpoint whose stored bytes do not match its

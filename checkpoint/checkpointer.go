@@ -432,22 +432,13 @@ func (c *Checkpointer) gatherIndexes(ctx context.Context, cur *inflight) error {
 		x := cur.index
 		if o.Rank != 0 || x == nil {
 			name := cur.id + "/" + indexName(o.Name)
-			objs, err := c.cfg.Store.List(ctx, name)
+			var b []byte
+			err := c.cfg.Backoff.do(ctx, func(ctx context.Context) (err error) {
+				b, err = readSmall(ctx, c.cfg.Store, name)
+				return err
+			}, nil)
 			if err != nil {
-				return err
-			}
-			var size int64 = -1
-			for _, ob := range objs {
-				if ob.Name == name {
-					size = ob.Size
-				}
-			}
-			if size < 0 || size > maxManifestBytes {
-				return fmt.Errorf("the index %s is missing or too large (%d bytes)", name, size)
-			}
-			b := make([]byte, size)
-			if err := c.cfg.Backoff.do(ctx, func(ctx context.Context) error { return c.cfg.Store.ReadAt(ctx, name, b, 0) }, nil); err != nil {
-				return err
+				return fmt.Errorf("the index of %s: %w", o.Name, err)
 			}
 			x = &phalanxpb.ShardIndex{}
 			if err := proto.Unmarshal(b, x); err != nil {
@@ -490,18 +481,12 @@ func (c *Checkpointer) SaveAlone(ctx context.Context, p Progress, generation uin
 	if err != nil {
 		return "", err
 	}
-	puts := []struct {
-		name string
-		b    []byte
-	}{{id + "/" + ManifestName, mb}}
-	if len(m.Objects) == 1 {
-		puts = append([]struct {
-			name string
-			b    []byte
-		}{{id + "/" + m.Objects[0].Name, data}}, puts...)
+	names, bodies := []string{id + "/" + ManifestName}, [][]byte{mb}
+	if len(m.Objects) == 1 { // the shard first, the manifest last
+		names, bodies = append([]string{id + "/" + m.Objects[0].Name}, names...), append([][]byte{data}, bodies...)
 	}
-	for _, o := range puts { // the shard first, the manifest last
-		if err := c.cfg.Backoff.do(ctx, func(ctx context.Context) error { return c.cfg.Store.Put(ctx, o.name, o.b) }, nil); err != nil {
+	for i, name := range names {
+		if err := c.cfg.Backoff.do(ctx, func(ctx context.Context) error { return c.cfg.Store.Put(ctx, name, bodies[i]) }, nil); err != nil {
 			c.cfg.OnEvent(Event{Kind: "failed", ID: id, Step: p.Step, Err: err.Error()})
 			return "", err
 		}
