@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 
 	"github.com/minio/minio-go/v7"
@@ -93,7 +94,7 @@ func (e *minioRootEnv) Retrieve() (credentials.Value, error) {
 }
 
 func (e *minioRootEnv) RetrieveWithCredContext(*credentials.CredContext) (credentials.Value, error) {
-	v := credentials.Value{AccessKeyID: getenv("MINIO_ROOT_USER"), SecretAccessKey: getenv("MINIO_ROOT_PASSWORD"), SignerType: credentials.SignatureV4}
+	v := credentials.Value{AccessKeyID: os.Getenv("MINIO_ROOT_USER"), SecretAccessKey: os.Getenv("MINIO_ROOT_PASSWORD"), SignerType: credentials.SignatureV4}
 	if v.AccessKeyID == "" || v.SecretAccessKey == "" {
 		v.SignerType = credentials.SignatureAnonymous
 	}
@@ -103,13 +104,7 @@ func (e *minioRootEnv) RetrieveWithCredContext(*credentials.CredContext) (creden
 func (e *minioRootEnv) IsExpired() bool { return false }
 
 // Location is the store's URL, without credentials.
-func (s *S3Store) Location() string {
-	u := "s3://" + s.opts.Bucket
-	if s.opts.Prefix != "" {
-		u += "/" + s.opts.Prefix
-	}
-	return u + "?endpoint=" + s.opts.Endpoint
-}
+func (s *S3Store) Location() string { return Location{S3: &s.opts}.String() }
 
 func (s *S3Store) key(name string) string { return s.prefix + name }
 

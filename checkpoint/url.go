@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 
@@ -146,5 +145,3 @@ func OpenURL(ctx context.Context, raw string, c Credentials) (Store, error) {
 	}
 	return Open(ctx, l, c)
 }
-
-func getenv(k string) string { return os.Getenv(k) }
