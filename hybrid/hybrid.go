@@ -1,0 +1,216 @@
+// Package hybrid decides hybrid-synchronous training steps: when a step
+// closes (every rank ready, or the deadline passed with a quorum), who took
+// part and who is stale, what the next deadline is, and which persistent
+// stragglers to exclude from the ring or readmit to it.
+//
+// Every decision is a pure function of readiness reports (durations since a
+// step opened) and of a History the caller keeps; nothing here reads a clock,
+// sleeps or talks to the network, so the step leader, the coordinator and the
+// tests all get the same answers from the same inputs.
+package hybrid
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Policy is the hybrid-synchronous configuration of a job.
+type Policy struct {
+	// Deadline is the fixed step deadline; with Auto it is replaced by
+	// AutoFactor × the median of the last AutoWindow closed steps' times
+	// (Deadline until there are any).
+	Deadline   time.Duration
+	Auto       bool
+	AutoFactor float64 // default 2
+	AutoWindow int     // default 20
+	// Quorum is the fraction of the ring needed to close a step at its
+	// deadline (0 < Quorum <= 1); short of it the step waits.
+	Quorum float64
+	// A rank late in at least ExcludeAfter of the last Window steps is
+	// excluded; an excluded rank that would have met the deadline in
+	// ReadmitAfter consecutive steps is readmitted. The ring is never made
+	// smaller than MinWorkers.
+	ExcludeAfter, Window int
+	ReadmitAfter         int
+	MinWorkers           int
+}
+
+// Validate checks the policy and fills defaults.
+func (p *Policy) Validate() error {
+	if p.AutoFactor == 0 {
+		p.AutoFactor = 2
+	}
+	if p.AutoWindow == 0 {
+		p.AutoWindow = 20
+	}
+	switch {
+	case p.Deadline <= 0:
+		return fmt.Errorf("hybrid: step deadline %v: must be positive (the first deadline, with auto)", p.Deadline)
+	case p.AutoFactor < 1 || math.IsNaN(p.AutoFactor) || p.AutoWindow < 1:
+		return fmt.Errorf("hybrid: auto deadline factor %v and window %d: want a factor >= 1 and a window >= 1", p.AutoFactor, p.AutoWindow)
+	case !(p.Quorum > 0 && p.Quorum <= 1):
+		return fmt.Errorf("hybrid: quorum %v: want a fraction in (0, 1]", p.Quorum)
+	case p.Window < 0 || p.ExcludeAfter < 0 || p.ExcludeAfter > p.Window || (p.Window > 0 && p.ExcludeAfter == 0):
+		return fmt.Errorf("hybrid: exclude after %d of %d steps: want 1 <= X <= W (or 0/0: never)", p.ExcludeAfter, p.Window)
+	case p.ReadmitAfter < 0 || p.MinWorkers < 0:
+		return fmt.Errorf("hybrid: readmit-after and min-workers must not be negative")
+	}
+	return nil
+}
+
+// ParseExcludeAfter reads "X/W".
+func ParseExcludeAfter(s string) (x, w int, err error) {
+	a, b, ok := strings.Cut(s, "/")
+	x, err1 := strconv.Atoi(strings.TrimSpace(a))
+	w, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !ok || err1 != nil || err2 != nil || x < 1 || w < x {
+		return 0, 0, fmt.Errorf("hybrid: exclude-after %q: want X/W with 1 <= X <= W, such as 3/10", s)
+	}
+	return x, w, nil
+}
+
+// quorumOf is the number of ranks needed to close a step of world ranks.
+func (p Policy) quorumOf(world int) int {
+	return max(1, int(math.Ceil(p.Quorum*float64(world)-1e-9)))
+}
+
+// NotReady marks a rank whose readiness has not arrived.
+const NotReady time.Duration = -1
+
+// Close decides whether a step of len(ready) ranks closes now. ready[r] is
+// how long after the step opened rank r reported ready (NotReady: not yet);
+// elapsed is how long the step has been open, deadline its deadline. A step
+// closes when every rank is ready, or at the deadline once a quorum is; the
+// participants are the ranks ready when it closes.
+func (p Policy) Close(ready []time.Duration, elapsed, deadline time.Duration) (closed bool, participants []bool) {
+	n := 0
+	for _, t := range ready {
+		if t != NotReady && t <= elapsed {
+			n++
+		}
+	}
+	if n < len(ready) && (elapsed < deadline || n < p.quorumOf(len(ready))) {
+		return false, nil
+	}
+	participants = make([]bool, len(ready))
+	for r, t := range ready {
+		participants[r] = t != NotReady && t <= elapsed
+	}
+	return true, participants
+}
+
+// NextDeadline is the deadline of the next step given the times of recent
+// closed steps (oldest first).
+func (p Policy) NextDeadline(recent []time.Duration) time.Duration {
+	if !p.Auto || len(recent) == 0 {
+		return p.Deadline
+	}
+	w := recent[max(0, len(recent)-p.AutoWindow):]
+	s := slices.Clone(w)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return time.Duration(float64(med) * p.AutoFactor)
+}
+
+// History is what the exclusion and readmission decisions remember, keyed by
+// a worker's stable id (ranks change between generations).
+type History struct {
+	late    map[string][]bool // the last Window steps of each ring member: late or not
+	onTime  map[string]int    // consecutive steps an excluded worker would have met the deadline
+	exclude map[string]bool   // currently excluded
+}
+
+// NewHistory is an empty history.
+func NewHistory() *History {
+	return &History{late: map[string][]bool{}, onTime: map[string]int{}, exclude: map[string]bool{}}
+}
+
+// Excluded reports whether id is excluded.
+func (h *History) Excluded(id string) bool { return h.exclude[id] }
+
+// Record adds a closed step of the ring members (ids in rank order) and
+// whether each took part, and returns whom to exclude now: members late in
+// at least ExcludeAfter of their last Window steps, the latest first, as many
+// as the ring can lose without going below MinWorkers (and always keeping
+// one). Excluded members' histories are cleared.
+func (p Policy) Record(h *History, members []string, participants []bool) (exclude []string) {
+	for i, id := range members {
+		l := append(h.late[id], !participants[i])
+		if len(l) > p.Window {
+			l = l[len(l)-p.Window:]
+		}
+		h.late[id] = l
+	}
+	if p.Window == 0 {
+		return nil
+	}
+	type cand struct {
+		id   string
+		late int
+		rank int
+	}
+	var cands []cand
+	for i, id := range members {
+		n := 0
+		for _, l := range h.late[id] {
+			if l {
+				n++
+			}
+		}
+		if n >= p.ExcludeAfter {
+			cands = append(cands, cand{id, n, i})
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		if a.late != b.late {
+			return b.late - a.late
+		}
+		return a.rank - b.rank
+	})
+	room := len(members) - max(p.MinWorkers, 1)
+	for _, c := range cands[:min(len(cands), max(room, 0))] {
+		exclude = append(exclude, c.id)
+		h.exclude[c.id] = true
+		delete(h.late, c.id)
+		h.onTime[c.id] = 0
+	}
+	return exclude
+}
+
+// LateIn is how many of its last Window steps member id was late in.
+func (h *History) LateIn(id string) int {
+	n := 0
+	for _, l := range h.late[id] {
+		if l {
+			n++
+		}
+	}
+	return n
+}
+
+// Observe records an excluded worker's own step time against the deadline
+// the ring is running with, and reports whether to readmit it: it would
+// have met the deadline in ReadmitAfter consecutive steps.
+func (p Policy) Observe(h *History, id string, stepTime, deadline time.Duration) (readmit bool) {
+	if !h.exclude[id] {
+		return false
+	}
+	if stepTime <= deadline {
+		h.onTime[id]++
+	} else {
+		h.onTime[id] = 0
+	}
+	if h.onTime[id] >= max(p.ReadmitAfter, 1) {
+		delete(h.exclude, id)
+		delete(h.onTime, id)
+		return true
+	}
+	return false
+}

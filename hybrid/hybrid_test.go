@@ -1,0 +1,121 @@
+package hybrid
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+const ms = time.Millisecond
+
+func TestClose(t *testing.T) {
+	p := Policy{Deadline: 100 * ms, Quorum: 0.75}
+	for _, tc := range []struct {
+		name     string
+		ready    []time.Duration
+		elapsed  time.Duration
+		closed   bool
+		included []bool
+	}{
+		{"all ready before the deadline", []time.Duration{10 * ms, 20 * ms, 30 * ms, 40 * ms}, 40 * ms, true, []bool{true, true, true, true}},
+		{"waiting, deadline not passed", []time.Duration{10 * ms, NotReady, 30 * ms, 40 * ms}, 50 * ms, false, nil},
+		{"deadline passed with a quorum", []time.Duration{10 * ms, NotReady, 30 * ms, 40 * ms}, 100 * ms, true, []bool{true, false, true, true}},
+		{"deadline passed without a quorum", []time.Duration{10 * ms, NotReady, NotReady, 40 * ms}, 150 * ms, false, nil},
+		{"a report after the moment considered does not count", []time.Duration{10 * ms, 120 * ms, 30 * ms, 40 * ms}, 100 * ms, true, []bool{true, false, true, true}},
+		{"one rank", []time.Duration{NotReady}, time.Second, false, nil},
+	} {
+		closed, parts := p.Close(tc.ready, tc.elapsed, p.Deadline)
+		if closed != tc.closed || !slices.Equal(parts, tc.included) {
+			t.Errorf("%s: closed %v %v, want %v %v", tc.name, closed, parts, tc.closed, tc.included)
+		}
+	}
+}
+
+func TestNextDeadline(t *testing.T) {
+	fixed := Policy{Deadline: 80 * ms, Quorum: 1}
+	if d := fixed.NextDeadline([]time.Duration{10 * ms}); d != 80*ms {
+		t.Errorf("fixed: %v", d)
+	}
+	auto := Policy{Deadline: 80 * ms, Auto: true, AutoFactor: 2, AutoWindow: 3, Quorum: 1}
+	for _, tc := range []struct {
+		recent []time.Duration
+		want   time.Duration
+	}{
+		{nil, 80 * ms},
+		{[]time.Duration{10 * ms}, 20 * ms},
+		{[]time.Duration{500 * ms, 10 * ms, 30 * ms, 20 * ms}, 40 * ms}, // only the last 3: median 20
+		{[]time.Duration{10 * ms, 30 * ms}, 40 * ms},                    // even: mean of the middle two
+	} {
+		if d := auto.NextDeadline(tc.recent); d != tc.want {
+			t.Errorf("auto %v: %v, want %v", tc.recent, d, tc.want)
+		}
+	}
+}
+
+// TestExclusionAndReadmission: a straggler late in 3 of 5 steps is excluded,
+// never below the minimum, and readmitted after 2 steps that would have met
+// the deadline in a row.
+func TestExclusionAndReadmission(t *testing.T) {
+	p := Policy{Deadline: 100 * ms, Quorum: 0.5, ExcludeAfter: 3, Window: 5, ReadmitAfter: 2, MinWorkers: 2}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHistory()
+	members := []string{"a", "b", "c", "d"}
+	pattern := [][]bool{ // who took part, step by step: c is late every other step, d every step from the 3rd
+		{true, true, false, true},
+		{true, true, true, true},
+		{true, true, false, false},
+		{true, true, true, false},
+	}
+	for i, parts := range pattern {
+		if ex := p.Record(h, members, parts); len(ex) != 0 {
+			t.Fatalf("step %d: excluded %v too early", i+1, ex)
+		}
+	}
+	// Both c and d are now late in 2 of their steps; the next late step of
+	// both makes 3: d (3 late) and c (3 late) — the ring of 4 may lose 2.
+	ex := p.Record(h, members, []bool{true, true, false, false})
+	if !slices.Equal(ex, []string{"c", "d"}) || !h.Excluded("c") || !h.Excluded("d") {
+		t.Fatalf("excluded %v, want [c d]", ex)
+	}
+	// The ring of 2 can lose none.
+	for range 5 {
+		if ex := p.Record(h, []string{"a", "b"}, []bool{true, false}); len(ex) != 0 {
+			t.Fatalf("excluded %v below the minimum", ex)
+		}
+	}
+	// d would have met the deadline twice in a row, with a miss between.
+	for i, st := range []time.Duration{90 * ms, 150 * ms, 80 * ms, 99 * ms} {
+		readmit := p.Observe(h, "d", st, 100*ms)
+		if readmit != (i == 3) {
+			t.Fatalf("observation %d (%v): readmit %v", i, st, readmit)
+		}
+	}
+	if h.Excluded("d") || !h.Excluded("c") || p.Observe(h, "a", 10*ms, 100*ms) {
+		t.Fatal("readmission state wrong")
+	}
+}
+
+func TestValidateAndParse(t *testing.T) {
+	for _, p := range []Policy{
+		{Deadline: 0, Quorum: 1},
+		{Deadline: ms, Quorum: 0},
+		{Deadline: ms, Quorum: 1.5},
+		{Deadline: ms, Quorum: 1, ExcludeAfter: 4, Window: 3},
+		{Deadline: ms, Quorum: 1, ExcludeAfter: 0, Window: 3},
+		{Deadline: ms, Quorum: 1, AutoFactor: 0.5},
+	} {
+		if err := p.Validate(); err == nil {
+			t.Errorf("%+v validated", p)
+		}
+	}
+	if x, w, err := ParseExcludeAfter("3/10"); err != nil || x != 3 || w != 10 {
+		t.Errorf("3/10: %d %d %v", x, w, err)
+	}
+	for _, bad := range []string{"", "3", "0/5", "6/5", "a/b"} {
+		if _, _, err := ParseExcludeAfter(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
