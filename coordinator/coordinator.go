@@ -136,6 +136,8 @@ type snapshot struct {
 	genRev  int64 // mod revision of the generation record; 0 when absent
 	reports []report
 	done    bool
+	// excluded: stragglers kept out of the ring, by id
+	excluded map[string]*phalanxpb.Exclusion
 }
 
 type report struct {
@@ -149,6 +151,7 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 		clientv3.OpGet(c.keys.Generation()),
 		clientv3.OpGet(c.keys.Reports(), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Done(), clientv3.WithCountOnly()),
+		clientv3.OpGet(c.keys.Exclusions(), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: reading job state: %w", err)
@@ -179,6 +182,15 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 		s.reports = append(s.reports, report{key: string(kv.Key), msg: &m})
 	}
 	s.done = resp.Responses[3].GetResponseRange().Count > 0
+	s.excluded = map[string]*phalanxpb.Exclusion{}
+	for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
+		var x phalanxpb.Exclusion
+		if err := proto.Unmarshal(kv.Value, &x); err != nil || x.Id == "" || string(kv.Key) != c.keys.Exclusion(x.Id) {
+			c.log.Error("ignoring a malformed exclusion", zap.String("key", string(kv.Key)), zap.Error(err))
+			continue
+		}
+		s.excluded[x.Id] = &x
+	}
 	return s, nil
 }
 
@@ -262,6 +274,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	}
 	c.log.Info("leading", zap.String("election_key", el.Key()))
 	firstSeen := map[string]time.Time{}
+	wasExcluded := map[string]bool{} // stragglers left out by this coordinator, to name their readmission
 	detected := map[string]string{}
 	var shortSince time.Time
 	broken := false
@@ -293,8 +306,8 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		admit := false
 		seen := map[string]bool{}
 		for _, r := range s.live {
-			if members[r.Id] {
-				continue
+			if members[r.Id] || s.excluded[r.Id] != nil {
+				continue // an excluded straggler waits, without a join window, until readmitted
 			}
 			seen[r.Id] = true
 			if _, ok := firstSeen[r.Id]; !ok {
@@ -321,12 +334,18 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			cur = nil // a stopped job starts over with a rendezvous
 		}
 		d := Decide(Input{Current: cur, Live: s.live, Rendezvous: c.cfg.Rendezvous, Step: start, Admit: admit,
-			Broken: broken, DetectedBy: detected})
+			Broken: broken, DetectedBy: detected, Excluded: s.excluded, WasExcluded: wasExcluded})
 		if s.cur != nil && d.Change {
 			d.Next.Number = s.cur.Number + 1
 		}
 		switch {
 		case d.Change:
+			for _, x := range d.Next.Excluded {
+				wasExcluded[x.Id] = true
+			}
+			for _, id := range d.Next.Readmitted {
+				delete(wasExcluded, id)
+			}
 			shortSince = time.Time{}
 			broken = false
 			clear(detected)
@@ -420,6 +439,28 @@ func ReportLoss(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalanx
 	}
 	if _, err := cli.Put(ctx, keys.Report(r.ReporterId, r.LostId), string(val)); err != nil {
 		return fmt.Errorf("coordinator: reporting the loss of %s: %w", r.LostId, err)
+	}
+	return nil
+}
+
+// Exclude asks the coordinator to keep straggler x.Id out of the ring from
+// the next generation on (never below the minimum number of workers).
+func Exclude(ctx context.Context, cli *clientv3.Client, keys Keys, x *phalanxpb.Exclusion) error {
+	val, err := proto.Marshal(x)
+	if err != nil {
+		return err
+	}
+	if _, err := cli.Put(ctx, keys.Exclusion(x.Id), string(val)); err != nil {
+		return fmt.Errorf("coordinator: excluding %s: %w", x.Id, err)
+	}
+	return nil
+}
+
+// Readmit lifts the exclusion of worker id: it enters the ring again after
+// the join window.
+func Readmit(ctx context.Context, cli *clientv3.Client, keys Keys, id string) error {
+	if _, err := cli.Delete(ctx, keys.Exclusion(id)); err != nil {
+		return fmt.Errorf("coordinator: readmitting %s: %w", id, err)
 	}
 	return nil
 }

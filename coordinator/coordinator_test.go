@@ -316,3 +316,35 @@ func TestCorruptRecords(t *testing.T) {
 		t.Error("a job name with a slash accepted")
 	}
 }
+
+// TestExcludeAndReadmit: an exclusion written to etcd gives a generation
+// without the straggler; lifting it readmits the worker.
+func TestExcludeAndReadmit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := client(t)
+	keys := jobKeys(t, "exclude")
+	gens := generations(t, ctx, cli, keys)
+	alive, _ := addrs(t)
+	for _, id := range []string{"a", "b", "c"} {
+		register(t, cli, keys, id, alive)
+	}
+	start(t, ctx, cli, keys, "coord", Rendezvous{MinWorkers: 2, MaxWorkers: 3})
+	if g := next(t, gens); len(g.Members) != 3 {
+		t.Fatalf("rendezvous: %v", memberIDs(g))
+	}
+	if err := Exclude(ctx, cli, keys, &phalanxpb.Exclusion{Id: "b", Generation: 1, LateIn: 4, Window: 6}); err != nil {
+		t.Fatal(err)
+	}
+	g := next(t, gens)
+	if !slices.Equal(memberIDs(g), []string{"a", "c"}) || len(g.Excluded) != 1 || g.Excluded[0].Id != "b" || g.Excluded[0].LateIn != 4 {
+		t.Fatalf("after the exclusion: %v excluded %v (%s)", memberIDs(g), g.Excluded, g.Reason)
+	}
+	if err := Readmit(ctx, cli, keys, "b"); err != nil {
+		t.Fatal(err)
+	}
+	g = next(t, gens)
+	if !slices.Equal(memberIDs(g), []string{"a", "c", "b"}) || !slices.Equal(g.Readmitted, []string{"b"}) {
+		t.Fatalf("after the readmission: %v readmitted %v (%s)", memberIDs(g), g.Readmitted, g.Reason)
+	}
+}

@@ -46,6 +46,12 @@ type Input struct {
 	// DetectedBy says how a lost member was detected, by id; a lost member
 	// missing from it is one whose lease expired.
 	DetectedBy map[string]string
+	// Excluded are stragglers to keep out of the ring (by id): members are
+	// left out, unless that would leave fewer than MinWorkers (then none
+	// is), and excluded newcomers wait. WasExcluded names the ids whose
+	// admission is a readmission.
+	Excluded    map[string]*phalanxpb.Exclusion
+	WasExcluded map[string]bool
 }
 
 // Decide computes the next generation from the current one and the live
@@ -62,12 +68,24 @@ func Decide(in Input) Decision {
 		byID[reg.Id] = reg
 	}
 	var survivors []*phalanxpb.Member
-	var lost []*phalanxpb.LostMember
+	var lost, excluded []*phalanxpb.LostMember
 	inCur := map[string]bool{}
 	if cur != nil {
+		live := 0
+		for _, m := range cur.Members {
+			if byID[m.Id] != nil && in.Excluded[m.Id] == nil {
+				live++
+			}
+		}
+		exclude := live >= max(r.MinWorkers, 1) // never exclude below the minimum
 		for i, m := range cur.Members {
 			inCur[m.Id] = true
 			if reg, ok := byID[m.Id]; ok {
+				if x := in.Excluded[m.Id]; x != nil && exclude {
+					excluded = append(excluded, &phalanxpb.LostMember{Id: m.Id, Rank: int32(i), Pid: m.Pid, LateIn: x.LateIn, Window: x.Window,
+						DetectedBy: fmt.Sprintf("straggler: late in %d of its last %d steps", x.LateIn, x.Window)})
+					continue
+				}
 				survivors = append(survivors, memberOf(reg))
 				continue
 			}
@@ -80,7 +98,7 @@ func Decide(in Input) Decision {
 	}
 	var newcomers []*phalanxpb.Registration
 	for _, reg := range in.Live {
-		if !inCur[reg.Id] {
+		if !inCur[reg.Id] && in.Excluded[reg.Id] == nil {
 			newcomers = append(newcomers, reg)
 		}
 	}
@@ -96,12 +114,12 @@ func Decide(in Input) Decision {
 	})
 	first := cur == nil || len(cur.Members) == 0
 	broken := in.Broken && !first
-	if !first && len(lost) == 0 && !broken && (!in.Admit || len(newcomers) == 0 || len(survivors) >= r.MaxWorkers) {
+	if !first && len(lost) == 0 && len(excluded) == 0 && !broken && (!in.Admit || len(newcomers) == 0 || len(survivors) >= r.MaxWorkers) {
 		return Decision{} // nothing to do
 	}
 	members := survivors
 	var joined []string
-	if first || in.Admit || len(lost) > 0 || broken {
+	if first || in.Admit || len(lost) > 0 || len(excluded) > 0 || broken {
 		for _, reg := range newcomers {
 			if len(members) >= r.MaxWorkers {
 				break
@@ -124,10 +142,17 @@ func Decide(in Input) Decision {
 		for _, l := range lost {
 			why = append(why, fmt.Sprintf("lost rank %d (%s, %s)", l.Rank, l.Id, l.DetectedBy))
 		}
-		if len(joined) > 0 {
-			why = append(why, "joined "+strings.Join(joined, ", "))
+		for _, x := range excluded {
+			why = append(why, fmt.Sprintf("excluded rank %d (%s, %s)", x.Rank, x.Id, x.DetectedBy))
 		}
-		if len(lost) == 0 && len(joined) == 0 {
+		readmitted := readmittedOf(joined, in.WasExcluded)
+		if len(readmitted) > 0 {
+			why = append(why, "readmitted "+strings.Join(readmitted, ", "))
+		}
+		if len(joined) > len(readmitted) {
+			why = append(why, "joined "+strings.Join(slices.DeleteFunc(slices.Clone(joined), func(id string) bool { return in.WasExcluded[id] }), ", "))
+		}
+		if len(lost) == 0 && len(joined) == 0 && len(excluded) == 0 {
 			why = append(why, "ring rebuilt after a failure that removed nobody")
 		}
 	}
@@ -137,7 +162,18 @@ func Decide(in Input) Decision {
 	}
 	reason := strings.Join(why, "; ")
 	return Decision{Change: true, Reason: reason,
-		Next: &phalanxpb.Generation{Number: number, Members: members, StartStep: in.Step, Reason: reason, Lost: lost, Joined: joined}}
+		Next: &phalanxpb.Generation{Number: number, Members: members, StartStep: in.Step, Reason: reason, Lost: lost, Joined: joined,
+			Excluded: excluded, Readmitted: readmittedOf(joined, in.WasExcluded)}}
+}
+
+func readmittedOf(joined []string, was map[string]bool) []string {
+	var out []string
+	for _, id := range joined {
+		if was[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func hint(r *phalanxpb.Registration) int32 {

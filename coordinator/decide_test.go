@@ -120,3 +120,35 @@ func TestDecideDeterministic(t *testing.T) {
 		t.Error("invalid rendezvous accepted")
 	}
 }
+
+// TestDecideExcludeAndReadmit: an excluded straggler leaves the ring (with
+// its lateness), waits while excluded, and comes back as a readmission; an
+// exclusion that would shrink the ring below the minimum is not applied.
+func TestDecideExcludeAndReadmit(t *testing.T) {
+	r := Rendezvous{MinWorkers: 2, MaxWorkers: 4}
+	ex := map[string]*phalanxpb.Exclusion{"c": {Id: "c", LateIn: 3, Window: 5}}
+	cur := gen(4, "a", "b", "c", "d")
+	d := Decide(Input{Current: cur, Live: regs("a", "b", "c", "d"), Rendezvous: r, Excluded: ex})
+	if !d.Change || !slices.Equal(ids(d.Next), []string{"a", "b", "d"}) || len(d.Next.Excluded) != 1 || len(d.Next.Lost) != 0 {
+		t.Fatalf("exclusion: %v excluded %v lost %v", ids(d.Next), d.Next.Excluded, d.Next.Lost)
+	}
+	if x := d.Next.Excluded[0]; x.Id != "c" || x.Rank != 2 || x.LateIn != 3 || x.Window != 5 || !strings.Contains(d.Reason, "excluded rank 2 (c, straggler: late in 3 of its last 5 steps)") {
+		t.Fatalf("excluded %v, reason %q", x, d.Reason)
+	}
+	// While excluded, c is no newcomer, even with the join window passed.
+	next := d.Next
+	if d := Decide(Input{Current: next, Live: regs("a", "b", "c", "d"), Rendezvous: r, Excluded: ex, Admit: true}); d.Change {
+		t.Fatalf("an excluded worker was admitted: %v", ids(d.Next))
+	}
+	// The exclusion lifted: readmitted once its join window passed.
+	d = Decide(Input{Current: next, Live: regs("a", "b", "c", "d"), Rendezvous: r, Admit: true, WasExcluded: map[string]bool{"c": true}})
+	if !d.Change || !slices.Equal(ids(d.Next), []string{"a", "b", "d", "c"}) || !slices.Equal(d.Next.Readmitted, []string{"c"}) ||
+		!strings.Contains(d.Reason, "readmitted c") || strings.Contains(d.Reason, "joined") {
+		t.Fatalf("readmission: %v readmitted %v reason %q", ids(d.Next), d.Next.Readmitted, d.Reason)
+	}
+	// Two members left, the minimum: an exclusion would go below it.
+	small := gen(7, "a", "b")
+	if d := Decide(Input{Current: small, Live: regs("a", "b"), Rendezvous: r, Excluded: map[string]*phalanxpb.Exclusion{"b": {Id: "b"}}}); d.Change {
+		t.Fatalf("excluded below the minimum: %v", ids(d.Next))
+	}
+}

@@ -47,6 +47,12 @@ func (k Keys) Report(reporter, lost string) string {
 // and waiting workers exit.
 func (k Keys) Done() string { return k.prefix + "done" }
 
+// Exclusions is the prefix of the stragglers kept out of the ring.
+func (k Keys) Exclusions() string { return k.prefix + "exclusions/" }
+
+// Exclusion is the key that keeps worker id out of the ring.
+func (k Keys) Exclusion(id string) string { return k.Exclusions() + id }
+
 // FinalCheckpoint is claimed (created once) by the one worker that writes
 // the final checkpoint of a job the coordinator stopped.
 func (k Keys) FinalCheckpoint() string { return k.prefix + "final-checkpoint" }

@@ -426,6 +426,14 @@ func (j *job) generation(g *phalanxpb.Generation) {
 	for _, l := range g.Lost {
 		j.ev.Emit("worker_lost", events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
 	}
+	for _, x := range g.Excluded {
+		j.ev.Emit("straggler_excluded", events.F("generation", g.Number), events.F("rank", x.Rank), events.F("pid", x.Pid), events.F("id", x.Id),
+			events.F("late_in", x.LateIn), events.F("window", x.Window))
+	}
+	for _, id := range g.Readmitted {
+		i := pos[id]
+		j.ev.Emit("straggler_readmitted", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+	}
 	for _, id := range g.Joined {
 		if g.Number == j.first {
 			break

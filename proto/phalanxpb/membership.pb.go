@@ -203,9 +203,11 @@ type Generation struct {
 	Reason          string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	DecidedBy       string                 `protobuf:"bytes,5,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"` // the coordinator that wrote it
 	DecidedUnixNano int64                  `protobuf:"varint,6,opt,name=decided_unix_nano,json=decidedUnixNano,proto3" json:"decided_unix_nano,omitempty"`
-	Lost            []*LostMember          `protobuf:"bytes,7,rep,name=lost,proto3" json:"lost,omitempty"`        // members of the previous generation left out
-	Joined          []string               `protobuf:"bytes,8,rep,name=joined,proto3" json:"joined,omitempty"`    // ids new to the ring
-	Stopped         bool                   `protobuf:"varint,9,opt,name=stopped,proto3" json:"stopped,omitempty"` // the job is stopped: no members, reason says why
+	Lost            []*LostMember          `protobuf:"bytes,7,rep,name=lost,proto3" json:"lost,omitempty"`              // members of the previous generation left out
+	Joined          []string               `protobuf:"bytes,8,rep,name=joined,proto3" json:"joined,omitempty"`          // ids new to the ring
+	Stopped         bool                   `protobuf:"varint,9,opt,name=stopped,proto3" json:"stopped,omitempty"`       // the job is stopped: no members, reason says why
+	Excluded        []*LostMember          `protobuf:"bytes,10,rep,name=excluded,proto3" json:"excluded,omitempty"`     // members left out as stragglers (detected_by says why)
+	Readmitted      []string               `protobuf:"bytes,11,rep,name=readmitted,proto3" json:"readmitted,omitempty"` // ids among joined that had been excluded
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -303,6 +305,20 @@ func (x *Generation) GetStopped() bool {
 	return false
 }
 
+func (x *Generation) GetExcluded() []*LostMember {
+	if x != nil {
+		return x.Excluded
+	}
+	return nil
+}
+
+func (x *Generation) GetReadmitted() []string {
+	if x != nil {
+		return x.Readmitted
+	}
+	return nil
+}
+
 // LostMember is a member of the previous generation that is not in this one.
 type LostMember struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -310,6 +326,8 @@ type LostMember struct {
 	Rank          int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"` // its rank in the previous generation
 	Pid           int64                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
 	DetectedBy    string                 `protobuf:"bytes,4,opt,name=detected_by,json=detectedBy,proto3" json:"detected_by,omitempty"` // "lease expired", or the report that was verified
+	LateIn        int32                  `protobuf:"varint,5,opt,name=late_in,json=lateIn,proto3" json:"late_in,omitempty"`            // an excluded straggler: late in this many
+	Window        int32                  `protobuf:"varint,6,opt,name=window,proto3" json:"window,omitempty"`                          // of its last this-many steps
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -372,6 +390,107 @@ func (x *LostMember) GetDetectedBy() string {
 	return ""
 }
 
+func (x *LostMember) GetLateIn() int32 {
+	if x != nil {
+		return x.LateIn
+	}
+	return 0
+}
+
+func (x *LostMember) GetWindow() int32 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+// Exclusion asks the coordinator to keep a straggler out of the ring; it is
+// written by the step leader under /phalanx/<job>/exclusions/<id> and deleted
+// to readmit the worker.
+type Exclusion struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Id                string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Generation        uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"` // the generation it was late in
+	LateIn            int32                  `protobuf:"varint,3,opt,name=late_in,json=lateIn,proto3" json:"late_in,omitempty"`
+	Window            int32                  `protobuf:"varint,4,opt,name=window,proto3" json:"window,omitempty"`
+	RequestedBy       string                 `protobuf:"bytes,5,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	RequestedUnixNano int64                  `protobuf:"varint,6,opt,name=requested_unix_nano,json=requestedUnixNano,proto3" json:"requested_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *Exclusion) Reset() {
+	*x = Exclusion{}
+	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Exclusion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Exclusion) ProtoMessage() {}
+
+func (x *Exclusion) ProtoReflect() protoreflect.Message {
+	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Exclusion.ProtoReflect.Descriptor instead.
+func (*Exclusion) Descriptor() ([]byte, []int) {
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Exclusion) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Exclusion) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Exclusion) GetLateIn() int32 {
+	if x != nil {
+		return x.LateIn
+	}
+	return 0
+}
+
+func (x *Exclusion) GetWindow() int32 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *Exclusion) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *Exclusion) GetRequestedUnixNano() int64 {
+	if x != nil {
+		return x.RequestedUnixNano
+	}
+	return 0
+}
+
 // LossReport is a worker's report that a peer's connection broke; the
 // coordinator verifies it before removing the peer.
 type LossReport struct {
@@ -386,7 +505,7 @@ type LossReport struct {
 
 func (x *LossReport) Reset() {
 	*x = LossReport{}
-	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +517,7 @@ func (x *LossReport) String() string {
 func (*LossReport) ProtoMessage() {}
 
 func (x *LossReport) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +530,7 @@ func (x *LossReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LossReport.ProtoReflect.Descriptor instead.
 func (*LossReport) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{4}
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LossReport) GetReporterId() string {
@@ -461,7 +580,7 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12!\n" +
 	"\fcontrol_addr\x18\x03 \x01(\tR\vcontrolAddr\x12\x10\n" +
-	"\x03pid\x18\x04 \x01(\x03R\x03pid\"\xb2\x02\n" +
+	"\x03pid\x18\x04 \x01(\x03R\x03pid\"\x86\x03\n" +
 	"\n" +
 	"Generation\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x04R\x06number\x12,\n" +
@@ -474,14 +593,30 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\x11decided_unix_nano\x18\x06 \x01(\x03R\x0fdecidedUnixNano\x12*\n" +
 	"\x04lost\x18\a \x03(\v2\x16.phalanx.v1.LostMemberR\x04lost\x12\x16\n" +
 	"\x06joined\x18\b \x03(\tR\x06joined\x12\x18\n" +
-	"\astopped\x18\t \x01(\bR\astopped\"c\n" +
+	"\astopped\x18\t \x01(\bR\astopped\x122\n" +
+	"\bexcluded\x18\n" +
+	" \x03(\v2\x16.phalanx.v1.LostMemberR\bexcluded\x12\x1e\n" +
+	"\n" +
+	"readmitted\x18\v \x03(\tR\n" +
+	"readmitted\"\x94\x01\n" +
 	"\n" +
 	"LostMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x10\n" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x1f\n" +
 	"\vdetected_by\x18\x04 \x01(\tR\n" +
-	"detectedBy\"~\n" +
+	"detectedBy\x12\x17\n" +
+	"\alate_in\x18\x05 \x01(\x05R\x06lateIn\x12\x16\n" +
+	"\x06window\x18\x06 \x01(\x05R\x06window\"\xbf\x01\n" +
+	"\tExclusion\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x17\n" +
+	"\alate_in\x18\x03 \x01(\x05R\x06lateIn\x12\x16\n" +
+	"\x06window\x18\x04 \x01(\x05R\x06window\x12!\n" +
+	"\frequested_by\x18\x05 \x01(\tR\vrequestedBy\x12.\n" +
+	"\x13requested_unix_nano\x18\x06 \x01(\x03R\x11requestedUnixNano\"~\n" +
 	"\n" +
 	"LossReport\x12\x1f\n" +
 	"\vreporter_id\x18\x01 \x01(\tR\n" +
@@ -504,22 +639,24 @@ func file_phalanx_v1_membership_proto_rawDescGZIP() []byte {
 	return file_phalanx_v1_membership_proto_rawDescData
 }
 
-var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_phalanx_v1_membership_proto_goTypes = []any{
 	(*Registration)(nil), // 0: phalanx.v1.Registration
 	(*Member)(nil),       // 1: phalanx.v1.Member
 	(*Generation)(nil),   // 2: phalanx.v1.Generation
 	(*LostMember)(nil),   // 3: phalanx.v1.LostMember
-	(*LossReport)(nil),   // 4: phalanx.v1.LossReport
+	(*Exclusion)(nil),    // 4: phalanx.v1.Exclusion
+	(*LossReport)(nil),   // 5: phalanx.v1.LossReport
 }
 var file_phalanx_v1_membership_proto_depIdxs = []int32{
 	1, // 0: phalanx.v1.Generation.members:type_name -> phalanx.v1.Member
 	3, // 1: phalanx.v1.Generation.lost:type_name -> phalanx.v1.LostMember
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	3, // 2: phalanx.v1.Generation.excluded:type_name -> phalanx.v1.LostMember
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_phalanx_v1_membership_proto_init() }
@@ -533,7 +670,7 @@ func file_phalanx_v1_membership_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_phalanx_v1_membership_proto_rawDesc), len(file_phalanx_v1_membership_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
