@@ -13,6 +13,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/failure"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -42,6 +43,7 @@ type trainFlags struct {
 	failTimes   int
 	budget      actors.Budget
 	ckpt        checkpointFlags
+	inject      failure.Injection
 
 	bucketText, hiddenText, failAt string
 }
@@ -87,6 +89,50 @@ func (k *checkpointFlags) check() error {
 		}
 	}
 	return nil
+}
+
+// injectFlag collects --inject-slow or --inject-pause specs. Its String is
+// the specs joined by ';', which Set reads back, so the launcher can pass
+// the flag on to its workers as one argument.
+type injectFlag struct {
+	in   *failure.Injection
+	slow bool
+	text []string
+}
+
+func (f *injectFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return strings.Join(f.text, ";")
+}
+
+func (f *injectFlag) Set(s string) error {
+	for _, spec := range strings.Split(s, ";") {
+		if spec = strings.TrimSpace(spec); spec == "" {
+			continue
+		}
+		if f.slow {
+			v, err := failure.ParseSlow(spec)
+			if err != nil {
+				return err
+			}
+			f.in.Slow = append(f.in.Slow, v)
+		} else {
+			v, err := failure.ParsePause(spec)
+			if err != nil {
+				return err
+			}
+			f.in.Pause = append(f.in.Pause, v)
+		}
+		f.text = append(f.text, spec)
+	}
+	return nil
+}
+
+// isFaultFlag: fault injection, which workers need not share.
+func isFaultFlag(name string) bool {
+	return strings.HasPrefix(name, "fail-") || strings.HasPrefix(name, "inject-")
 }
 
 // isCheckpointFlag: flags that say how the job checkpoints, not what the
@@ -185,6 +231,8 @@ func (c *trainFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.refWorld, "reference-world", 0, "with --rescale lr: the world size --batch and --lr are meant for (default: --workers)")
 	fs.StringVar(&c.failAt, "fail-at", "", "fault injection: WORKER:STEP makes that worker's model code panic once at that step;\nits supervisor restarts the rank actor, which resumes from its commit")
 	fs.IntVar(&c.failTimes, "fail-times", 1, "fault injection: how many times in a row --fail-at fails")
+	fs.Var(&injectFlag{in: &c.inject, slow: true}, "inject-slow", "fault injection: rank=R,factor=F[,from=S,to=T] makes the model code of ring rank R F times slower\nin steps S..T (T absent: to the end); repeat the flag, or separate specs with ';'")
+	fs.Var(&injectFlag{in: &c.inject}, "inject-pause", "fault injection: rank=R,at=S,for=D pauses ring rank R for D before step S; repeatable like --inject-slow")
 	c.budget = actors.DefaultBudget()
 	fs.IntVar(&c.budget.MaxRestarts, "max-restarts", c.budget.MaxRestarts, "restart budget: a rank actor failing more often than this within --restart-window ends the worker")
 	fs.DurationVar(&c.budget.Window, "restart-window", c.budget.Window, "restart budget window")
@@ -255,7 +303,7 @@ func (c *trainFlags) check() error {
 // configHash identifies the training configuration that the workers of a job
 // must share: every training flag's value except the fault injection.
 func configHash(fs *flag.FlagSet) string {
-	return flagHash(fs, func(name string) bool { return isTrainingFlag(name) && !strings.HasPrefix(name, "fail-") })
+	return flagHash(fs, func(name string) bool { return isTrainingFlag(name) && !isFaultFlag(name) })
 }
 
 // checkpointHashes are the hashes a checkpoint records: of every training
@@ -264,7 +312,7 @@ func configHash(fs *flag.FlagSet) string {
 // difference refuses the resume).
 func checkpointHashes(fs *flag.FlagSet) (config, state string) {
 	config = flagHash(fs, func(name string) bool {
-		return isTrainingFlag(name) && !strings.HasPrefix(name, "fail-") && !isCheckpointFlag(name)
+		return isTrainingFlag(name) && !isFaultFlag(name) && !isCheckpointFlag(name)
 	})
 	state = flagHash(fs, func(name string) bool { return slices.Contains(stateFlags, name) })
 	return config, state

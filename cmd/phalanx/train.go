@@ -23,6 +23,7 @@ import (
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/examples/mlp"
+	"github.com/phalanx-rt/phalanx/failure"
 	"github.com/phalanx-rt/phalanx/internal/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -510,6 +511,30 @@ func (f *faultyModel) Step(b *worker.Batch, scale float32, ready func(int)) (wor
 		panic(fmt.Sprintf("fault injected by --fail-at at step %d", f.at))
 	}
 	return f.Model.Step(b, scale, ready)
+}
+
+// injectedModel slows down or pauses the model code of a ring rank: the
+// --inject-slow and --inject-pause fault injection, for stragglers in tests
+// and benchmarks. Sleeping is the fault here, not a synchronisation.
+type injectedModel struct {
+	worker.Model
+	in      failure.Injection
+	trainer *worker.Trainer
+	paused  int64 // the step already paused at
+}
+
+func (m *injectedModel) Step(b *worker.Batch, scale float32, ready func(int)) (worker.Result, error) {
+	rank, step := m.trainer.Group().Rank(), m.trainer.NextStep()
+	if d := m.in.PauseAt(rank, step); d > 0 && m.paused != step {
+		m.paused = step
+		time.Sleep(d)
+	}
+	start := time.Now()
+	res, err := m.Model.Step(b, scale, ready)
+	if f := m.in.Factor(rank, step); f > 1 {
+		time.Sleep(time.Duration(float64(time.Since(start)) * (f - 1)))
+	}
+	return res, err
 }
 
 func loadMLPData(c trainFlags) (train, test *mlp.Data, err error) {

@@ -147,3 +147,20 @@ func TestTrainRestartBudget(t *testing.T) {
 		t.Errorf("error %v; stderr does not explain the restart budget:\n%s", err, errOut.String())
 	}
 }
+
+// TestInjectedStragglerBSP: in BSP mode a rank slowed down (and paused once)
+// by fault injection makes every step wait for it, and changes nothing but
+// time: the job's result equals the undisturbed run's exactly, and no worker
+// is lost.
+func TestInjectedStragglerBSP(t *testing.T) {
+	args := []string{"--workers", "3", "--steps", "40", "--samples", "4000", "--hidden", "32", "--threads", "1"}
+	clean := startJob(t, args...).finish(t)
+	slow := startJob(t, append(args, "--inject-slow", "rank=2,factor=3,from=5,to=30", "--inject-pause", "rank=1,at=20,for=300ms")...).finish(t)
+	if len(slow["worker_lost"]) != 0 || len(slow["generation"]) != 1 || len(slow["step"]) != 40 {
+		t.Fatalf("lost %v, %d generations, %d steps", slow["worker_lost"], len(slow["generation"]), len(slow["step"]))
+	}
+	a, b := clean["done"][0], slow["done"][0]
+	if a["loss"] != b["loss"] || a["accuracy"] != b["accuracy"] {
+		t.Fatalf("injected run %v differs from the undisturbed %v", b, a)
+	}
+}

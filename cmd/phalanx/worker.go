@@ -374,6 +374,11 @@ func (w *elasticWorker) setup(g *collective.Group) error {
 		faulty = &faultyModel{Model: m, at: c.failStep, times: c.failTimes}
 		model = faulty
 	}
+	var inj *injectedModel
+	if len(c.inject.Slow)+len(c.inject.Pause) > 0 {
+		inj = &injectedModel{Model: model, in: c.inject, paused: -1}
+		model = inj
+	}
 	opt, err := nn.NewOptimizer(c.opt, model.Params())
 	if err != nil {
 		return err
@@ -387,6 +392,9 @@ func (w *elasticWorker) setup(g *collective.Group) error {
 	}
 	if faulty != nil {
 		faulty.trainer = t
+	}
+	if inj != nil {
+		inj.trainer = t
 	}
 	t.State().Commit() // step 0: a candidate like any other, the same on every fresh worker
 	w.model, w.trainer = m, t
