@@ -31,6 +31,10 @@ type Config struct {
 	// by world/ReferenceWorld (the linear scaling rule).
 	KeepRankBatch  bool
 	ReferenceWorld int
+	// Hybrid-synchronous steps (ReduceStep, ApplyStep): what a late rank
+	// does with its gradients, and the factor StaleDecay scales them by.
+	Stale      Stale
+	StaleDecay float64
 }
 
 func (c *Config) validate() error {
@@ -41,6 +45,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("worker: micro-batches, local steps, commit period and bucket size must not be negative")
 	case c.ClipNorm < 0 || math.IsNaN(c.ClipNorm):
 		return fmt.Errorf("worker: clip norm %v: must not be negative", c.ClipNorm)
+	case c.Stale == StaleDecay && !(c.StaleDecay > 0 && c.StaleDecay <= 1):
+		return fmt.Errorf("worker: stale gradient decay %v: want a factor in (0, 1]", c.StaleDecay)
 	case c.KeepRankBatch && (c.ReferenceWorld < 1 || c.GlobalBatch < c.ReferenceWorld):
 		return fmt.Errorf("worker: keeping the per-rank batch needs a reference world of 1..%d ranks, not %d", c.GlobalBatch, c.ReferenceWorld)
 	}
@@ -69,10 +75,13 @@ type StepStats struct {
 	Fingerprint Fingerprint
 	// Votes are the sums over the ranks of what each rank's voter said for
 	// this step (see SetVoter).
-	Votes   Votes
-	Compute time.Duration // this rank's model time
-	Comm    time.Duration // waiting for the allreduce after the backward pass
-	Total   time.Duration
+	Votes Votes
+	// Participated: in a hybrid-synchronous step, this rank's gradients
+	// entered the update (Samples counts only the contributors' samples).
+	Participated bool
+	Compute      time.Duration // this rank's model time
+	Comm         time.Duration // waiting for the allreduce after the backward pass
+	Total        time.Duration
 }
 
 // Fingerprint summarises a set of sample indices: their count, the sums of
@@ -160,6 +169,9 @@ type Trainer struct {
 	pend    pending
 
 	voter        func() Votes
+	hybridQueue  []hybridResult   // reduced hybrid steps not yet applied
+	hybridFree   [][]float32      // their buffers, for reuse
+	staleGrads   [][]float32      // StaleDecay: a late step's gradients, scaled, for the next
 	beforeUpdate func(step int64) // test hook: runs inside the update phase
 	committed    StepStats        // the statistics of the last committed step
 	lastBuf      []float64

@@ -1,0 +1,185 @@
+package worker
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/nn"
+)
+
+// hybridRanks builds world trainers over in-process groups.
+func hybridRanks(t *testing.T, world int, cfg Config) []*Trainer {
+	t.Helper()
+	ctx := context.Background()
+	groups, err := collective.InprocGroups(ctx, world, "hybrid", 1, collective.Options{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { collective.CloseGroups(groups) })
+	data := newBlobs(600)
+	out := make([]*Trainer, world)
+	for r := range world {
+		m := newTinyModel()
+		opt, _ := nn.NewOptimizer(nn.OptimizerConfig{Kind: "momentum"}, m.Params())
+		tr, err := NewTrainer(ctx, groups[r], m, data, opt, cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.Close)
+		out[r] = tr
+	}
+	return out
+}
+
+func paramsOf(tr *Trainer) []float32 {
+	var out []float32
+	for _, p := range tr.params {
+		out = append(out, p.Value...)
+	}
+	return out
+}
+
+// TestHybridSteps: steps where one rank is late (its compute running while
+// the others reduce without it) or skips a step it never computed: every
+// rank applies the same update, parameters stay bitwise identical, and the
+// samples counted are only the contributors'. With everyone taking part, a
+// hybrid step equals a synchronous one (to rounding: another summation
+// order).
+func TestHybridSteps(t *testing.T) {
+	ctx := context.Background()
+	for _, stale := range []Stale{StaleDrop, StaleDecay} {
+		cfg := Config{GlobalBatch: 60, Schedule: nn.Schedule{Base: 0.05}, Seed: 5, Stale: stale, StaleDecay: 0.5}
+		ranks := hybridRanks(t, 3, cfg)
+		ref := hybridRanks(t, 3, Config{GlobalBatch: 60, Schedule: nn.Schedule{Base: 0.05}, Seed: 5})
+		// who takes part in each step; rank 2 is late in 3 and 6, and
+		// skips step 4 (reduced while it still computed step 3).
+		late := map[int64]bool{3: true, 4: true, 6: true}
+		for step := int64(1); step <= 8; step++ {
+			if step == 4 {
+				continue // reduced together with step 3 below
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, 3)
+			samples := make([]int, 3)
+			for r, tr := range ranks {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if r == 2 && late[step] {
+						// Compute runs while the ring reduces without us.
+						done := make(chan error, 1)
+						go func() { done <- tr.Compute(ctx) }()
+						errs[r] = tr.ReduceStep(ctx, step, false)
+						if errs[r] == nil && step == 3 {
+							errs[r] = tr.ReduceStep(ctx, 4, false) // step 4 closes before our compute ends
+						}
+						if err := <-done; err != nil && errs[r] == nil {
+							errs[r] = err
+						}
+					} else {
+						if errs[r] = tr.Compute(ctx); errs[r] == nil {
+							errs[r] = tr.ReduceStep(ctx, step, true)
+						}
+						if errs[r] == nil && step == 3 { // step 4: ranks 0 and 1 compute and reduce it too
+							if _, errs[r] = tr.ApplyStep(ctx); errs[r] == nil {
+								if errs[r] = tr.Compute(ctx); errs[r] == nil {
+									errs[r] = tr.ReduceStep(ctx, 4, true)
+								}
+							}
+						}
+					}
+					for errs[r] == nil && tr.Pending() > 0 {
+						var st StepStats
+						st, errs[r] = tr.ApplyStep(ctx)
+						samples[r] = st.Samples
+					}
+				}()
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("stale %d step %d rank %d: %v", stale, step, r, err)
+				}
+			}
+			want := 60
+			if late[step] {
+				want = 40
+			}
+			if samples[0] != want || samples[2] != want {
+				t.Fatalf("step %d: %v samples counted, want %d", step, samples, want)
+			}
+			a := paramsOf(ranks[0])
+			for r := 1; r < 3; r++ {
+				b := paramsOf(ranks[r])
+				for i := range a {
+					if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+						t.Fatalf("stale %d step %d: rank %d parameter %d differs", stale, step, r, i)
+					}
+				}
+			}
+			if ranks[2].State().Step != ranks[0].State().Step || ranks[2].State().Position != ranks[0].State().Position {
+				t.Fatalf("step %d: rank 2 at %d/%+v, rank 0 at %d/%+v", step, ranks[2].State().Step, ranks[2].State().Position,
+					ranks[0].State().Step, ranks[0].State().Position)
+			}
+		}
+		// Steps 1 and 2 had everyone: equal to synchronous training.
+		if stale == StaleDrop {
+			mustSteps(t, ref, 2)
+			fresh := hybridRanks(t, 3, cfg)
+			hybridAll(t, fresh, 2)
+			a, b := paramsOf(ref[0]), paramsOf(fresh[0])
+			for i := range a {
+				if d := math.Abs(float64(a[i] - b[i])); d > 1e-6 {
+					t.Fatalf("parameter %d: synchronous %v, hybrid %v", i, a[i], b[i])
+				}
+			}
+		}
+	}
+}
+
+func mustSteps(t *testing.T, ranks []*Trainer, n int) {
+	t.Helper()
+	for range n {
+		var wg sync.WaitGroup
+		for _, tr := range ranks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := tr.Step(context.Background()); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+func hybridAll(t *testing.T, ranks []*Trainer, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for s := range n {
+		var wg sync.WaitGroup
+		for _, tr := range ranks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := tr.Compute(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := tr.ReduceStep(ctx, int64(s+1), true); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := tr.ApplyStep(ctx); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+}
