@@ -119,6 +119,12 @@ func (p Policy) NextDeadline(recent []time.Duration) time.Duration {
 	return time.Duration(float64(med) * p.AutoFactor)
 }
 
+// Straggler is a member to exclude: late in LateIn of its last Window steps.
+type Straggler struct {
+	ID     string
+	LateIn int
+}
+
 // History is what the exclusion and readmission decisions remember, keyed by
 // a worker's stable id (ranks change between generations).
 type History struct {
@@ -140,7 +146,7 @@ func (h *History) Excluded(id string) bool { return h.exclude[id] }
 // at least ExcludeAfter of their last Window steps, the latest first, as many
 // as the ring can lose without going below MinWorkers (and always keeping
 // one). Excluded members' histories are cleared.
-func (p Policy) Record(h *History, members []string, participants []bool) (exclude []string) {
+func (p Policy) Record(h *History, members []string, participants []bool) (exclude []Straggler) {
 	for i, id := range members {
 		l := append(h.late[id], !participants[i])
 		if len(l) > p.Window {
@@ -164,7 +170,7 @@ func (p Policy) Record(h *History, members []string, participants []bool) (exclu
 				n++
 			}
 		}
-		if n >= p.ExcludeAfter {
+		if n >= p.ExcludeAfter && !h.exclude[id] {
 			cands = append(cands, cand{id, n, i})
 		}
 	}
@@ -176,7 +182,7 @@ func (p Policy) Record(h *History, members []string, participants []bool) (exclu
 	})
 	room := len(members) - max(p.MinWorkers, 1)
 	for _, c := range cands[:min(len(cands), max(room, 0))] {
-		exclude = append(exclude, c.id)
+		exclude = append(exclude, Straggler{ID: c.id, LateIn: c.late})
 		h.exclude[c.id] = true
 		delete(h.late, c.id)
 		h.onTime[c.id] = 0

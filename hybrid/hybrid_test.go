@@ -76,7 +76,7 @@ func TestExclusionAndReadmission(t *testing.T) {
 	// Both c and d are now late in 2 of their steps; the next late step of
 	// both makes 3: d (3 late) and c (3 late) — the ring of 4 may lose 2.
 	ex := p.Record(h, members, []bool{true, true, false, false})
-	if !slices.Equal(ex, []string{"c", "d"}) || !h.Excluded("c") || !h.Excluded("d") {
+	if !slices.Equal(ex, []Straggler{{"c", 3}, {"d", 3}}) || !h.Excluded("c") || !h.Excluded("d") {
 		t.Fatalf("excluded %v, want [c d]", ex)
 	}
 	// The ring of 2 can lose none.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -58,6 +59,7 @@ type tinyModel struct {
 	step    int64
 	panicAt int64
 	panics  int
+	delay   func(call int64) time.Duration // injected slowness
 }
 
 func newTinyModel() *tinyModel {
@@ -69,6 +71,9 @@ func (m *tinyModel) Params() []*nn.Param { return m.net.Params() }
 
 func (m *tinyModel) Step(b *Batch, scale float32, ready func(int)) (Result, error) {
 	m.step++
+	if m.delay != nil {
+		time.Sleep(m.delay(m.step)) // the injected fault, not a synchronisation
+	}
 	if m.step == m.panicAt && m.panics == 0 {
 		m.panics++
 		panic(fmt.Sprintf("injected failure in model code at call %d", m.step))
@@ -84,6 +89,14 @@ func (m *tinyModel) Step(b *Batch, scale float32, ready func(int)) (Result, erro
 // actorJob runs world ranks as actors in one actor system under one
 // supervisor, and returns every rank's final parameters.
 func actorJob(t *testing.T, world int, steps int64, inject func(rank int, m *tinyModel, tr *Trainer)) ([][]float32, []*phalanxpb.RankRestarted) {
+	t.Helper()
+	return actorJobWith(t, world, steps, inject, nil, nil)
+}
+
+// actorJobWith is actorJob with a hybrid policy (nil: BSP) and a callback
+// for every rank's steps.
+func actorJobWith(t *testing.T, world int, steps int64, inject func(rank int, m *tinyModel, tr *Trainer), policy *hybrid.Policy,
+	onStep func(rank int, st StepStats)) ([][]float32, []*phalanxpb.RankRestarted) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -101,7 +114,7 @@ func actorJob(t *testing.T, world int, steps int64, inject func(rank int, m *tin
 	var mu sync.Mutex
 	var restarts []*phalanxpb.RankRestarted
 	groupPID := actor.NewPID(sys.Address(), "job/group")
-	children := []actors.Child{{Name: "group", Props: NewGroupProps(GroupConfig{World: world, Generation: 1,
+	children := []actors.Child{{Name: "group", Props: NewGroupProps(GroupConfig{World: world, Generation: 1, Hybrid: policy,
 		OnRestart: func(m *phalanxpb.RankRestarted) { mu.Lock(); restarts = append(restarts, m); mu.Unlock() }})}}
 	models := make([]*tinyModel, world)
 	done := make(chan error, world)
@@ -117,7 +130,12 @@ func actorJob(t *testing.T, world int, steps int64, inject func(rank int, m *tin
 			inject(r, models[r], tr)
 		}
 		children = append(children, actors.Child{Name: fmt.Sprintf("rank%d", r), Props: NewRankProps(RankConfig{
-			Trainer: tr, Rank: r, Generation: 1, Steps: steps, Group: groupPID, Context: ctx,
+			Trainer: tr, Rank: r, Generation: 1, Steps: steps, Group: groupPID, Context: ctx, Hybrid: policy != nil,
+			OnStep: func(st StepStats) {
+				if onStep != nil {
+					onStep(r, st)
+				}
+			},
 			OnDone: func(err error) { done <- err }})})
 	}
 	gaveUp := make(chan error, 1)

@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"time"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -16,6 +19,15 @@ type GroupConfig struct {
 	// OnRestart is told of every rank restart (for the job's event log).
 	OnRestart func(*phalanxpb.RankRestarted)
 	Logger    *zap.Logger
+	// Hybrid, when set, makes the group actor close each step when every
+	// rank is ready or at the deadline with a quorum (see package hybrid);
+	// nil is bulk-synchronous (every step waits for every rank).
+	Hybrid *hybrid.Policy
+	// OnExclude is told of the stragglers the policy excludes (by member
+	// id, with how late they were); the caller asks the coordinator.
+	OnExclude func(id string, lateIn, window int, deadline time.Duration)
+	// Now is the clock of the deadlines (default time.Now).
+	Now func() time.Time
 }
 
 // groupState outlives the actor instance, so a restarted group actor knows
@@ -24,6 +36,7 @@ type groupState struct {
 	cfg   GroupConfig
 	ready map[int64]map[uint32]*actor.PID
 	early []*phalanxpb.StepReady // of a newer generation than cfg's, replayed when it begins
+	h     hybridLeader
 }
 
 // GroupRound moves a group actor to another generation (an elastic ring
@@ -33,6 +46,7 @@ type groupState struct {
 type GroupRound struct {
 	Generation uint64
 	World      int
+	Members    []string // member ids by rank (hybrid: for straggler exclusion)
 }
 
 // NewGroupProps returns the props of a group actor: it collects StepReady
@@ -42,7 +56,14 @@ func NewGroupProps(cfg GroupConfig) *actor.Props {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	st := &groupState{cfg: cfg, ready: map[int64]map[uint32]*actor.PID{}}
+	st.h.begin(nil)
+	if cfg.Hybrid != nil {
+		st.h.hist = hybrid.NewHistory()
+	}
 	return actor.PropsFromProducer(func() actor.Actor { return &groupActor{st: st} })
 }
 
@@ -54,6 +75,7 @@ func (a *groupActor) Receive(ctx actor.Context) {
 	case *GroupRound:
 		st.cfg.Generation, st.cfg.World = m.Generation, m.World
 		clear(st.ready)
+		st.h.begin(m.Members)
 		early := st.early
 		st.early = nil
 		for _, e := range early {
@@ -63,6 +85,10 @@ func (a *groupActor) Receive(ctx actor.Context) {
 		}
 	case *phalanxpb.StepReady:
 		a.ready(ctx, m)
+	case *deadlineTick:
+		if m.generation == st.cfg.Generation && m.step == st.h.open {
+			a.tryClose(ctx)
+		}
 	case *phalanxpb.RankRestarted:
 		st.cfg.Logger.Warn("rank restarted", zap.Uint32("rank", m.Rank), zap.Int64("committed_step", m.CommittedStep),
 			zap.String("reason", m.Reason), zap.Uint32("restarts", m.Restarts))
@@ -84,6 +110,10 @@ func (a *groupActor) ready(ctx actor.Context, m *phalanxpb.StepReady) {
 	if m.Generation != st.cfg.Generation || int(m.Rank) >= st.cfg.World || m.From == nil {
 		st.cfg.Logger.Warn("refusing a step-ready message", zap.Uint32("rank", m.Rank), zap.Int64("step", m.Step),
 			zap.Uint64("generation", m.Generation), zap.Uint64("ours", st.cfg.Generation))
+		return
+	}
+	if st.cfg.Hybrid != nil {
+		a.readyHybrid(ctx, m)
 		return
 	}
 	set := st.ready[m.Step]

@@ -28,6 +28,10 @@ type RankConfig struct {
 	// with that error.
 	AfterStep func(StepStats) (stop bool, err error)
 	OnDone    func(error)
+	// Hybrid: steps close at a deadline without late ranks (the group
+	// actor's policy). The rank computes on a goroutine of its own, so that
+	// it can join a step's allreduce while still computing it.
+	Hybrid bool
 	// Context bounds the collective operations.
 	Context context.Context
 	Logger  *zap.Logger
@@ -42,6 +46,16 @@ type rankState struct {
 	starts   int
 	lastFail string
 	finished bool
+	// hybrid
+	computing  bool
+	computeFor int64
+	deferred   []*phalanxpb.StepGo // decisions of later steps, taken after the current one is applied
+}
+
+// computeDone tells a hybrid rank actor its Compute returned.
+type computeDone struct {
+	step int64
+	err  error
 }
 
 // NewRankProps returns the props of a rank actor. It drives its Trainer
@@ -78,9 +92,19 @@ func (a *rankActor) Receive(ctx actor.Context) {
 		}
 		ctx.Send(ctx.Self(), &computeNext{})
 	case *computeNext:
-		a.compute(ctx)
+		if st.cfg.Hybrid {
+			a.computeAsync(ctx)
+		} else {
+			a.compute(ctx)
+		}
+	case *computeDone:
+		a.computed(ctx, m)
 	case *phalanxpb.StepGo:
-		a.finish(ctx, m)
+		if st.cfg.Hybrid {
+			a.goHybrid(ctx, m)
+		} else {
+			a.finish(ctx, m)
+		}
 	}
 }
 

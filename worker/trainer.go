@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -168,6 +169,7 @@ type Trainer struct {
 	phase   phase
 	pend    pending
 
+	busy         sync.Mutex // held by Compute
 	voter        func() Votes
 	hybridQueue  []hybridResult   // reduced hybrid steps not yet applied
 	hybridFree   [][]float32      // their buffers, for reuse
@@ -220,6 +222,10 @@ func (t *Trainer) Group() *collective.Group { return t.g }
 // commit, reporting how many completed steps that undoes. It is the first act
 // of every rank after its group broke (a generation change); Rebind follows.
 func (t *Trainer) Rollback() (redone int64, err error) {
+	t.busy.Lock() // wait for a Compute still running on its own goroutine
+	defer t.busy.Unlock()
+	t.hybridQueue = t.hybridQueue[:0]
+	t.staleGrads = nil
 	s := t.state
 	committed, ok := s.Committed()
 	if !ok {
@@ -333,6 +339,8 @@ func (t *Trainer) Compute(ctx context.Context) error { return t.compute(ctx, fal
 func (t *Trainer) NextStep() int64 { return t.state.Step + 1 }
 
 func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
+	t.busy.Lock() // a hybrid rank computes on a goroutine of its own
+	defer t.busy.Unlock()
 	s := t.state
 	p := &t.pend
 	*p = pending{step: s.Step + 1, start: time.Now()}

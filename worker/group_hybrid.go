@@ -1,0 +1,121 @@
+package worker
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/hybrid"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// hybridLeader is the group actor's state for hybrid-synchronous steps: the
+// open step, who reported ready and when, and the straggler history.
+type hybridLeader struct {
+	members  []string
+	pids     map[uint32]*actor.PID // every rank's actor, learnt from its readiness
+	open     int64                 // the step open now (0: none yet this generation)
+	openedAt time.Time
+	readyAt  map[uint32]time.Duration
+	deadline time.Duration
+	recent   []time.Duration // times of the last closed steps
+	hist     *hybrid.History
+	timer    *time.Timer
+}
+
+// deadlineTick is the group actor's reminder that a step's deadline passed.
+type deadlineTick struct {
+	generation uint64
+	step       int64
+}
+
+func (h *hybridLeader) begin(members []string) {
+	h.members, h.pids, h.open, h.readyAt = members, map[uint32]*actor.PID{}, 0, map[uint32]time.Duration{}
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+}
+
+// readyHybrid takes a rank's readiness. The first step of a generation
+// waits for every rank (the leader learns every rank's actor from it); each
+// later step opens when the previous closes.
+func (a *groupActor) readyHybrid(ctx actor.Context, m *phalanxpb.StepReady) {
+	st, h := a.st, &a.st.h
+	h.pids[m.Rank] = actor.NewPID(m.From.Address, m.From.Id)
+	now := st.cfg.Now()
+	if h.open == 0 {
+		h.open, h.openedAt = m.Step, now
+		h.deadline = st.cfg.Hybrid.NextDeadline(h.recent)
+	}
+	switch {
+	case m.Step < h.open:
+		return // a late rank's readiness for a step closed without it
+	case m.Step > h.open:
+		st.cfg.Logger.Warn("readiness for a step not open", zap.Int64("step", m.Step), zap.Int64("open", h.open))
+		return
+	}
+	h.readyAt[m.Rank] = now.Sub(h.openedAt)
+	if len(h.readyAt) == 1 && len(h.pids) == st.cfg.World && h.timer == nil {
+		a.arm(ctx)
+	}
+	a.tryClose(ctx)
+}
+
+// arm schedules the open step's deadline.
+func (a *groupActor) arm(ctx actor.Context) {
+	st, h := a.st, &a.st.h
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	tick := &deadlineTick{generation: st.cfg.Generation, step: h.open}
+	h.timer = time.AfterFunc(h.deadline-st.cfg.Now().Sub(h.openedAt), func() { sys.Root.Send(self, tick) })
+}
+
+// tryClose closes the open step if the policy says so: StepGo, with the
+// participants, to every rank, and the next step opens.
+func (a *groupActor) tryClose(ctx actor.Context) {
+	st, h := a.st, &a.st.h
+	world := st.cfg.World
+	if len(h.pids) < world { // the first step waits for everyone
+		return
+	}
+	ready := make([]time.Duration, world)
+	for r := range ready {
+		ready[r] = hybrid.NotReady
+		if t, ok := h.readyAt[uint32(r)]; ok {
+			ready[r] = t
+		}
+	}
+	elapsed := st.cfg.Now().Sub(h.openedAt)
+	closed, parts := st.cfg.Hybrid.Close(ready, elapsed, h.deadline)
+	if !closed {
+		return
+	}
+	if h.timer != nil {
+		h.timer.Stop()
+		h.timer = nil
+	}
+	var ids []uint32
+	for r, p := range parts {
+		if p {
+			ids = append(ids, uint32(r))
+		}
+	}
+	step := h.open
+	for _, pid := range h.pids {
+		ctx.Send(pid, &phalanxpb.StepGo{Step: step, Generation: st.cfg.Generation, Participants: ids})
+	}
+	if len(ids) == world { // a full step's time is what the deadline adapts to
+		h.recent = append(h.recent, elapsed)
+		if n := len(h.recent); n > 64 {
+			h.recent = h.recent[n-64:]
+		}
+	}
+	if len(h.members) == world && st.cfg.OnExclude != nil {
+		for _, s := range st.cfg.Hybrid.Record(h.hist, h.members, parts) {
+			st.cfg.OnExclude(s.ID, s.LateIn, st.cfg.Hybrid.Window, h.deadline)
+		}
+	}
+	h.open, h.openedAt, h.readyAt = step+1, st.cfg.Now(), map[uint32]time.Duration{}
+	h.deadline = st.cfg.Hybrid.NextDeadline(h.recent)
+	a.arm(ctx)
+}

@@ -1,0 +1,126 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// computeAsync starts the next step's Compute on a goroutine; the actor
+// stays free to take the step's decision.
+func (a *rankActor) computeAsync(ctx actor.Context) {
+	st := a.st
+	t := st.cfg.Trainer
+	if st.finished || st.computing {
+		return
+	}
+	if t.State().Step >= st.cfg.Steps {
+		a.done(nil)
+		return
+	}
+	st.computing, st.computeFor = true, t.NextStep()
+	sys, self, step := ctx.ActorSystem(), ctx.Self(), st.computeFor
+	go func() {
+		err := t.Compute(st.cfg.Context)
+		sys.Root.Send(self, &computeDone{step: step, err: err})
+	}()
+}
+
+// computed: this rank's gradients are ready. If the step already closed
+// without it, apply what the ring reduced; else report ready.
+func (a *rankActor) computed(ctx actor.Context, m *computeDone) {
+	st := a.st
+	t := st.cfg.Trainer
+	st.computing = false
+	if m.err != nil {
+		var pe *PanicError
+		if errors.As(m.err, &pe) {
+			st.lastFail = pe.Error()
+			panic(pe)
+		}
+		a.done(m.err)
+		return
+	}
+	if t.Pending() > 0 {
+		a.applyAll(ctx)
+		return
+	}
+	ctx.Send(st.cfg.Group, &phalanxpb.StepReady{Rank: uint32(st.cfg.Rank), Step: m.step, Generation: st.cfg.Generation,
+		From: &phalanxpb.ActorRef{Address: ctx.Self().Address, Id: ctx.Self().Id}})
+}
+
+// goHybrid takes a step's decision: a participant reduces its gradients
+// and applies; a late rank joins the reduction with zeros (even while it
+// computes) and applies once its Compute has returned.
+func (a *rankActor) goHybrid(ctx actor.Context, m *phalanxpb.StepGo) {
+	st := a.st
+	t := st.cfg.Trainer
+	if st.finished {
+		return
+	}
+	if m.Generation != st.cfg.Generation {
+		a.done(fmt.Errorf("worker: rank %d got a decision of generation %d in generation %d", st.cfg.Rank, m.Generation, st.cfg.Generation))
+		return
+	}
+	if st.computing && m.Step != st.computeFor {
+		// A later step closed while this one is still computed: it is
+		// reduced after this one is applied, so that every rank's
+		// collective operations stay in the same order.
+		st.deferred = append(st.deferred, m)
+		return
+	}
+	participate := slices.Contains(m.Participants, uint32(st.cfg.Rank))
+	if err := t.ReduceStep(st.cfg.Context, m.Step, participate); err != nil {
+		a.done(err)
+		return
+	}
+	if !st.computing {
+		a.applyAll(ctx)
+	}
+}
+
+// applyAll applies every reduced step, then takes the deferred decisions,
+// then computes the next step.
+func (a *rankActor) applyAll(ctx actor.Context) {
+	st := a.st
+	t := st.cfg.Trainer
+	for t.Pending() > 0 {
+		stats, err := t.ApplyStep(st.cfg.Context)
+		if err != nil {
+			var pe *PanicError
+			if errors.As(err, &pe) {
+				st.lastFail = pe.Error()
+				panic(pe)
+			}
+			a.done(err)
+			return
+		}
+		if st.cfg.OnStep != nil {
+			st.cfg.OnStep(stats)
+		}
+		if f := st.cfg.AfterStep; f != nil {
+			stop, err := f(stats)
+			switch {
+			case err != nil:
+				a.done(err)
+				return
+			case stop:
+				a.done(ErrStopped)
+				return
+			}
+		}
+		if len(st.deferred) > 0 && t.Pending() == 0 {
+			m := st.deferred[0]
+			st.deferred = st.deferred[1:]
+			if err := t.ReduceStep(st.cfg.Context, m.Step, false); err != nil {
+				a.done(err)
+				return
+			}
+		}
+	}
+	ctx.Send(ctx.Self(), &computeNext{})
+}
