@@ -29,15 +29,20 @@ type hybridResult struct {
 }
 
 // layout of the statistics after the gradients in a hybrid step's buffer:
-// loss sum, correct, the fingerprint, the contributing samples, the votes.
-const hybridCount = statsVotes
+// loss sum, correct, the fingerprint, the contributing samples and ranks,
+// the votes.
+const (
+	hybridCount = statsVotes
+	hybridRanks = statsVotes + 1
+	hybridTail  = statsVotes + 2 + len(Votes{})
+)
 
 func (t *Trainer) hybridLen() int {
 	n := 0
 	for _, p := range t.params {
 		n += len(p.Grad)
 	}
-	return n + statsVotes + 1 + len(Votes{})
+	return n + hybridTail
 }
 
 // ReduceStep joins the allreduce of a hybrid-synchronous step, in the order
@@ -75,7 +80,7 @@ func (t *Trainer) ReduceStep(ctx context.Context, step int64, participate bool) 
 		for i, v := range t.pend.fp {
 			st[2+i] = float32(v)
 		}
-		st[hybridCount] = float32(len(t.idx))
+		st[hybridCount], st[hybridRanks] = float32(len(t.idx)), 1
 	}
 	if t.voter != nil {
 		v := t.voter()
@@ -130,7 +135,7 @@ func (t *Trainer) ApplyStep(ctx context.Context) (StepStats, error) {
 			}
 		}
 	}
-	st := r.flat[len(r.flat)-statsVotes-1-len(Votes{}):]
+	st := r.flat[len(r.flat)-hybridTail:]
 	count := st[hybridCount]
 	if count <= 0 {
 		return StepStats{}, fmt.Errorf("worker: step %d: no rank contributed samples", r.step)
@@ -146,7 +151,7 @@ func (t *Trainer) ApplyStep(ctx context.Context) (StepStats, error) {
 		at += len(q.Grad)
 	}
 	copy(t.stats, st[:statsVotes])
-	copy(t.stats[statsVotes:], st[statsVotes+1:])
+	copy(t.stats[statsVotes:], st[hybridRanks+1:])
 	p.size = int(count)
 	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
 		return StepStats{}, &NonFiniteError{Step: r.step}
@@ -156,6 +161,6 @@ func (t *Trainer) ApplyStep(ctx context.Context) (StepStats, error) {
 	}
 	p.clipped = false
 	stats, err := t.update(ctx, StepStats{})
-	stats.Participated = r.participated
+	stats.Participated, stats.Participants = r.participated, int(st[hybridRanks])
 	return stats, err
 }

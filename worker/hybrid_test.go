@@ -12,8 +12,8 @@ import (
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
-// hybridRanks builds world trainers over in-process groups.
-func hybridRanks(t *testing.T, world int, cfg Config) []*Trainer {
+// newHybridRanks builds world trainers over in-process groups.
+func newHybridRanks(t *testing.T, world int, cfg Config) []*Trainer {
 	t.Helper()
 	ctx := context.Background()
 	groups, err := collective.InprocGroups(ctx, world, "hybrid", 1, collective.Options{Timeout: time.Minute})
@@ -54,8 +54,8 @@ func TestHybridSteps(t *testing.T) {
 	ctx := context.Background()
 	for _, stale := range []Stale{StaleDrop, StaleDecay} {
 		cfg := Config{GlobalBatch: 60, Schedule: nn.Schedule{Base: 0.05}, Seed: 5, Stale: stale, StaleDecay: 0.5}
-		ranks := hybridRanks(t, 3, cfg)
-		ref := hybridRanks(t, 3, Config{GlobalBatch: 60, Schedule: nn.Schedule{Base: 0.05}, Seed: 5})
+		ranks := newHybridRanks(t, 3, cfg)
+		ref := newHybridRanks(t, 3, Config{GlobalBatch: 60, Schedule: nn.Schedule{Base: 0.05}, Seed: 5})
 		// who takes part in each step; rank 2 is late in 3 and 6, and
 		// skips step 4 (reduced while it still computed step 3).
 		late := map[int64]bool{3: true, 4: true, 6: true}
@@ -130,7 +130,7 @@ func TestHybridSteps(t *testing.T) {
 		// Steps 1 and 2 had everyone: equal to synchronous training.
 		if stale == StaleDrop {
 			mustSteps(t, ref, 2)
-			fresh := hybridRanks(t, 3, cfg)
+			fresh := newHybridRanks(t, 3, cfg)
 			hybridAll(t, fresh, 2)
 			a, b := paramsOf(ref[0]), paramsOf(fresh[0])
 			for i := range a {

@@ -80,6 +80,7 @@ type StepStats struct {
 	// Participated: in a hybrid-synchronous step, this rank's gradients
 	// entered the update (Samples counts only the contributors' samples).
 	Participated bool
+	Participants int           // ranks whose gradients entered the update (hybrid; 0 otherwise)
 	Compute      time.Duration // this rank's model time
 	Comm         time.Duration // waiting for the allreduce after the backward pass
 	Total        time.Duration

@@ -14,6 +14,7 @@ import (
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/failure"
+	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -44,8 +45,67 @@ type trainFlags struct {
 	budget      actors.Budget
 	ckpt        checkpointFlags
 	inject      failure.Injection
+	sync        syncFlags
 
 	bucketText, hiddenText, failAt string
+}
+
+// syncFlags choose bulk-synchronous or hybrid-synchronous steps.
+type syncFlags struct {
+	mode, deadlineText, stale, excludeText string
+	factor, quorum, staleDecay             float64
+	readmitAfter                           int
+	policy                                 hybrid.Policy // derived, for --sync hybrid
+}
+
+func (s *syncFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.mode, "sync", "bsp", "bsp: every step waits for every worker; hybrid: a step closes when all are ready or at\n"+
+		"its deadline with a --quorum, without the late workers (their gradients are stale)")
+	fs.StringVar(&s.deadlineText, "step-deadline", "auto", "hybrid: the step deadline, a duration, or auto: --deadline-factor × the median of recent steps")
+	fs.Float64Var(&s.factor, "deadline-factor", 2, "hybrid: the multiple of the median step time an auto deadline is")
+	fs.Float64Var(&s.quorum, "quorum", 0.75, "hybrid: the fraction of the workers needed to close a step at its deadline")
+	fs.StringVar(&s.stale, "stale", "drop", "hybrid: what a late worker does with its gradients: drop, or decay (added, scaled by\n--stale-decay, to its next step's)")
+	fs.Float64Var(&s.staleDecay, "stale-decay", 0.5, "hybrid: the factor of --stale decay")
+	fs.StringVar(&s.excludeText, "exclude-after", "5/10", "hybrid: exclude a worker late in X of its last W steps (X/W; 0/0: never)")
+	fs.IntVar(&s.readmitAfter, "readmit-after", 5, "hybrid: readmit an excluded worker once its own steps would have met the deadline this many times in a row")
+}
+
+func (s *syncFlags) check() error {
+	switch s.mode {
+	case "bsp":
+		return nil
+	case "hybrid":
+	default:
+		return usagef("--sync %q: want bsp or hybrid (async arrives with the parameter server)", s.mode)
+	}
+	p := hybrid.Policy{AutoFactor: s.factor, Quorum: s.quorum, ReadmitAfter: s.readmitAfter, MinWorkers: 1}
+	if s.deadlineText == "auto" {
+		p.Auto, p.Deadline = true, 2*time.Second // until the first steps are timed
+	} else {
+		d, err := time.ParseDuration(s.deadlineText)
+		if err != nil || d <= 0 {
+			return usagef("--step-deadline %q: want auto or a positive duration such as 200ms", s.deadlineText)
+		}
+		p.Deadline = d
+	}
+	if s.excludeText != "0/0" {
+		x, w, err := hybrid.ParseExcludeAfter(s.excludeText)
+		if err != nil {
+			return usagef("--exclude-after: %v", err)
+		}
+		p.ExcludeAfter, p.Window = x, w
+	}
+	switch {
+	case s.stale != "drop" && s.stale != "decay":
+		return usagef("--stale %q: want drop or decay", s.stale)
+	case s.stale == "decay" && !(s.staleDecay > 0 && s.staleDecay <= 1):
+		return usagef("--stale-decay %v: want a factor in (0, 1]", s.staleDecay)
+	}
+	if err := p.Validate(); err != nil {
+		return usagef("--sync hybrid: %v", err)
+	}
+	s.policy = p
+	return nil
 }
 
 // checkpointFlags say where and how often the job checkpoints.
@@ -237,6 +297,7 @@ func (c *trainFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.budget.MaxRestarts, "max-restarts", c.budget.MaxRestarts, "restart budget: a rank actor failing more often than this within --restart-window ends the worker")
 	fs.DurationVar(&c.budget.Window, "restart-window", c.budget.Window, "restart budget window")
 	c.ckpt.register(fs)
+	c.sync.register(fs)
 }
 
 // isTrainingFlag reports whether name is one of the training flags.
@@ -280,6 +341,9 @@ func (c *trainFlags) check() error {
 		return usagef("--reference-world %d: want 1..--batch", c.refWorld)
 	}
 	if err := c.ckpt.check(); err != nil {
+		return err
+	}
+	if err := c.sync.check(); err != nil {
 		return err
 	}
 	if c.bucket, err = parseSize(c.bucketText); err != nil || c.bucket < 1 {

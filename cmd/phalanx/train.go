@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -468,7 +469,8 @@ func (j *job) handle(l procLine) error {
 		j.ev.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
 			events.F("loss", r.Loss), events.F("samples_per_s", r.SamplesPS),
 			events.F("step_s", r.StepS), events.F("compute_s", r.ComputeS), events.F("comm_s", r.CommS),
-			events.F("epoch", r.Epoch), events.F("offset", r.Offset), events.F("fingerprint", r.Fingerprint))
+			events.F("epoch", r.Epoch), events.F("offset", r.Offset), events.F("fingerprint", r.Fingerprint),
+			events.F("participants", cmp.Or(r.Participants, r.World)), events.F("stale", r.Stale))
 		if r.Step%j.every == 0 || r.Step == j.c.train.steps {
 			elapsed := time.Since(j.start)
 			eta := time.Duration(float64(elapsed) / float64(r.Step) * float64(j.c.train.steps-r.Step))

@@ -25,6 +25,7 @@ import (
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/examples/mlp"
+	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -33,28 +34,30 @@ import (
 // report is a line a worker prints on stdout for its launcher; rank 0 of
 // each generation reports the job's progress.
 type report struct {
-	Kind        string            `json:"kind"` // registered, restored, step, restart or done
-	ID          string            `json:"id,omitempty"`
-	Pid         int               `json:"pid,omitempty"`
-	Step        int64             `json:"step"`
-	Generation  uint64            `json:"generation"`
-	World       int               `json:"world"`
-	Rank        int               `json:"rank"`
-	Loss        float64           `json:"loss"`
-	Accuracy    float64           `json:"accuracy"`
-	SamplesPS   float64           `json:"samples_per_s"`
-	ComputeS    float64           `json:"compute_s"`
-	CommS       float64           `json:"comm_s"`
-	StepS       float64           `json:"step_s"`
-	Epoch       int64             `json:"epoch"`
-	Offset      int64             `json:"offset"`
-	Fingerprint [5]float64        `json:"fingerprint"`
-	Redone      int64             `json:"steps_redone"`
-	Root        int               `json:"root"`
-	Reason      string            `json:"reason,omitempty"`
-	Restarts    int               `json:"restarts,omitempty"`
-	Replayed    bool              `json:"replayed,omitempty"` // a step report repeated after a ring change
-	Checkpoint  *checkpoint.Event `json:"checkpoint,omitempty"`
+	Kind         string            `json:"kind"` // registered, restored, step, restart or done
+	ID           string            `json:"id,omitempty"`
+	Pid          int               `json:"pid,omitempty"`
+	Step         int64             `json:"step"`
+	Generation   uint64            `json:"generation"`
+	World        int               `json:"world"`
+	Rank         int               `json:"rank"`
+	Loss         float64           `json:"loss"`
+	Accuracy     float64           `json:"accuracy"`
+	SamplesPS    float64           `json:"samples_per_s"`
+	ComputeS     float64           `json:"compute_s"`
+	CommS        float64           `json:"comm_s"`
+	StepS        float64           `json:"step_s"`
+	Epoch        int64             `json:"epoch"`
+	Offset       int64             `json:"offset"`
+	Fingerprint  [5]float64        `json:"fingerprint"`
+	Redone       int64             `json:"steps_redone"`
+	Root         int               `json:"root"`
+	Reason       string            `json:"reason,omitempty"`
+	Restarts     int               `json:"restarts,omitempty"`
+	Replayed     bool              `json:"replayed,omitempty"`     // a step report repeated after a ring change
+	Participants int               `json:"participants,omitempty"` // ranks whose gradients entered the step's update
+	Stale        int               `json:"stale,omitempty"`        // ranks whose gradients missed the step
+	Checkpoint   *checkpoint.Event `json:"checkpoint,omitempty"`
 }
 
 // reporter writes report lines; the rank and group actors both do.
@@ -208,8 +211,25 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 		default:
 		}
 	}}
+	var policy *hybrid.Policy
+	if c.train.sync.mode == "hybrid" {
+		policy = &c.train.sync.policy
+	}
 	sup, pids, err := actors.StartSupervisor(sys, "job", strategy, actors.Child{Name: "group", Props: worker.NewGroupProps(worker.GroupConfig{
 		Logger: log,
+		Hybrid: policy,
+		OnExclude: func(id string, lateIn, window int, deadline time.Duration) {
+			x := &phalanxpb.Exclusion{Id: id, Generation: w.generation.Load(), LateIn: int32(lateIn), Window: int32(window),
+				RequestedBy: w.id, RequestedUnixNano: time.Now().UnixNano()}
+			log.Warn("excluding a straggler", zap.String("worker", id), zap.Int("late_in", lateIn), zap.Int("window", window), zap.Duration("deadline", deadline))
+			go func() { // not on the group actor's goroutine
+				ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if err := coordinator.Exclude(ectx, cli, keys, x); err != nil {
+					log.Warn("asking the coordinator to exclude a straggler", zap.String("worker", id), zap.Error(err))
+				}
+			}()
+		},
 		OnRestart: func(r *phalanxpb.RankRestarted) {
 			rep.send(report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
 		},
@@ -227,6 +247,7 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	if err != nil {
 		return err
 	}
+	w.id = agent.ID()
 	rep.send(report{Kind: "registered", ID: agent.ID(), Pid: os.Getpid()})
 	w.c, w.log, w.sys, w.sup, w.groupActor, w.rep, w.done = c, log, sys, sup, groupActor, rep, done
 	w.train, w.test, w.procCtx, w.store = train, test, ctx, store
@@ -243,6 +264,8 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 // trainer and its committed state.
 type elasticWorker struct {
 	c          workerConfig
+	id         string        // this worker's id in etcd
+	generation atomic.Uint64 // the generation it trains in
 	store      checkpoint.Store
 	stopAsked  atomic.Bool // a signal came before the checkpointer existed
 	mu         sync.Mutex
@@ -332,6 +355,15 @@ func (w *elasticWorker) finalCheckpoint(ctx context.Context, cli *clientv3.Clien
 	}
 }
 
+// participants is how many ranks' gradients entered a step: all of them
+// but in a hybrid step that closed without some.
+func participants(st worker.StepStats, world int) int {
+	if st.Participants > 0 {
+		return st.Participants
+	}
+	return world
+}
+
 func shape64(s []int) []int64 {
 	out := make([]int64, len(s))
 	for i, d := range s {
@@ -385,7 +417,10 @@ func (w *elasticWorker) setup(g *collective.Group) error {
 	}
 	cfg := worker.Config{GlobalBatch: c.batch, MicroBatches: c.micro, LocalSteps: c.localSteps, ClipNorm: c.clip,
 		CommitEvery: c.commitEvery, BucketBytes: c.bucket, Schedule: c.sched, Seed: c.seed,
-		KeepRankBatch: c.rescale == "lr", ReferenceWorld: c.refWorld}
+		KeepRankBatch: c.rescale == "lr", ReferenceWorld: c.refWorld, StaleDecay: c.sync.staleDecay}
+	if c.sync.stale == "decay" {
+		cfg.Stale = worker.StaleDecay
+	}
 	t, err := worker.NewTrainer(w.procCtx, g, model, w.train, opt, cfg, w.log)
 	if err != nil {
 		return err
@@ -460,12 +495,18 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 				Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint})
 		}
 	}
-	w.sys.Root.Send(w.groupActor, &worker.GroupRound{Generation: gen.Number, World: world})
+	w.generation.Store(gen.Number)
+	ids := make([]string, len(gen.Members))
+	for i, m := range gen.Members {
+		ids[i] = m.Id
+	}
+	w.sys.Root.Send(w.groupActor, &worker.GroupRound{Generation: gen.Number, World: world, Members: ids})
 
 	finished := make(chan error, 1)
 	prev := time.Now()
 	props := worker.NewRankProps(worker.RankConfig{
 		Trainer: t, Rank: r.Rank, Generation: gen.Number, Steps: w.c.train.steps, Context: ctx, Logger: w.log,
+		Hybrid: w.c.train.sync.mode == "hybrid",
 		Group:  actors.Ref(gen.Members[0].ControlAddr, "job/group"),
 		OnDone: func(err error) { finished <- err },
 		AfterStep: func(st worker.StepStats) (bool, error) {
@@ -481,7 +522,8 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 				w.rep.send(report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
 					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
 					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds(),
-					Epoch: st.Position.Epoch, Offset: st.Position.Offset, Fingerprint: st.Fingerprint})
+					Epoch: st.Position.Epoch, Offset: st.Position.Offset, Fingerprint: st.Fingerprint,
+					Participants: participants(st, g.Size()), Stale: g.Size() - participants(st, g.Size())})
 			}
 			prev = now
 		},
