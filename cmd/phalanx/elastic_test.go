@@ -515,3 +515,32 @@ func TestElasticFrozenWorker(t *testing.T) {
 		t.Errorf("ring of 4 %v without the thawed process %d", back["members"], victim)
 	}
 }
+
+// TestHybridExcludesStraggler: in hybrid mode a worker made far slower than
+// the others misses its step deadlines, is excluded through the coordinator
+// (a generation without it, with a straggler_excluded event), and the others
+// finish the job at the accuracy of an undisturbed run.
+func TestHybridExcludesStraggler(t *testing.T) {
+	args := []string{"--workers", "4", "--steps", "120", "--samples", "8000", "--batch", "256", "--hidden", "128", "--seed", "3", "--threads", "1"}
+	clean := startJob(t, args...).finish(t)
+	j := startJob(t, append(args, "--sync", "hybrid", "--exclude-after", "3/6", "--inject-slow", "rank=3,factor=30,from=10")...)
+	j.until(t, "step 5 in a ring of 4", stepIn(4, 5))
+	slow := j.workerPids()[3]
+	ev := j.finish(t)
+	ex := ev["straggler_excluded"]
+	if len(ex) != 1 || num(ex[0], "pid") != slow || num(ex[0], "late_in") < 3 || num(ex[0], "window") != 6 {
+		t.Fatalf("straggler_excluded events %v, want one for pid %d", ex, slow)
+	}
+	stale := 0
+	for _, e := range ev["step"] {
+		stale += num(e, "stale")
+	}
+	if stale == 0 || ev["generation"][len(ev["generation"])-1]["world"] != 3.0 || len(ev["worker_lost"]) != 0 {
+		t.Fatalf("%d stale step reports, final generation %v, lost %v", stale, ev["generation"][len(ev["generation"])-1], ev["worker_lost"])
+	}
+	a, b := clean["done"][0]["accuracy"].(float64), ev["done"][0]["accuracy"].(float64)
+	if math.Abs(a-b) > 0.01 {
+		t.Errorf("accuracy %.4f with the straggler excluded, %.4f undisturbed: more than 1%% apart", b, a)
+	}
+	t.Logf("excluded after %v late steps; accuracy %.4f vs %.4f undisturbed", ex[0]["late_in"], b, a)
+}
