@@ -353,7 +353,10 @@ type gatedStore struct {
 
 func (g *gatedStore) Put(ctx context.Context, name string, data []byte) error {
 	if !strings.HasSuffix(name, ManifestName) {
-		g.started <- name
+		select { // retries and index objects come here too: never block on telling
+		case g.started <- name:
+		default:
+		}
 		select {
 		case <-g.release:
 		case <-ctx.Done():

@@ -53,6 +53,10 @@ func (k Keys) Exclusions() string { return k.prefix + "exclusions/" }
 // Exclusion is the key that keeps worker id out of the ring.
 func (k Keys) Exclusion(id string) string { return k.Exclusions() + id }
 
+// Progress holds the step the ring has reached (written now and then by
+// rank 0): what an excluded worker measures itself against.
+func (k Keys) Progress() string { return k.prefix + "progress" }
+
 // FinalCheckpoint is claimed (created once) by the one worker that writes
 // the final checkpoint of a job the coordinator stopped.
 func (k Keys) FinalCheckpoint() string { return k.prefix + "final-checkpoint" }

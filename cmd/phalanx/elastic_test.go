@@ -517,13 +517,15 @@ func TestElasticFrozenWorker(t *testing.T) {
 }
 
 // TestHybridExcludesStraggler: in hybrid mode a worker made far slower than
-// the others misses its step deadlines, is excluded through the coordinator
-// (a generation without it, with a straggler_excluded event), and the others
-// finish the job at the accuracy of an undisturbed run.
+// the others (steps 10 to 40) misses its step deadlines, is excluded through
+// the coordinator (a generation without it, with a straggler_excluded
+// event); on probation it times its own steps against the ring's progress,
+// and once the injection ends it is readmitted (straggler_readmitted). The
+// job ends at the accuracy of an undisturbed run.
 func TestHybridExcludesStraggler(t *testing.T) {
-	args := []string{"--workers", "4", "--steps", "120", "--samples", "8000", "--batch", "256", "--hidden", "128", "--seed", "3", "--threads", "1"}
+	args := []string{"--workers", "4", "--steps", "200", "--samples", "8000", "--batch", "256", "--hidden", "128", "--seed", "3", "--threads", "1"}
 	clean := startJob(t, args...).finish(t)
-	j := startJob(t, append(args, "--sync", "hybrid", "--exclude-after", "3/6", "--inject-slow", "rank=3,factor=30,from=10")...)
+	j := startJob(t, append(args, "--sync", "hybrid", "--exclude-after", "3/6", "--inject-slow", "rank=3,factor=30,from=10,to=40", "--readmit-after", "3")...)
 	j.until(t, "step 5 in a ring of 4", stepIn(4, 5))
 	slow := j.workerPids()[3]
 	ev := j.finish(t)
@@ -535,7 +537,11 @@ func TestHybridExcludesStraggler(t *testing.T) {
 	for _, e := range ev["step"] {
 		stale += num(e, "stale")
 	}
-	if stale == 0 || ev["generation"][len(ev["generation"])-1]["world"] != 3.0 || len(ev["worker_lost"]) != 0 {
+	re := ev["straggler_readmitted"]
+	if len(re) != 1 || num(re[0], "pid") != slow {
+		t.Fatalf("straggler_readmitted events %v, want one for pid %d", re, slow)
+	}
+	if stale == 0 || ev["generation"][len(ev["generation"])-1]["world"] != 4.0 || len(ev["worker_lost"]) != 0 {
 		t.Fatalf("%d stale step reports, final generation %v, lost %v", stale, ev["generation"][len(ev["generation"])-1], ev["worker_lost"])
 	}
 	a, b := clean["done"][0]["accuracy"].(float64), ev["done"][0]["accuracy"].(float64)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -523,10 +524,18 @@ type injectedModel struct {
 	in      failure.Injection
 	trainer *worker.Trainer
 	paused  int64 // the step already paused at
+	// probeStep, when not 0, is the ring's step while this worker is
+	// excluded and times its own steps: the injection follows the ring.
+	probeStep *atomic.Int64
 }
 
 func (m *injectedModel) Step(b *worker.Batch, scale float32, ready func(int)) (worker.Result, error) {
 	rank, step := m.trainer.Group().Rank(), m.trainer.NextStep()
+	if m.probeStep != nil {
+		if s := m.probeStep.Load(); s > 0 {
+			step = s
+		}
+	}
 	if d := m.in.PauseAt(rank, step); d > 0 && m.paused != step {
 		m.paused = step
 		time.Sleep(d)

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -24,6 +26,8 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/phalanx-rt/phalanx/examples/mlp"
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -220,7 +224,7 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 		Hybrid: policy,
 		OnExclude: func(id string, lateIn, window int, deadline time.Duration) {
 			x := &phalanxpb.Exclusion{Id: id, Generation: w.generation.Load(), LateIn: int32(lateIn), Window: int32(window),
-				RequestedBy: w.id, RequestedUnixNano: time.Now().UnixNano()}
+				RequestedBy: w.id, RequestedUnixNano: time.Now().UnixNano(), DeadlineNanos: int64(deadline)}
 			log.Warn("excluding a straggler", zap.String("worker", id), zap.Int("late_in", lateIn), zap.Int("window", window), zap.Duration("deadline", deadline))
 			go func() { // not on the group actor's goroutine
 				ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -247,7 +251,10 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	if err != nil {
 		return err
 	}
-	w.id = agent.ID()
+	w.id, w.cli, w.keys = agent.ID(), cli, keys
+	if c.train.sync.mode == "hybrid" {
+		go w.probation(ctx)
+	}
 	rep.send(report{Kind: "registered", ID: agent.ID(), Pid: os.Getpid()})
 	w.c, w.log, w.sys, w.sup, w.groupActor, w.rep, w.done = c, log, sys, sup, groupActor, rep, done
 	w.train, w.test, w.procCtx, w.store = train, test, ctx, store
@@ -264,7 +271,12 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 // trainer and its committed state.
 type elasticWorker struct {
 	c          workerConfig
-	id         string        // this worker's id in etcd
+	id         string // this worker's id in etcd
+	cli        *clientv3.Client
+	keys       coordinator.Keys
+	probeMu    sync.Mutex    // held by a round, and by each probation step
+	probeStep  atomic.Int64  // the ring's step, for fault injection while on probation (0: not on probation)
+	progressAt atomic.Int64  // the last step written to the progress key
 	generation atomic.Uint64 // the generation it trains in
 	store      checkpoint.Store
 	stopAsked  atomic.Bool // a signal came before the checkpointer existed
@@ -355,6 +367,75 @@ func (w *elasticWorker) finalCheckpoint(ctx context.Context, cli *clientv3.Clien
 	}
 }
 
+// probation runs while this worker is excluded as a straggler: it keeps
+// computing steps on its own (no update) at the ring's current step, times
+// them against the deadline it missed, and asks to be readmitted once
+// --readmit-after of them in a row would have met it.
+func (w *elasticWorker) probation(ctx context.Context) {
+	key := w.keys.Exclusion(w.id)
+	for ctx.Err() == nil {
+		resp, err := w.cli.Get(ctx, key)
+		if err != nil {
+			return
+		}
+		if len(resp.Kvs) == 0 { // not excluded: wait until we are
+			wch := w.cli.Watch(ctx, key, clientv3.WithRev(resp.Header.Revision+1))
+			for wr := range wch {
+				if slices.ContainsFunc(wr.Events, func(e *clientv3.Event) bool { return e.Type == clientv3.EventTypePut }) {
+					break
+				}
+			}
+			continue
+		}
+		var x phalanxpb.Exclusion
+		if err := proto.Unmarshal(resp.Kvs[0].Value, &x); err != nil || x.DeadlineNanos <= 0 {
+			w.log.Warn("an unreadable exclusion record", zap.Error(err))
+			return
+		}
+		deadline := time.Duration(x.DeadlineNanos)
+		w.log.Warn("excluded as a straggler: on probation", zap.Duration("deadline", deadline))
+		for onTime := 0; onTime < max(1, w.c.train.sync.readmitAfter) && ctx.Err() == nil; {
+			d, err := w.probe(ctx)
+			if err != nil {
+				w.log.Warn("probation step", zap.Error(err))
+				return
+			}
+			if d <= deadline {
+				onTime++
+			} else {
+				onTime = 0
+			}
+		}
+		w.probeStep.Store(0)
+		if err := coordinator.Readmit(ctx, w.cli, w.keys, w.id); err != nil {
+			w.log.Warn("asking to be readmitted", zap.Error(err))
+			return
+		}
+		w.log.Warn("kept pace on probation: asked to be readmitted")
+	}
+}
+
+// probe times one step's computation at the ring's current step.
+func (w *elasticWorker) probe(ctx context.Context) (time.Duration, error) {
+	w.probeMu.Lock()
+	defer w.probeMu.Unlock()
+	t := w.trainer
+	if t == nil {
+		return 0, errors.New("no trainer")
+	}
+	if resp, err := w.cli.Get(ctx, w.keys.Progress()); err == nil && len(resp.Kvs) == 1 {
+		if s, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err == nil {
+			w.probeStep.Store(s)
+		}
+	}
+	if _, err := t.Rollback(); err != nil { // the last commit: probing changes nothing
+		return 0, err
+	}
+	start := time.Now()
+	err := t.Compute(ctx)
+	return time.Since(start), err
+}
+
 // participants is how many ranks' gradients entered a step: all of them
 // but in a hybrid step that closed without some.
 func participants(st worker.StepStats, world int) int {
@@ -430,6 +511,7 @@ func (w *elasticWorker) setup(g *collective.Group) error {
 	}
 	if inj != nil {
 		inj.trainer = t
+		inj.probeStep = &w.probeStep
 	}
 	t.State().Commit() // step 0: a candidate like any other, the same on every fresh worker
 	w.model, w.trainer = m, t
@@ -453,6 +535,8 @@ func (w *elasticWorker) setup(g *collective.Group) error {
 // new ring, resync from the newest commit, then run the step protocol until
 // the job's last step, the end of the round, or a failure.
 func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
+	w.probeMu.Lock() // no probation step while in a ring
+	defer w.probeMu.Unlock()
 	g, gen := r.Group, r.Generation
 	var reached int64
 	if w.trainer == nil {
@@ -518,6 +602,14 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 		},
 		OnStep: func(st worker.StepStats) {
 			now := time.Now()
+			if r.Rank == 0 && w.c.train.sync.mode == "hybrid" && st.Step-w.progressAt.Load() >= 5 {
+				w.progressAt.Store(st.Step)
+				go func() { // the pace excluded workers measure themselves against
+					pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					defer cancel()
+					w.cli.Put(pctx, w.keys.Progress(), strconv.FormatInt(st.Step, 10))
+				}()
+			}
 			if r.Rank == 0 {
 				w.rep.send(report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
 					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),

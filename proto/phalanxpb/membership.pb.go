@@ -415,6 +415,7 @@ type Exclusion struct {
 	Window            int32                  `protobuf:"varint,4,opt,name=window,proto3" json:"window,omitempty"`
 	RequestedBy       string                 `protobuf:"bytes,5,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
 	RequestedUnixNano int64                  `protobuf:"varint,6,opt,name=requested_unix_nano,json=requestedUnixNano,proto3" json:"requested_unix_nano,omitempty"`
+	DeadlineNanos     int64                  `protobuf:"varint,7,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"` // the ring's step deadline when it was excluded: the pace to keep for readmission
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -487,6 +488,13 @@ func (x *Exclusion) GetRequestedBy() string {
 func (x *Exclusion) GetRequestedUnixNano() int64 {
 	if x != nil {
 		return x.RequestedUnixNano
+	}
+	return 0
+}
+
+func (x *Exclusion) GetDeadlineNanos() int64 {
+	if x != nil {
+		return x.DeadlineNanos
 	}
 	return 0
 }
@@ -607,7 +615,7 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\vdetected_by\x18\x04 \x01(\tR\n" +
 	"detectedBy\x12\x17\n" +
 	"\alate_in\x18\x05 \x01(\x05R\x06lateIn\x12\x16\n" +
-	"\x06window\x18\x06 \x01(\x05R\x06window\"\xbf\x01\n" +
+	"\x06window\x18\x06 \x01(\x05R\x06window\"\xe6\x01\n" +
 	"\tExclusion\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1e\n" +
 	"\n" +
@@ -616,7 +624,8 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\alate_in\x18\x03 \x01(\x05R\x06lateIn\x12\x16\n" +
 	"\x06window\x18\x04 \x01(\x05R\x06window\x12!\n" +
 	"\frequested_by\x18\x05 \x01(\tR\vrequestedBy\x12.\n" +
-	"\x13requested_unix_nano\x18\x06 \x01(\x03R\x11requestedUnixNano\"~\n" +
+	"\x13requested_unix_nano\x18\x06 \x01(\x03R\x11requestedUnixNano\x12%\n" +
+	"\x0edeadline_nanos\x18\a \x01(\x03R\rdeadlineNanos\"~\n" +
 	"\n" +
 	"LossReport\x12\x1f\n" +
 	"\vreporter_id\x18\x01 \x01(\tR\n" +
