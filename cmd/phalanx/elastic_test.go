@@ -550,3 +550,20 @@ func TestHybridExcludesStraggler(t *testing.T) {
 	}
 	t.Logf("excluded after %v late steps; accuracy %.4f vs %.4f undisturbed", ex[0]["late_in"], b, a)
 }
+
+// TestHybridPausedRank: a rank paused for three step deadlines (fault
+// injection inside its model code) is not waited for: the steps close
+// without it, it joins their reductions while paused, catches up and goes
+// on in the same ring, the same process, with no restart and no loss.
+func TestHybridPausedRank(t *testing.T) {
+	args := []string{"--workers", "4", "--steps", "60", "--samples", "8000", "--hidden", "64", "--seed", "3", "--threads", "1",
+		"--sync", "hybrid", "--step-deadline", "100ms", "--exclude-after", "0/0", "--inject-pause", "rank=2,at=30,for=300ms"}
+	ev := startJob(t, args...).finish(t)
+	stale := 0
+	for _, e := range ev["step"] {
+		stale += num(e, "stale")
+	}
+	if stale == 0 || len(ev["generation"]) != 1 || len(ev["worker_lost"]) != 0 || len(ev["rank_restarted"]) != 0 || len(ev["step"]) != 60 {
+		t.Fatalf("stale %d, generations %d, lost %v, restarts %v, %d steps", stale, len(ev["generation"]), ev["worker_lost"], ev["rank_restarted"], len(ev["step"]))
+	}
+}
