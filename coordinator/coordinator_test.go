@@ -150,15 +150,17 @@ func TestMembershipLifecycle(t *testing.T) {
 	}
 
 	// A refuted report (b answers, so it stays) and a verified one (c does
-	// not); d, waiting to join, is admitted either on a generation of its
-	// own or on the rebuilt ring, whichever the coordinator decides first.
-	register(t, cli, keys, "d", alive)
+	// not); d, registered after the reports (a report names the generation
+	// it is about: had d's admission made a generation 2 first, the reports
+	// about generation 1 would be stale), rides on the rebuilt ring or
+	// enters just after it.
 	if err := ReportLoss(ctx, cli, keys, &phalanxpb.LossReport{ReporterId: "a", LostId: "b", Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := ReportLoss(ctx, cli, keys, &phalanxpb.LossReport{ReporterId: "a", LostId: "c", Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
+	register(t, cli, keys, "d", alive)
 	for g = next(t, gens); slices.Contains(memberIDs(g), "c") || !slices.Contains(memberIDs(g), "d"); g = next(t, gens) {
 		if !slices.Contains(memberIDs(g), "b") {
 			t.Fatalf("b was removed on a refuted report: %v", memberIDs(g))

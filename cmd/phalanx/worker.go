@@ -253,7 +253,9 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	}
 	w.id, w.cli, w.keys = agent.ID(), cli, keys
 	if c.train.sync.mode == "hybrid" {
-		go w.probation(ctx)
+		pctx, stopProbation := context.WithCancel(ctx)
+		defer stopProbation() // before the etcd client closes
+		go w.probation(pctx)
 	}
 	rep.send(report{Kind: "registered", ID: agent.ID(), Pid: os.Getpid()})
 	w.c, w.log, w.sys, w.sup, w.groupActor, w.rep, w.done = c, log, sys, sup, groupActor, rep, done
