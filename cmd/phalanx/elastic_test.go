@@ -567,3 +567,21 @@ func TestHybridPausedRank(t *testing.T) {
 		t.Fatalf("stale %d, generations %d, lost %v, restarts %v, %d steps", stale, len(ev["generation"]), ev["worker_lost"], ev["rank_restarted"], len(ev["step"]))
 	}
 }
+
+// TestHybridStoppedProcess: a worker process stopped with SIGSTOP for three
+// step deadlines and resumed with SIGCONT freezes its data plane too, so the
+// others wait in the step's reduction rather than close without it; resumed,
+// it goes on in the same ring, without a restart and without a loss.
+func TestHybridStoppedProcess(t *testing.T) {
+	args := []string{"--workers", "4", "--steps", "60", "--samples", "8000", "--hidden", "64", "--seed", "3", "--threads", "1",
+		"--sync", "hybrid", "--step-deadline", "100ms", "--exclude-after", "0/0"}
+	j := startJob(t, args...)
+	j.until(t, "step 20 in a ring of 4", stepIn(4, 20))
+	pid := j.workerPids()[2]
+	freeze(t, pid)
+	time.AfterFunc(300*time.Millisecond, func() { thaw(t, pid) }) // the fault lasts three deadlines
+	ev := j.finish(t)
+	if len(ev["generation"]) != 1 || len(ev["worker_lost"]) != 0 || len(ev["rank_restarted"]) != 0 || len(ev["step"]) != 60 {
+		t.Fatalf("generations %d, lost %v, restarts %v, %d steps", len(ev["generation"]), ev["worker_lost"], ev["rank_restarted"], len(ev["step"]))
+	}
+}
