@@ -323,8 +323,10 @@ func TestCheckpointStoppedBelowMinimum(t *testing.T) {
 			last = max(last, num(e, "step"))
 		}
 	}
-	if num(saved, "world") != 1 || num(saved, "step") < 12 || num(saved, "step") > last {
-		t.Fatalf("final checkpoint %v: want one of world 1 at the last committed step (<= %d)", saved, last)
+	// Rank 0 reported step 12 when its reduction ended; a survivor whose
+	// last bucket was still in flight when the ring broke committed step 11.
+	if num(saved, "world") != 1 || num(saved, "step") < 11 || num(saved, "step") > last {
+		t.Fatalf("final checkpoint %v: want one of world 1 at the claimer's last commit (11..%d)", saved, last)
 	}
 	store, _ := checkpoint.NewLocalStore(dir)
 	m := newestComplete(t, store)
