@@ -537,6 +537,9 @@ func TestHybridExcludesStraggler(t *testing.T) {
 	for _, e := range ev["step"] {
 		stale += num(e, "stale")
 	}
+	if ev["done"][0]["parameters_identical"] != true {
+		t.Fatalf("done %v: the ranks' parameters differ", ev["done"][0])
+	}
 	re := ev["straggler_readmitted"]
 	if len(re) != 1 || num(re[0], "pid") != slow {
 		t.Fatalf("straggler_readmitted events %v, want one for pid %d", re, slow)
@@ -563,7 +566,8 @@ func TestHybridPausedRank(t *testing.T) {
 	for _, e := range ev["step"] {
 		stale += num(e, "stale")
 	}
-	if stale == 0 || len(ev["generation"]) != 1 || len(ev["worker_lost"]) != 0 || len(ev["rank_restarted"]) != 0 || len(ev["step"]) != 60 {
+	if stale == 0 || len(ev["generation"]) != 1 || len(ev["worker_lost"]) != 0 || len(ev["rank_restarted"]) != 0 || len(ev["step"]) != 60 ||
+		ev["done"][0]["parameters_identical"] != true {
 		t.Fatalf("stale %d, generations %d, lost %v, restarts %v, %d steps", stale, len(ev["generation"]), ev["worker_lost"], ev["rank_restarted"], len(ev["step"]))
 	}
 }

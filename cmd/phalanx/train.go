@@ -493,7 +493,7 @@ func (j *job) handle(l procLine) error {
 		if j.done == nil {
 			j.done = &r
 			j.ev.Emit("done", events.F("step", r.Step), events.F("accuracy", r.Accuracy), events.F("loss", r.Loss),
-				events.F("generation", r.Generation), events.F("world", r.World))
+				events.F("generation", r.Generation), events.F("world", r.World), events.F("parameters_identical", r.Identical != nil && *r.Identical))
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"os"
@@ -59,6 +60,7 @@ type report struct {
 	Reason       string            `json:"reason,omitempty"`
 	Restarts     int               `json:"restarts,omitempty"`
 	Replayed     bool              `json:"replayed,omitempty"`     // a step report repeated after a ring change
+	Identical    *bool             `json:"identical,omitempty"`    // done: every rank ends with bitwise the same parameters
 	Participants int               `json:"participants,omitempty"` // ranks whose gradients entered the step's update
 	Stale        int               `json:"stale,omitempty"`        // ranks whose gradients missed the step
 	Checkpoint   *checkpoint.Event `json:"checkpoint,omitempty"`
@@ -438,6 +440,22 @@ func (w *elasticWorker) probe(ctx context.Context) (time.Duration, error) {
 	return time.Since(start), err
 }
 
+// parametersAgree checks that every rank holds bitwise the same parameters:
+// a CRC32C of this rank's, and its negation, reduced with max, agree only if
+// every rank's checksum is the same.
+func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Param) (bool, error) {
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	for _, p := range params {
+		h.Write(collective.Float32s(p.Value).Raw())
+	}
+	sum := float64(h.Sum32())
+	v := []float64{sum, -sum}
+	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Max); err != nil {
+		return false, fmt.Errorf("comparing the ranks' parameters: %w", err)
+	}
+	return v[0] == -v[1], nil
+}
+
 // participants is how many ranks' gradients entered a step: all of them
 // but in a hybrid step that closed without some.
 func participants(st worker.StepStats, world int) int {
@@ -658,8 +676,13 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 	if err != nil {
 		return err
 	}
+	same, err := parametersAgree(ctx, g, w.model.Params())
+	if err != nil {
+		return err
+	}
 	if r.Rank == 0 {
-		w.rep.send(report{Kind: "done", Step: t.State().Step, Generation: gen.Number, World: g.Size(), Loss: loss, Accuracy: acc})
+		w.rep.send(report{Kind: "done", Step: t.State().Step, Generation: gen.Number, World: g.Size(), Loss: loss, Accuracy: acc,
+			Identical: &same})
 	}
 	w.sys.Quiet()         // peers' control planes go away from here on
 	return g.Barrier(ctx) // no worker leaves while another still evaluates
