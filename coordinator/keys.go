@@ -57,6 +57,12 @@ func (k Keys) Exclusion(id string) string { return k.Exclusions() + id }
 // rank 0): what an excluded worker measures itself against.
 func (k Keys) Progress() string { return k.prefix + "progress" }
 
+// Feeds is the prefix of excluded workers' requests for parameters.
+func (k Keys) Feeds() string { return k.prefix + "feeds/" }
+
+// Feed is worker id's request for parameters.
+func (k Keys) Feed(id string) string { return k.Feeds() + id }
+
 // FinalCheckpoint is claimed (created once) by the one worker that writes
 // the final checkpoint of a job the coordinator stopped.
 func (k Keys) FinalCheckpoint() string { return k.prefix + "final-checkpoint" }

@@ -540,6 +540,10 @@ func TestHybridExcludesStraggler(t *testing.T) {
 	if ev["done"][0]["parameters_identical"] != true {
 		t.Fatalf("done %v: the ranks' parameters differ", ev["done"][0])
 	}
+	fed := ev["straggler_fed"]
+	if len(fed) == 0 || fed[0]["id"] != ex[0]["id"] || num(fed[0], "step") < 1 {
+		t.Fatalf("straggler_fed events %v: the excluded worker should keep receiving the ring's parameters", fed)
+	}
 	re := ev["straggler_readmitted"]
 	if len(re) != 1 || num(re[0], "pid") != slow {
 		t.Fatalf("straggler_readmitted events %v, want one for pid %d", re, slow)

@@ -484,6 +484,8 @@ func (j *job) handle(l procLine) error {
 		fmt.Fprintf(j.out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
 	case "checkpoint":
 		j.checkpointEvent(r.Checkpoint)
+	case "fed":
+		j.ev.Emit("straggler_fed", events.F("id", r.ID), events.F("step", r.Step))
 	case "stopped":
 		if j.stop == nil {
 			j.stop = &r

@@ -169,7 +169,7 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	if err != nil {
 		return err
 	}
-	w := &elasticWorker{}
+	w := &elasticWorker{feeds: map[string]*phalanxpb.FeedRequest{}}
 	var store checkpoint.Store
 	if c.train.ckpt.url != "" {
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -253,11 +253,12 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	if err != nil {
 		return err
 	}
-	w.id, w.cli, w.keys = agent.ID(), cli, keys
+	w.id, w.cli, w.keys, w.tr = agent.ID(), cli, keys, tr
 	if c.train.sync.mode == "hybrid" {
 		pctx, stopProbation := context.WithCancel(ctx)
 		defer stopProbation() // before the etcd client closes
 		go w.probation(pctx)
+		go w.watchFeeds(pctx)
 	}
 	rep.send(report{Kind: "registered", ID: agent.ID(), Pid: os.Getpid()})
 	w.c, w.log, w.sys, w.sup, w.groupActor, w.rep, w.done = c, log, sys, sup, groupActor, rep, done
@@ -278,10 +279,13 @@ type elasticWorker struct {
 	id         string // this worker's id in etcd
 	cli        *clientv3.Client
 	keys       coordinator.Keys
-	probeMu    sync.Mutex    // held by a round, and by each probation step
-	probeStep  atomic.Int64  // the ring's step, for fault injection while on probation (0: not on probation)
-	progressAt atomic.Int64  // the last step written to the progress key
-	generation atomic.Uint64 // the generation it trains in
+	tr         *collective.TCPTransport
+	feedMu     sync.Mutex
+	feeds      map[string]*phalanxpb.FeedRequest // excluded workers waiting for parameters (rank 0 answers)
+	probeMu    sync.Mutex                        // held by a round, and by each probation step
+	probeStep  atomic.Int64                      // the ring's step, for fault injection while on probation (0: not on probation)
+	progressAt atomic.Int64                      // the last step written to the progress key
+	generation atomic.Uint64                     // the generation it trains in
 	store      checkpoint.Store
 	stopAsked  atomic.Bool // a signal came before the checkpointer existed
 	mu         sync.Mutex
@@ -398,7 +402,14 @@ func (w *elasticWorker) probation(ctx context.Context) {
 		}
 		deadline := time.Duration(x.DeadlineNanos)
 		w.log.Warn("excluded as a straggler: on probation", zap.Duration("deadline", deadline))
-		for onTime := 0; onTime < max(1, w.c.train.sync.readmitAfter) && ctx.Err() == nil; {
+		for onTime, probes := 0, 0; onTime < max(1, w.c.train.sync.readmitAfter) && ctx.Err() == nil; probes++ {
+			if probes%5 == 0 { // keep receiving the ring's parameters
+				if step, err := w.requestFeed(ctx); err != nil {
+					w.log.Warn("receiving the ring's parameters", zap.Error(err))
+				} else {
+					w.rep.send(report{Kind: "fed", ID: w.id, Step: step})
+				}
+			}
 			d, err := w.probe(ctx)
 			if err != nil {
 				w.log.Warn("probation step", zap.Error(err))
@@ -629,6 +640,9 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 					defer cancel()
 					w.cli.Put(pctx, w.keys.Progress(), strconv.FormatInt(st.Step, 10))
 				}()
+			}
+			if r.Rank == 0 && w.c.train.sync.mode == "hybrid" {
+				w.serveFeeds(ctx, w.model.Params(), st.Step)
 			}
 			if r.Rank == 0 {
 				w.rep.send(report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,

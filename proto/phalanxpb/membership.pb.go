@@ -404,6 +404,69 @@ func (x *LostMember) GetWindow() int32 {
 	return 0
 }
 
+// FeedRequest is an excluded worker's request for the ring's parameters,
+// under /phalanx/<job>/feeds/<id>: rank 0 sends them over a two-rank group
+// of job "<job>/feed/<id>" and this generation.
+type FeedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	DataAddr      string                 `protobuf:"bytes,2,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FeedRequest) Reset() {
+	*x = FeedRequest{}
+	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FeedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FeedRequest) ProtoMessage() {}
+
+func (x *FeedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FeedRequest.ProtoReflect.Descriptor instead.
+func (*FeedRequest) Descriptor() ([]byte, []int) {
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *FeedRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *FeedRequest) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *FeedRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // Exclusion asks the coordinator to keep a straggler out of the ring; it is
 // written by the step leader under /phalanx/<job>/exclusions/<id> and deleted
 // to readmit the worker.
@@ -422,7 +485,7 @@ type Exclusion struct {
 
 func (x *Exclusion) Reset() {
 	*x = Exclusion{}
-	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +497,7 @@ func (x *Exclusion) String() string {
 func (*Exclusion) ProtoMessage() {}
 
 func (x *Exclusion) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_membership_proto_msgTypes[4]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +510,7 @@ func (x *Exclusion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exclusion.ProtoReflect.Descriptor instead.
 func (*Exclusion) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{4}
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Exclusion) GetId() string {
@@ -513,7 +576,7 @@ type LossReport struct {
 
 func (x *LossReport) Reset() {
 	*x = LossReport{}
-	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -525,7 +588,7 @@ func (x *LossReport) String() string {
 func (*LossReport) ProtoMessage() {}
 
 func (x *LossReport) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -538,7 +601,7 @@ func (x *LossReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LossReport.ProtoReflect.Descriptor instead.
 func (*LossReport) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{5}
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LossReport) GetReporterId() string {
@@ -615,7 +678,13 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\vdetected_by\x18\x04 \x01(\tR\n" +
 	"detectedBy\x12\x17\n" +
 	"\alate_in\x18\x05 \x01(\x05R\x06lateIn\x12\x16\n" +
-	"\x06window\x18\x06 \x01(\x05R\x06window\"\xe6\x01\n" +
+	"\x06window\x18\x06 \x01(\x05R\x06window\"Z\n" +
+	"\vFeedRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\"\xe6\x01\n" +
 	"\tExclusion\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1e\n" +
 	"\n" +
@@ -648,14 +717,15 @@ func file_phalanx_v1_membership_proto_rawDescGZIP() []byte {
 	return file_phalanx_v1_membership_proto_rawDescData
 }
 
-var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_phalanx_v1_membership_proto_goTypes = []any{
 	(*Registration)(nil), // 0: phalanx.v1.Registration
 	(*Member)(nil),       // 1: phalanx.v1.Member
 	(*Generation)(nil),   // 2: phalanx.v1.Generation
 	(*LostMember)(nil),   // 3: phalanx.v1.LostMember
-	(*Exclusion)(nil),    // 4: phalanx.v1.Exclusion
-	(*LossReport)(nil),   // 5: phalanx.v1.LossReport
+	(*FeedRequest)(nil),  // 4: phalanx.v1.FeedRequest
+	(*Exclusion)(nil),    // 5: phalanx.v1.Exclusion
+	(*LossReport)(nil),   // 6: phalanx.v1.LossReport
 }
 var file_phalanx_v1_membership_proto_depIdxs = []int32{
 	1, // 0: phalanx.v1.Generation.members:type_name -> phalanx.v1.Member
@@ -679,7 +749,7 @@ func file_phalanx_v1_membership_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_phalanx_v1_membership_proto_rawDesc), len(file_phalanx_v1_membership_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
