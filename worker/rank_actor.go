@@ -132,16 +132,28 @@ func (a *rankActor) compute(ctx actor.Context) {
 		return
 	}
 	if err := t.Compute(st.cfg.Context); err != nil {
-		var pe *PanicError
-		if errors.As(err, &pe) {
-			st.lastFail = pe.Error()
-			panic(pe)
-		}
-		a.done(err)
+		a.fail(err)
 		return
 	}
-	ctx.Send(st.cfg.Group, &phalanxpb.StepReady{Rank: uint32(st.cfg.Rank), Step: t.NextStep(), Generation: st.cfg.Generation,
+	a.sendReady(ctx, t.NextStep())
+}
+
+// sendReady tells the group actor this rank has computed step.
+func (a *rankActor) sendReady(ctx actor.Context, step int64) {
+	st := a.st
+	ctx.Send(st.cfg.Group, &phalanxpb.StepReady{Rank: uint32(st.cfg.Rank), Step: step, Generation: st.cfg.Generation,
 		From: &phalanxpb.ActorRef{Address: ctx.Self().Address, Id: ctx.Self().Id}})
+}
+
+// fail ends the rank with err; a panic in model or optimizer code is raised
+// again, so that the supervisor restarts the actor.
+func (a *rankActor) fail(err error) {
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		a.st.lastFail = pe.Error()
+		panic(pe)
+	}
+	a.done(err)
 }
 
 func (a *rankActor) finish(ctx actor.Context, m *phalanxpb.StepGo) {
@@ -157,18 +169,21 @@ func (a *rankActor) finish(ctx actor.Context, m *phalanxpb.StepGo) {
 	}
 	stats, err := t.Finish(st.cfg.Context)
 	if err != nil {
-		var pe *PanicError
-		if errors.As(err, &pe) {
-			st.lastFail = pe.Error()
-			panic(pe)
-		}
-		a.done(err)
+		a.fail(err)
 		return
 	}
 	a.stepDone(ctx, stats)
 }
 
 func (a *rankActor) stepDone(ctx actor.Context, stats StepStats) {
+	if a.afterStep(stats) {
+		ctx.Send(ctx.Self(), &computeNext{})
+	}
+}
+
+// afterStep tells OnStep and AfterStep of a finished step, and reports
+// whether the rank goes on (AfterStep may stop or fail it).
+func (a *rankActor) afterStep(stats StepStats) bool {
 	if a.st.cfg.OnStep != nil {
 		a.st.cfg.OnStep(stats)
 	}
@@ -177,13 +192,13 @@ func (a *rankActor) stepDone(ctx actor.Context, stats StepStats) {
 		switch {
 		case err != nil:
 			a.done(err)
-			return
+			return false
 		case stop:
 			a.done(ErrStopped)
-			return
+			return false
 		}
 	}
-	ctx.Send(ctx.Self(), &computeNext{})
+	return true
 }
 
 // resume is a restarted instance's first act: repair the trainer from the

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 
@@ -37,20 +36,14 @@ func (a *rankActor) computed(ctx actor.Context, m *computeDone) {
 	t := st.cfg.Trainer
 	st.computing = false
 	if m.err != nil {
-		var pe *PanicError
-		if errors.As(m.err, &pe) {
-			st.lastFail = pe.Error()
-			panic(pe)
-		}
-		a.done(m.err)
+		a.fail(m.err)
 		return
 	}
 	if t.Pending() > 0 {
 		a.applyAll(ctx)
 		return
 	}
-	ctx.Send(st.cfg.Group, &phalanxpb.StepReady{Rank: uint32(st.cfg.Rank), Step: m.step, Generation: st.cfg.Generation,
-		From: &phalanxpb.ActorRef{Address: ctx.Self().Address, Id: ctx.Self().Id}})
+	a.sendReady(ctx, m.step)
 }
 
 // goHybrid takes a step's decision: a participant reduces its gradients
@@ -91,27 +84,11 @@ func (a *rankActor) applyAll(ctx actor.Context) {
 	for t.Pending() > 0 {
 		stats, err := t.ApplyStep(st.cfg.Context)
 		if err != nil {
-			var pe *PanicError
-			if errors.As(err, &pe) {
-				st.lastFail = pe.Error()
-				panic(pe)
-			}
-			a.done(err)
+			a.fail(err)
 			return
 		}
-		if st.cfg.OnStep != nil {
-			st.cfg.OnStep(stats)
-		}
-		if f := st.cfg.AfterStep; f != nil {
-			stop, err := f(stats)
-			switch {
-			case err != nil:
-				a.done(err)
-				return
-			case stop:
-				a.done(ErrStopped)
-				return
-			}
+		if !a.afterStep(stats) {
+			return
 		}
 		if len(st.deferred) > 0 && t.Pending() == 0 {
 			m := st.deferred[0]
