@@ -82,7 +82,7 @@ func Decide(in Input) Decision {
 			inCur[m.Id] = true
 			if reg, ok := byID[m.Id]; ok {
 				if x := in.Excluded[m.Id]; x != nil && exclude {
-					excluded = append(excluded, &phalanxpb.LostMember{Id: m.Id, Rank: int32(i), Pid: m.Pid, LateIn: x.LateIn, Window: x.Window,
+					excluded = append(excluded, &phalanxpb.LostMember{Id: m.Id, Rank: int32(i), Pid: m.Pid, LateIn: x.LateIn, Window: x.Window, Step: x.Step,
 						DetectedBy: fmt.Sprintf("straggler: late in %d of its last %d steps", x.LateIn, x.Window)})
 					continue
 				}

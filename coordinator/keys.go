@@ -53,8 +53,8 @@ func (k Keys) Exclusions() string { return k.prefix + "exclusions/" }
 // Exclusion is the key that keeps worker id out of the ring.
 func (k Keys) Exclusion(id string) string { return k.Exclusions() + id }
 
-// Progress holds the step the ring has reached (written now and then by
-// rank 0): what an excluded worker measures itself against.
+// Progress holds the ring's phalanxpb.Pace (written now and then by rank 0):
+// what an excluded worker measures itself against.
 func (k Keys) Progress() string { return k.prefix + "progress" }
 
 // Feeds is the prefix of excluded workers' requests for parameters.

@@ -103,20 +103,34 @@ func (p Policy) Close(ready []time.Duration, elapsed, deadline time.Duration) (c
 	return true, participants
 }
 
-// NextDeadline is the deadline of the next step given the times of recent
+// StepTime is what a closed step tells the adaptive deadline: how long the
+// median rank took to be ready (ready[r] as in Close), so that a slow
+// minority does not stretch the deadline and a step closed without it still
+// counts; or, when the step closed before half the ranks were ready, how long
+// it was open, so that a deadline too short for most ranks grows by the
+// factor with each such step.
+func StepTime(ready []time.Duration, elapsed time.Duration) time.Duration {
+	s := make([]time.Duration, len(ready))
+	for r, t := range ready {
+		s[r] = t
+		if t == NotReady || t > elapsed {
+			s[r] = math.MaxInt64
+		}
+	}
+	slices.Sort(s)
+	if len(s) == 0 || s[len(s)/2] == math.MaxInt64 {
+		return elapsed
+	}
+	return s[len(s)/2]
+}
+
+// NextDeadline is the deadline of the next step given the StepTimes of recent
 // closed steps (oldest first).
 func (p Policy) NextDeadline(recent []time.Duration) time.Duration {
 	if !p.Auto || len(recent) == 0 {
 		return p.Deadline
 	}
-	w := recent[max(0, len(recent)-p.AutoWindow):]
-	s := slices.Clone(w)
-	slices.Sort(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return time.Duration(float64(med) * p.AutoFactor)
+	return time.Duration(float64(Median(recent[max(0, len(recent)-p.AutoWindow):])) * p.AutoFactor)
 }
 
 // Straggler is a member to exclude: late in LateIn of its last Window steps.
@@ -129,13 +143,12 @@ type Straggler struct {
 // a worker's stable id (ranks change between generations).
 type History struct {
 	late    map[string][]bool // the last Window steps of each ring member: late or not
-	onTime  map[string]int    // consecutive steps an excluded worker would have met the deadline
 	exclude map[string]bool   // currently excluded
 }
 
 // NewHistory is an empty history.
 func NewHistory() *History {
-	return &History{late: map[string][]bool{}, onTime: map[string]int{}, exclude: map[string]bool{}}
+	return &History{late: map[string][]bool{}, exclude: map[string]bool{}}
 }
 
 // Excluded reports whether id is excluded.
@@ -185,7 +198,6 @@ func (p Policy) Record(h *History, members []string, participants []bool) (exclu
 		exclude = append(exclude, Straggler{ID: c.id, LateIn: c.late})
 		h.exclude[c.id] = true
 		delete(h.late, c.id)
-		h.onTime[c.id] = 0
 	}
 	return exclude
 }
@@ -201,22 +213,61 @@ func (h *History) LateIn(id string) int {
 	return n
 }
 
-// Observe records an excluded worker's own step time against the deadline
-// the ring is running with, and reports whether to readmit it: it would
-// have met the deadline in ReadmitAfter consecutive steps.
-func (p Policy) Observe(h *History, id string, stepTime, deadline time.Duration) (readmit bool) {
-	if !h.exclude[id] {
-		return false
-	}
-	if stepTime <= deadline {
-		h.onTime[id]++
-	} else {
-		h.onTime[id] = 0
-	}
-	if h.onTime[id] >= max(p.ReadmitAfter, 1) {
+// Rejoined clears the exclusion of every member of a new generation: a
+// readmitted worker is judged afresh and can be excluded again.
+func (h *History) Rejoined(members []string) {
+	for _, id := range members {
 		delete(h.exclude, id)
-		delete(h.onTime, id)
-		return true
 	}
-	return false
+}
+
+// Overhead is the part of a closed step's readiness times that is not the
+// ranks' own compute (the decision's delivery, the reduction, the update):
+// the median over the ranks ready by elapsed of ready[r] - compute[r], and
+// false when none was.
+func Overhead(ready, compute []time.Duration, elapsed time.Duration) (time.Duration, bool) {
+	var s []time.Duration
+	for r, t := range ready {
+		if t != NotReady && t <= elapsed {
+			s = append(s, max(0, t-compute[r]))
+		}
+	}
+	if len(s) == 0 {
+		return 0, false
+	}
+	return Median(s), true
+}
+
+// Median is the median of d (the mean of the middle two for an even
+// count; 0 for none). d is not modified.
+func Median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// Probation decides when an excluded worker is readmitted: it times its own
+// steps, and would have met the ring's Deadline when its compute plus the
+// ring's Overhead does; ReadmitAfter such steps in a row readmit it.
+type Probation struct {
+	Deadline, Overhead time.Duration
+	ReadmitAfter       int
+	onTime             int
+}
+
+// Observe records a probation step's compute time and reports whether to
+// readmit the worker now.
+func (p *Probation) Observe(compute time.Duration) (readmit bool) {
+	if compute+p.Overhead <= p.Deadline {
+		p.onTime++
+	} else {
+		p.onTime = 0
+	}
+	return p.onTime >= max(p.ReadmitAfter, 1)
 }

@@ -52,9 +52,27 @@ func TestNextDeadline(t *testing.T) {
 	}
 }
 
+func TestStepTime(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ready   []time.Duration
+		elapsed time.Duration
+		want    time.Duration
+	}{
+		{"everyone ready: the median rank", []time.Duration{40 * ms, 10 * ms, 30 * ms, 20 * ms}, 40 * ms, 30 * ms},
+		{"one slow rank does not stretch it", []time.Duration{10 * ms, 12 * ms, NotReady, 11 * ms}, 50 * ms, 12 * ms},
+		{"readiness after the close is late", []time.Duration{10 * ms, 60 * ms, 11 * ms}, 50 * ms, 11 * ms},
+		{"most ranks late: how long it was open", []time.Duration{10 * ms, NotReady, NotReady, NotReady}, 50 * ms, 50 * ms},
+		{"a single rank", []time.Duration{7 * ms}, 7 * ms, 7 * ms},
+	} {
+		if got := StepTime(tc.ready, tc.elapsed); got != tc.want {
+			t.Errorf("%s: StepTime(%v, %v) = %v, want %v", tc.name, tc.ready, tc.elapsed, got, tc.want)
+		}
+	}
+}
+
 // TestExclusionAndReadmission: a straggler late in 3 of 5 steps is excluded,
-// never below the minimum, and readmitted after 2 steps that would have met
-// the deadline in a row.
+// never below the minimum, and once readmitted judged afresh.
 func TestExclusionAndReadmission(t *testing.T) {
 	p := Policy{Deadline: 100 * ms, Quorum: 0.5, ExcludeAfter: 3, Window: 5, ReadmitAfter: 2, MinWorkers: 2}
 	if err := p.Validate(); err != nil {
@@ -85,15 +103,48 @@ func TestExclusionAndReadmission(t *testing.T) {
 			t.Fatalf("excluded %v below the minimum", ex)
 		}
 	}
-	// d would have met the deadline twice in a row, with a miss between.
-	for i, st := range []time.Duration{90 * ms, 150 * ms, 80 * ms, 99 * ms} {
-		readmit := p.Observe(h, "d", st, 100*ms)
-		if readmit != (i == 3) {
-			t.Fatalf("observation %d (%v): readmit %v", i, st, readmit)
+	// Readmitted, c and d are members again: judged afresh.
+	p.Record(h, []string{"a", "b", "c", "d"}, []bool{true, true, true, true})
+	h.Rejoined([]string{"a", "b", "c", "d"})
+	if h.Excluded("c") || h.Excluded("d") {
+		t.Fatal("members of a new generation still marked excluded")
+	}
+	for range 2 {
+		p.Record(h, members, []bool{true, true, true, false})
+	}
+	if ex := p.Record(h, members, []bool{true, true, true, false}); !slices.Equal(ex, []Straggler{{"d", 3}}) {
+		t.Fatalf("a readmitted straggler late again: excluded %v, want [d]", ex)
+	}
+}
+
+// TestProbation: a probation step would have met the deadline when its
+// compute plus the ring's overhead does; ReadmitAfter in a row readmit.
+func TestProbation(t *testing.T) {
+	pr := Probation{Deadline: 100 * ms, Overhead: 20 * ms, ReadmitAfter: 2}
+	for i, c := range []time.Duration{70 * ms, 90 * ms, 80 * ms, 81 * ms, 60 * ms, 80 * ms} {
+		want := i == 5 // 90 and 81 miss (with the overhead); 60 and 80 meet, in a row
+		if got := pr.Observe(c); got != want {
+			t.Fatalf("probation step %d (compute %v): readmit %v, want %v", i, c, got, want)
 		}
 	}
-	if h.Excluded("d") || !h.Excluded("c") || p.Observe(h, "a", 10*ms, 100*ms) {
-		t.Fatal("readmission state wrong")
+}
+
+func TestOverheadAndMedian(t *testing.T) {
+	ready := []time.Duration{30 * ms, 50 * ms, NotReady, 90 * ms}
+	compute := []time.Duration{20 * ms, 35 * ms, 10 * ms, 10 * ms}
+	if o, ok := Overhead(ready, compute, 60*ms); !ok || o != 12500*time.Microsecond { // ranks 0 and 1: 10 and 15
+		t.Errorf("Overhead = %v %v, want 12.5ms", o, ok)
+	}
+	if _, ok := Overhead([]time.Duration{NotReady}, compute[:1], 60*ms); ok {
+		t.Error("Overhead of a step nobody was ready for")
+	}
+	for _, tc := range []struct {
+		d    []time.Duration
+		want time.Duration
+	}{{nil, 0}, {[]time.Duration{3, 1, 2}, 2}, {[]time.Duration{4, 1, 3, 2}, 2}} {
+		if got := Median(tc.d); got != tc.want {
+			t.Errorf("Median(%v) = %v, want %v", tc.d, got, tc.want)
+		}
 	}
 }
 

@@ -23,11 +23,26 @@ type GroupConfig struct {
 	// rank is ready or at the deadline with a quorum (see package hybrid);
 	// nil is bulk-synchronous (every step waits for every rank).
 	Hybrid *hybrid.Policy
-	// OnExclude is told of the stragglers the policy excludes (by member
-	// id, with how late they were); the caller asks the coordinator.
-	OnExclude func(id string, lateIn, window int, deadline time.Duration)
+	// OnExclude is told of the stragglers the policy excludes; the caller
+	// asks the coordinator.
+	OnExclude func(Exclusion)
+	// OnPace, when set, is told after every closed hybrid step of the next
+	// step's deadline and of the ring's typical overhead (see Exclusion).
+	OnPace func(deadline, overhead time.Duration)
 	// Now is the clock of the deadlines (default time.Now).
 	Now func() time.Time
+}
+
+// Exclusion is a straggler the hybrid policy excludes: a ring member, by id,
+// late in LateIn of its last Window steps.
+type Exclusion struct {
+	ID             string
+	LateIn, Window int
+	Step           int64 // the step whose close decided it
+	// Deadline is the step deadline it missed; Overhead the ring's typical
+	// time from a step's opening to a rank's readiness beyond the rank's
+	// own compute. Its probation steps are judged by both.
+	Deadline, Overhead time.Duration
 }
 
 // groupState outlives the actor instance, so a restarted group actor knows

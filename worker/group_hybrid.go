@@ -18,8 +18,14 @@ type hybridLeader struct {
 	open     int64                 // the step open now (0: none yet this generation)
 	openedAt time.Time
 	readyAt  map[uint32]time.Duration
+	compute  map[uint32]time.Duration // each ready rank's own compute time
 	deadline time.Duration
-	recent   []time.Duration // times of the last closed steps
+	recent   []time.Duration // hybrid.StepTime of the last closed steps
+	overhead []time.Duration // hybrid.Overhead of the last closed steps
+	// first: the open step is a generation's first, opened by the first
+	// readiness rather than by the previous step's close; its times are
+	// only the spread of the ranks' readiness, not a step's.
+	first bool
 	hist     *hybrid.History
 	timer    *time.Timer
 }
@@ -31,7 +37,11 @@ type deadlineTick struct {
 }
 
 func (h *hybridLeader) begin(members []string) {
-	h.members, h.pids, h.open, h.readyAt = members, map[uint32]*actor.PID{}, 0, map[uint32]time.Duration{}
+	h.members, h.pids, h.open = members, map[uint32]*actor.PID{}, 0
+	h.readyAt, h.compute = map[uint32]time.Duration{}, map[uint32]time.Duration{}
+	if h.hist != nil {
+		h.hist.Rejoined(members)
+	}
 	if h.timer != nil {
 		h.timer.Stop()
 	}
@@ -45,7 +55,7 @@ func (a *groupActor) readyHybrid(ctx actor.Context, m *phalanxpb.StepReady) {
 	h.pids[m.Rank] = actor.NewPID(m.From.Address, m.From.Id)
 	now := st.cfg.Now()
 	if h.open == 0 {
-		h.open, h.openedAt = m.Step, now
+		h.open, h.openedAt, h.first = m.Step, now, true
 		h.deadline = st.cfg.Hybrid.NextDeadline(h.recent)
 	}
 	switch {
@@ -56,6 +66,7 @@ func (a *groupActor) readyHybrid(ctx actor.Context, m *phalanxpb.StepReady) {
 		return
 	}
 	h.readyAt[m.Rank] = now.Sub(h.openedAt)
+	h.compute[m.Rank] = time.Duration(m.ComputeNanos)
 	if len(h.readyAt) == 1 && len(h.pids) == st.cfg.World && h.timer == nil {
 		a.arm(ctx)
 	}
@@ -78,9 +89,9 @@ func (a *groupActor) tryClose(ctx actor.Context) {
 	if len(h.pids) < world { // the first step waits for everyone
 		return
 	}
-	ready := make([]time.Duration, world)
+	ready, compute := make([]time.Duration, world), make([]time.Duration, world)
 	for r := range ready {
-		ready[r] = hybrid.NotReady
+		ready[r], compute[r] = hybrid.NotReady, h.compute[uint32(r)]
 		if t, ok := h.readyAt[uint32(r)]; ok {
 			ready[r] = t
 		}
@@ -104,18 +115,31 @@ func (a *groupActor) tryClose(ctx actor.Context) {
 	for _, pid := range h.pids {
 		ctx.Send(pid, &phalanxpb.StepGo{Step: step, Generation: st.cfg.Generation, Participants: ids})
 	}
-	if len(ids) == world { // a full step's time is what the deadline adapts to
-		h.recent = append(h.recent, elapsed)
-		if n := len(h.recent); n > 64 {
-			h.recent = h.recent[n-64:]
+	if !h.first {
+		h.recent = keepLast(append(h.recent, hybrid.StepTime(ready, elapsed)), 64)
+		if o, ok := hybrid.Overhead(ready, compute, elapsed); ok {
+			h.overhead = keepLast(append(h.overhead, o), 64)
 		}
 	}
+	overhead := hybrid.Median(h.overhead[max(0, len(h.overhead)-st.cfg.Hybrid.AutoWindow):])
 	if len(h.members) == world && st.cfg.OnExclude != nil {
 		for _, s := range st.cfg.Hybrid.Record(h.hist, h.members, parts) {
-			st.cfg.OnExclude(s.ID, s.LateIn, st.cfg.Hybrid.Window, h.deadline)
+			st.cfg.OnExclude(Exclusion{ID: s.ID, LateIn: s.LateIn, Window: st.cfg.Hybrid.Window, Step: step, Deadline: h.deadline, Overhead: overhead})
 		}
 	}
-	h.open, h.openedAt, h.readyAt = step+1, st.cfg.Now(), map[uint32]time.Duration{}
+	h.open, h.openedAt, h.first = step+1, st.cfg.Now(), false
+	h.readyAt, h.compute = map[uint32]time.Duration{}, map[uint32]time.Duration{}
 	h.deadline = st.cfg.Hybrid.NextDeadline(h.recent)
+	if st.cfg.OnPace != nil {
+		st.cfg.OnPace(h.deadline, overhead)
+	}
 	a.arm(ctx)
+}
+
+// keepLast is d without all but its last n elements.
+func keepLast(d []time.Duration, n int) []time.Duration {
+	if len(d) > n {
+		return d[len(d)-n:]
+	}
+	return d
 }

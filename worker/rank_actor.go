@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
@@ -35,6 +36,8 @@ type RankConfig struct {
 	// Context bounds the collective operations.
 	Context context.Context
 	Logger  *zap.Logger
+	// Now is the clock that times the rank's compute (default time.Now).
+	Now func() time.Time
 }
 
 // ErrStopped ends a rank whose AfterStep asked to stop (a graceful
@@ -55,6 +58,7 @@ type rankState struct {
 // computeDone tells a hybrid rank actor its Compute returned.
 type computeDone struct {
 	step int64
+	took time.Duration
 	err  error
 }
 
@@ -71,6 +75,9 @@ func NewRankProps(cfg RankConfig) *actor.Props {
 	}
 	if cfg.Context == nil {
 		cfg.Context = context.Background()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	st := &rankState{cfg: cfg}
 	return actor.PropsFromProducer(func() actor.Actor { return &rankActor{st: st} })
@@ -131,18 +138,19 @@ func (a *rankActor) compute(ctx actor.Context) {
 		a.done(nil)
 		return
 	}
+	start := st.cfg.Now()
 	if err := t.Compute(st.cfg.Context); err != nil {
 		a.fail(err)
 		return
 	}
-	a.sendReady(ctx, t.NextStep())
+	a.sendReady(ctx, t.NextStep(), st.cfg.Now().Sub(start))
 }
 
-// sendReady tells the group actor this rank has computed step.
-func (a *rankActor) sendReady(ctx actor.Context, step int64) {
+// sendReady tells the group actor this rank has computed step, in took.
+func (a *rankActor) sendReady(ctx actor.Context, step int64, took time.Duration) {
 	st := a.st
 	ctx.Send(st.cfg.Group, &phalanxpb.StepReady{Rank: uint32(st.cfg.Rank), Step: step, Generation: st.cfg.Generation,
-		From: &phalanxpb.ActorRef{Address: ctx.Self().Address, Id: ctx.Self().Id}})
+		From: &phalanxpb.ActorRef{Address: ctx.Self().Address, Id: ctx.Self().Id}, ComputeNanos: int64(took)})
 }
 
 // fail ends the rank with err; a panic in model or optimizer code is raised

@@ -23,9 +23,11 @@ func (a *rankActor) computeAsync(ctx actor.Context) {
 	}
 	st.computing, st.computeFor = true, t.NextStep()
 	sys, self, step := ctx.ActorSystem(), ctx.Self(), st.computeFor
+	now := st.cfg.Now
 	go func() {
+		start := now()
 		err := t.Compute(st.cfg.Context)
-		sys.Root.Send(self, &computeDone{step: step, err: err})
+		sys.Root.Send(self, &computeDone{step: step, took: now().Sub(start), err: err})
 	}()
 }
 
@@ -43,7 +45,7 @@ func (a *rankActor) computed(ctx actor.Context, m *computeDone) {
 		a.applyAll(ctx)
 		return
 	}
-	a.sendReady(ctx, m.step)
+	a.sendReady(ctx, m.step, m.took)
 }
 
 // goHybrid takes a step's decision: a participant reduces its gradients

@@ -431,7 +431,7 @@ func (j *job) generation(g *phalanxpb.Generation) {
 	}
 	for _, x := range g.Excluded {
 		j.ev.Emit("straggler_excluded", events.F("generation", g.Number), events.F("rank", x.Rank), events.F("pid", x.Pid), events.F("id", x.Id),
-			events.F("late_in", x.LateIn), events.F("window", x.Window))
+			events.F("late_in", x.LateIn), events.F("window", x.Window), events.F("step", x.Step))
 	}
 	for _, id := range g.Readmitted {
 		i := pos[id]

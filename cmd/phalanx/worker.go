@@ -12,7 +12,6 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -224,10 +223,12 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 	sup, pids, err := actors.StartSupervisor(sys, "job", strategy, actors.Child{Name: "group", Props: worker.NewGroupProps(worker.GroupConfig{
 		Logger: log,
 		Hybrid: policy,
-		OnExclude: func(id string, lateIn, window int, deadline time.Duration) {
-			x := &phalanxpb.Exclusion{Id: id, Generation: w.generation.Load(), LateIn: int32(lateIn), Window: int32(window),
-				RequestedBy: w.id, RequestedUnixNano: time.Now().UnixNano(), DeadlineNanos: int64(deadline)}
-			log.Warn("excluding a straggler", zap.String("worker", id), zap.Int("late_in", lateIn), zap.Int("window", window), zap.Duration("deadline", deadline))
+		OnExclude: func(e worker.Exclusion) {
+			id := e.ID
+			x := &phalanxpb.Exclusion{Id: id, Generation: w.generation.Load(), LateIn: int32(e.LateIn), Window: int32(e.Window), Step: e.Step,
+				RequestedBy: w.id, RequestedUnixNano: time.Now().UnixNano(), DeadlineNanos: int64(e.Deadline), OverheadNanos: int64(e.Overhead)}
+			log.Warn("excluding a straggler", zap.String("worker", id), zap.Int("late_in", e.LateIn), zap.Int("window", e.Window),
+				zap.Duration("deadline", e.Deadline), zap.Duration("overhead", e.Overhead))
 			go func() { // not on the group actor's goroutine
 				ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				defer cancel()
@@ -235,6 +236,10 @@ func workerMain(ctx context.Context, c workerConfig, stdout io.Writer, log *zap.
 					log.Warn("asking the coordinator to exclude a straggler", zap.String("worker", id), zap.Error(err))
 				}
 			}()
+		},
+		OnPace: func(deadline, overhead time.Duration) {
+			w.paceDead.Store(int64(deadline))
+			w.paceOver.Store(int64(overhead))
 		},
 		OnRestart: func(r *phalanxpb.RankRestarted) {
 			rep.send(report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
@@ -285,6 +290,8 @@ type elasticWorker struct {
 	probeMu    sync.Mutex                        // held by a round, and by each probation step
 	probeStep  atomic.Int64                      // the ring's step, for fault injection while on probation (0: not on probation)
 	progressAt atomic.Int64                      // the last step written to the progress key
+	paceDead   atomic.Int64                      // the group actor's next deadline and overhead (nanoseconds), for the progress key
+	paceOver   atomic.Int64
 	generation atomic.Uint64                     // the generation it trains in
 	store      checkpoint.Store
 	stopAsked  atomic.Bool // a signal came before the checkpointer existed
@@ -400,9 +407,10 @@ func (w *elasticWorker) probation(ctx context.Context) {
 			w.log.Warn("an unreadable exclusion record", zap.Error(err))
 			return
 		}
-		deadline := time.Duration(x.DeadlineNanos)
-		w.log.Warn("excluded as a straggler: on probation", zap.Duration("deadline", deadline))
-		for onTime, probes := 0, 0; onTime < max(1, w.c.train.sync.readmitAfter) && ctx.Err() == nil; probes++ {
+		pr := hybrid.Probation{Deadline: time.Duration(x.DeadlineNanos), Overhead: max(0, time.Duration(x.OverheadNanos)),
+			ReadmitAfter: w.c.train.sync.readmitAfter}
+		w.log.Warn("excluded as a straggler: on probation", zap.Duration("deadline", pr.Deadline), zap.Duration("overhead", pr.Overhead))
+		for probes := 0; ctx.Err() == nil; probes++ {
 			if probes%5 == 0 { // keep receiving the ring's parameters
 				if step, err := w.requestFeed(ctx); err != nil {
 					w.log.Warn("receiving the ring's parameters", zap.Error(err))
@@ -410,18 +418,19 @@ func (w *elasticWorker) probation(ctx context.Context) {
 					w.rep.send(report{Kind: "fed", ID: w.id, Step: step})
 				}
 			}
-			d, err := w.probe(ctx)
+			d, err := w.probe(ctx, &pr)
 			if err != nil {
 				w.log.Warn("probation step", zap.Error(err))
 				return
 			}
-			if d <= deadline {
-				onTime++
-			} else {
-				onTime = 0
+			if pr.Observe(d) {
+				break
 			}
 		}
 		w.probeStep.Store(0)
+		if ctx.Err() != nil {
+			return
+		}
 		if err := coordinator.Readmit(ctx, w.cli, w.keys, w.id); err != nil {
 			w.log.Warn("asking to be readmitted", zap.Error(err))
 			return
@@ -430,8 +439,9 @@ func (w *elasticWorker) probation(ctx context.Context) {
 	}
 }
 
-// probe times one step's computation at the ring's current step.
-func (w *elasticWorker) probe(ctx context.Context) (time.Duration, error) {
+// probe times one step's computation at the ring's current step, and
+// updates pr to the ring's current pace.
+func (w *elasticWorker) probe(ctx context.Context, pr *hybrid.Probation) (time.Duration, error) {
 	w.probeMu.Lock()
 	defer w.probeMu.Unlock()
 	t := w.trainer
@@ -439,8 +449,14 @@ func (w *elasticWorker) probe(ctx context.Context) (time.Duration, error) {
 		return 0, errors.New("no trainer")
 	}
 	if resp, err := w.cli.Get(ctx, w.keys.Progress()); err == nil && len(resp.Kvs) == 1 {
-		if s, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err == nil {
-			w.probeStep.Store(s)
+		var p phalanxpb.Pace
+		if err := proto.Unmarshal(resp.Kvs[0].Value, &p); err != nil || p.Step < 0 {
+			w.log.Warn("an unreadable progress record", zap.Error(err))
+		} else {
+			w.probeStep.Store(p.Step)
+			if p.DeadlineNanos > 0 {
+				pr.Deadline, pr.Overhead = time.Duration(p.DeadlineNanos), max(0, time.Duration(p.OverheadNanos))
+			}
 		}
 	}
 	if _, err := t.Rollback(); err != nil { // the last commit: probing changes nothing
@@ -635,10 +651,11 @@ func (w *elasticWorker) round(ctx context.Context, r *elastic.Round) error {
 			now := time.Now()
 			if r.Rank == 0 && w.c.train.sync.mode == "hybrid" && st.Step-w.progressAt.Load() >= 5 {
 				w.progressAt.Store(st.Step)
+				pace, _ := proto.Marshal(&phalanxpb.Pace{Step: st.Step, DeadlineNanos: w.paceDead.Load(), OverheadNanos: w.paceOver.Load()})
 				go func() { // the pace excluded workers measure themselves against
 					pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 					defer cancel()
-					w.cli.Put(pctx, w.keys.Progress(), strconv.FormatInt(st.Step, 10))
+					w.cli.Put(pctx, w.keys.Progress(), string(pace))
 				}()
 			}
 			if r.Rank == 0 && w.c.train.sync.mode == "hybrid" {

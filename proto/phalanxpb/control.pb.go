@@ -81,11 +81,15 @@ func (x *ActorRef) GetId() string {
 // StepReady tells the group actor that a rank has computed its gradients for
 // step (counted from 1) and waits for the decision.
 type StepReady struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	Step          int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
-	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
-	From          *ActorRef              `protobuf:"bytes,4,opt,name=from,proto3" json:"from,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Rank       uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Step       int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Generation uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	From       *ActorRef              `protobuf:"bytes,4,opt,name=from,proto3" json:"from,omitempty"`
+	// compute_nanos is how long the rank computed the step's gradients: the
+	// hybrid leader learns from it how much of a rank's readiness time is not
+	// its own compute (the decision's delivery, the reduction, the update).
+	ComputeNanos  int64 `protobuf:"varint,5,opt,name=compute_nanos,json=computeNanos,proto3" json:"compute_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -146,6 +150,13 @@ func (x *StepReady) GetFrom() *ActorRef {
 		return x.From
 	}
 	return nil
+}
+
+func (x *StepReady) GetComputeNanos() int64 {
+	if x != nil {
+		return x.ComputeNanos
+	}
+	return 0
 }
 
 // StepGo is the group actor's decision: the participants of step reduce
@@ -288,14 +299,15 @@ const file_phalanx_v1_control_proto_rawDesc = "" +
 	"phalanx.v1\"4\n" +
 	"\bActorRef\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"}\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\xa2\x01\n" +
 	"\tStepReady\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x12(\n" +
-	"\x04from\x18\x04 \x01(\v2\x14.phalanx.v1.ActorRefR\x04from\"`\n" +
+	"\x04from\x18\x04 \x01(\v2\x14.phalanx.v1.ActorRefR\x04from\x12#\n" +
+	"\rcompute_nanos\x18\x05 \x01(\x03R\fcomputeNanos\"`\n" +
 	"\x06StepGo\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x1e\n" +
 	"\n" +

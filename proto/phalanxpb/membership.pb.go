@@ -328,6 +328,7 @@ type LostMember struct {
 	DetectedBy    string                 `protobuf:"bytes,4,opt,name=detected_by,json=detectedBy,proto3" json:"detected_by,omitempty"` // "lease expired", or the report that was verified
 	LateIn        int32                  `protobuf:"varint,5,opt,name=late_in,json=lateIn,proto3" json:"late_in,omitempty"`            // an excluded straggler: late in this many
 	Window        int32                  `protobuf:"varint,6,opt,name=window,proto3" json:"window,omitempty"`                          // of its last this-many steps
+	Step          int64                  `protobuf:"varint,7,opt,name=step,proto3" json:"step,omitempty"`                              // an excluded straggler: the step whose close decided it
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +405,13 @@ func (x *LostMember) GetWindow() int32 {
 	return 0
 }
 
+func (x *LostMember) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
 // FeedRequest is an excluded worker's request for the ring's parameters,
 // under /phalanx/<job>/feeds/<id>: rank 0 sends them over a two-rank group
 // of job "<job>/feed/<id>" and this generation.
@@ -467,6 +475,70 @@ func (x *FeedRequest) GetGeneration() uint64 {
 	return 0
 }
 
+// Pace is the ring's progress, written now and then by rank 0 in hybrid mode
+// under /phalanx/<job>/progress: an excluded worker on probation computes at
+// step and judges its own step times by the ring's current deadline and
+// overhead (see Exclusion).
+type Pace struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Step          int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	DeadlineNanos int64                  `protobuf:"varint,2,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"`
+	OverheadNanos int64                  `protobuf:"varint,3,opt,name=overhead_nanos,json=overheadNanos,proto3" json:"overhead_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pace) Reset() {
+	*x = Pace{}
+	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pace) ProtoMessage() {}
+
+func (x *Pace) ProtoReflect() protoreflect.Message {
+	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pace.ProtoReflect.Descriptor instead.
+func (*Pace) Descriptor() ([]byte, []int) {
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Pace) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Pace) GetDeadlineNanos() int64 {
+	if x != nil {
+		return x.DeadlineNanos
+	}
+	return 0
+}
+
+func (x *Pace) GetOverheadNanos() int64 {
+	if x != nil {
+		return x.OverheadNanos
+	}
+	return 0
+}
+
 // Exclusion asks the coordinator to keep a straggler out of the ring; it is
 // written by the step leader under /phalanx/<job>/exclusions/<id> and deleted
 // to readmit the worker.
@@ -479,13 +551,18 @@ type Exclusion struct {
 	RequestedBy       string                 `protobuf:"bytes,5,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
 	RequestedUnixNano int64                  `protobuf:"varint,6,opt,name=requested_unix_nano,json=requestedUnixNano,proto3" json:"requested_unix_nano,omitempty"`
 	DeadlineNanos     int64                  `protobuf:"varint,7,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"` // the ring's step deadline when it was excluded: the pace to keep for readmission
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// overhead_nanos is the ring's typical time from a step's opening to a
+	// rank's readiness beyond the rank's own compute: a probation step would
+	// have met the deadline if its compute plus this did.
+	OverheadNanos int64 `protobuf:"varint,8,opt,name=overhead_nanos,json=overheadNanos,proto3" json:"overhead_nanos,omitempty"`
+	Step          int64 `protobuf:"varint,9,opt,name=step,proto3" json:"step,omitempty"` // the step whose close decided the exclusion
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Exclusion) Reset() {
 	*x = Exclusion{}
-	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +574,7 @@ func (x *Exclusion) String() string {
 func (*Exclusion) ProtoMessage() {}
 
 func (x *Exclusion) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_membership_proto_msgTypes[5]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +587,7 @@ func (x *Exclusion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exclusion.ProtoReflect.Descriptor instead.
 func (*Exclusion) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{5}
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Exclusion) GetId() string {
@@ -562,6 +639,20 @@ func (x *Exclusion) GetDeadlineNanos() int64 {
 	return 0
 }
 
+func (x *Exclusion) GetOverheadNanos() int64 {
+	if x != nil {
+		return x.OverheadNanos
+	}
+	return 0
+}
+
+func (x *Exclusion) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
 // LossReport is a worker's report that a peer's connection broke; the
 // coordinator verifies it before removing the peer.
 type LossReport struct {
@@ -576,7 +667,7 @@ type LossReport struct {
 
 func (x *LossReport) Reset() {
 	*x = LossReport{}
-	mi := &file_phalanx_v1_membership_proto_msgTypes[6]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +679,7 @@ func (x *LossReport) String() string {
 func (*LossReport) ProtoMessage() {}
 
 func (x *LossReport) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_membership_proto_msgTypes[6]
+	mi := &file_phalanx_v1_membership_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +692,7 @@ func (x *LossReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LossReport.ProtoReflect.Descriptor instead.
 func (*LossReport) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{6}
+	return file_phalanx_v1_membership_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LossReport) GetReporterId() string {
@@ -669,7 +760,7 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	" \x03(\v2\x16.phalanx.v1.LostMemberR\bexcluded\x12\x1e\n" +
 	"\n" +
 	"readmitted\x18\v \x03(\tR\n" +
-	"readmitted\"\x94\x01\n" +
+	"readmitted\"\xa8\x01\n" +
 	"\n" +
 	"LostMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -678,13 +769,18 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\vdetected_by\x18\x04 \x01(\tR\n" +
 	"detectedBy\x12\x17\n" +
 	"\alate_in\x18\x05 \x01(\x05R\x06lateIn\x12\x16\n" +
-	"\x06window\x18\x06 \x01(\x05R\x06window\"Z\n" +
+	"\x06window\x18\x06 \x01(\x05R\x06window\x12\x12\n" +
+	"\x04step\x18\a \x01(\x03R\x04step\"Z\n" +
 	"\vFeedRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
-	"generation\"\xe6\x01\n" +
+	"generation\"h\n" +
+	"\x04Pace\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x03R\x04step\x12%\n" +
+	"\x0edeadline_nanos\x18\x02 \x01(\x03R\rdeadlineNanos\x12%\n" +
+	"\x0eoverhead_nanos\x18\x03 \x01(\x03R\roverheadNanos\"\xa1\x02\n" +
 	"\tExclusion\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1e\n" +
 	"\n" +
@@ -694,7 +790,9 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\x06window\x18\x04 \x01(\x05R\x06window\x12!\n" +
 	"\frequested_by\x18\x05 \x01(\tR\vrequestedBy\x12.\n" +
 	"\x13requested_unix_nano\x18\x06 \x01(\x03R\x11requestedUnixNano\x12%\n" +
-	"\x0edeadline_nanos\x18\a \x01(\x03R\rdeadlineNanos\"~\n" +
+	"\x0edeadline_nanos\x18\a \x01(\x03R\rdeadlineNanos\x12%\n" +
+	"\x0eoverhead_nanos\x18\b \x01(\x03R\roverheadNanos\x12\x12\n" +
+	"\x04step\x18\t \x01(\x03R\x04step\"~\n" +
 	"\n" +
 	"LossReport\x12\x1f\n" +
 	"\vreporter_id\x18\x01 \x01(\tR\n" +
@@ -717,15 +815,16 @@ func file_phalanx_v1_membership_proto_rawDescGZIP() []byte {
 	return file_phalanx_v1_membership_proto_rawDescData
 }
 
-var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_phalanx_v1_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_phalanx_v1_membership_proto_goTypes = []any{
 	(*Registration)(nil), // 0: phalanx.v1.Registration
 	(*Member)(nil),       // 1: phalanx.v1.Member
 	(*Generation)(nil),   // 2: phalanx.v1.Generation
 	(*LostMember)(nil),   // 3: phalanx.v1.LostMember
 	(*FeedRequest)(nil),  // 4: phalanx.v1.FeedRequest
-	(*Exclusion)(nil),    // 5: phalanx.v1.Exclusion
-	(*LossReport)(nil),   // 6: phalanx.v1.LossReport
+	(*Pace)(nil),         // 5: phalanx.v1.Pace
+	(*Exclusion)(nil),    // 6: phalanx.v1.Exclusion
+	(*LossReport)(nil),   // 7: phalanx.v1.LossReport
 }
 var file_phalanx_v1_membership_proto_depIdxs = []int32{
 	1, // 0: phalanx.v1.Generation.members:type_name -> phalanx.v1.Member
@@ -749,7 +848,7 @@ func file_phalanx_v1_membership_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_phalanx_v1_membership_proto_rawDesc), len(file_phalanx_v1_membership_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
