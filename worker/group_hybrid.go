@@ -26,8 +26,8 @@ type hybridLeader struct {
 	// readiness rather than by the previous step's close; its times are
 	// only the spread of the ranks' readiness, not a step's.
 	first bool
-	hist     *hybrid.History
-	timer    *time.Timer
+	hist  *hybrid.History
+	timer *time.Timer
 }
 
 // deadlineTick is the group actor's reminder that a step's deadline passed.

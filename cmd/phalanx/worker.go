@@ -292,7 +292,7 @@ type elasticWorker struct {
 	progressAt atomic.Int64                      // the last step written to the progress key
 	paceDead   atomic.Int64                      // the group actor's next deadline and overhead (nanoseconds), for the progress key
 	paceOver   atomic.Int64
-	generation atomic.Uint64                     // the generation it trains in
+	generation atomic.Uint64 // the generation it trains in
 	store      checkpoint.Store
 	stopAsked  atomic.Bool // a signal came before the checkpointer existed
 	mu         sync.Mutex
