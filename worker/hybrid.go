@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
@@ -103,13 +104,18 @@ func (t *Trainer) Pending() int { return len(t.hybridQueue) }
 // gradients (or keeps them for the next step, with StaleDecay); a rank that
 // never computed the step only advances its sampler position. Call it after
 // this rank's Compute of the step, if any, has returned.
-func (t *Trainer) ApplyStep(ctx context.Context) (StepStats, error) {
+func (t *Trainer) ApplyStep(ctx context.Context) (_ StepStats, err error) {
 	if len(t.hybridQueue) == 0 {
 		return StepStats{}, fmt.Errorf("worker: no reduced step to apply")
 	}
 	r := t.hybridQueue[0]
 	t.hybridQueue = t.hybridQueue[1:]
-	defer func() { t.hybridFree = append(t.hybridFree, r.flat) }()
+	defer func() {
+		t.hybridFree = append(t.hybridFree, r.flat)
+		if v := recover(); v != nil { // Recover repairs the step (see rankActor.resume)
+			err = &PanicError{Step: r.step, Value: v, Stack: debug.Stack()}
+		}
+	}()
 	s, p := t.state, &t.pend
 	if r.step != s.Step+1 {
 		return StepStats{}, fmt.Errorf("worker: applying step %d at step %d", r.step, s.Step)

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -219,4 +220,68 @@ func TestHybridActors(t *testing.T) {
 		}
 	}
 	t.Logf("%d of 20 steps closed without every rank", partial)
+}
+
+// TestHybridActorsRestart: in hybrid mode a rank that panics — in its model
+// code while late (its step closed without it and later steps are queued),
+// or in the optimizer update of a step reduced while it was late — is
+// restarted by its supervisor and goes on; every rank ends after every step
+// with bitwise the same parameters.
+func TestHybridActorsRestart(t *testing.T) {
+	policy := &hybrid.Policy{Deadline: 30 * time.Millisecond, Quorum: 0.6}
+	if err := policy.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	late := func(m *tinyModel) { // calls 5 to 12 take 100 ms more: steps close without the rank
+		m.delay = func(call int64) time.Duration {
+			if call >= 5 && call <= 12 {
+				return 100 * time.Millisecond
+			}
+			return 0
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		inject func(rank int, m *tinyModel, tr *Trainer)
+	}{
+		{"model panic while late", func(rank int, m *tinyModel, _ *Trainer) {
+			if rank == 2 {
+				late(m)
+				m.panicAt = 8
+			}
+		}},
+		{"optimizer panic while late", func(rank int, m *tinyModel, tr *Trainer) {
+			if rank == 2 {
+				late(m)
+				fired := false
+				tr.beforeUpdate = func(step int64) {
+					if step == 9 && !fired {
+						fired = true
+						panic("injected failure in the optimizer at step 9")
+					}
+				}
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			steps := make([]int64, 3)
+			params, restarts := actorJobWith(t, 3, 20, tc.inject, policy, func(rank int, st StepStats) {
+				mu.Lock()
+				steps[rank] = st.Step
+				mu.Unlock()
+			})
+			if len(restarts) != 1 || restarts[0].Rank != 2 || !strings.Contains(restarts[0].Reason, "injected failure") {
+				t.Fatalf("restarts %v, want one of rank 2 with the injected failure", restarts)
+			}
+			for r := range 3 {
+				if steps[r] != 20 {
+					t.Errorf("rank %d ended at step %d, want 20", r, steps[r])
+				}
+				if !sameBits(params[0], params[r]) {
+					t.Errorf("rank %d's parameters differ from rank 0's", r)
+				}
+			}
+		})
+	}
 }

@@ -223,6 +223,13 @@ func (a *rankActor) resume(ctx actor.Context) {
 	switch {
 	case err != nil:
 		a.done(err)
+	case st.cfg.Hybrid:
+		// Steps reduced while this rank was late, and decisions deferred
+		// behind them, are applied before it computes again; a Compute
+		// still running reports when it returns.
+		if (!done || a.afterStep(stats)) && !st.computing {
+			a.applyAll(ctx)
+		}
 	case done:
 		a.stepDone(ctx, stats)
 	default:

@@ -78,12 +78,21 @@ func (a *rankActor) goHybrid(ctx actor.Context, m *phalanxpb.StepGo) {
 	}
 }
 
-// applyAll applies every reduced step, then takes the deferred decisions,
-// then computes the next step.
+// applyAll applies every reduced step, taking the deferred decisions (steps
+// this rank never computed) in order once the steps before them are
+// applied, then computes the next step. It runs only while no Compute does.
 func (a *rankActor) applyAll(ctx actor.Context) {
 	st := a.st
 	t := st.cfg.Trainer
-	for t.Pending() > 0 {
+	for t.Pending() > 0 || len(st.deferred) > 0 {
+		if t.Pending() == 0 {
+			m := st.deferred[0]
+			st.deferred = st.deferred[1:]
+			if err := t.ReduceStep(st.cfg.Context, m.Step, false); err != nil {
+				a.done(err)
+				return
+			}
+		}
 		stats, err := t.ApplyStep(st.cfg.Context)
 		if err != nil {
 			a.fail(err)
@@ -91,14 +100,6 @@ func (a *rankActor) applyAll(ctx actor.Context) {
 		}
 		if !a.afterStep(stats) {
 			return
-		}
-		if len(st.deferred) > 0 && t.Pending() == 0 {
-			m := st.deferred[0]
-			st.deferred = st.deferred[1:]
-			if err := t.ReduceStep(st.cfg.Context, m.Step, false); err != nil {
-				a.done(err)
-				return
-			}
 		}
 	}
 	ctx.Send(ctx.Self(), &computeNext{})
