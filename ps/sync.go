@@ -1,0 +1,256 @@
+package ps
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Mode is a consistency model: when pushed gradients become visible to
+// pulls.
+type Mode uint8
+
+// Consistency models.
+const (
+	// BSP: a shard's clock advances when every worker pushed it; the
+	// gradients of a clock are averaged and applied together, and a pull
+	// for clock c waits until every clock before c is applied.
+	BSP Mode = iota + 1
+	// ASP: a push is applied on arrival; pulls never wait.
+	ASP
+	// SSP: a push is applied on arrival; a worker at clock c waits on pull
+	// until the slowest worker has pushed clock c-s-1 (it is at most s
+	// clocks ahead of the slowest).
+	SSP
+	// Hybrid: like BSP, but a clock closes once a quorum of workers pushed
+	// it or at its deadline; a later push for a closed clock is stale:
+	// dropped, or decayed into the open clock's update.
+	Hybrid
+)
+
+// ParseMode reads bsp, asp, ssp or hybrid.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "bsp":
+		return BSP, nil
+	case "asp", "async":
+		return ASP, nil
+	case "ssp":
+		return SSP, nil
+	case "hybrid":
+		return Hybrid, nil
+	}
+	return 0, fmt.Errorf("ps: consistency %q: want bsp, asp, ssp or hybrid", s)
+}
+
+func (m Mode) String() string {
+	switch m {
+	case BSP:
+		return "bsp"
+	case ASP:
+		return "asp"
+	case SSP:
+		return "ssp"
+	case Hybrid:
+		return "hybrid"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// SyncSpec is a job's consistency configuration.
+type SyncSpec struct {
+	Mode    Mode
+	Workers int
+	// Staleness is SSP's bound s.
+	Staleness int
+	// Quorum (hybrid) is the fraction of workers whose pushes close a
+	// clock; Deadline closes it with fewer (at least one).
+	Quorum   float64
+	Deadline time.Duration
+	// Decay (hybrid), when not 0, applies a stale push scaled by it in the
+	// open clock instead of dropping it.
+	Decay float32
+}
+
+// Validate checks the spec.
+func (s SyncSpec) Validate() error {
+	switch {
+	case s.Mode < BSP || s.Mode > Hybrid:
+		return fmt.Errorf("ps: unknown consistency %d", s.Mode)
+	case s.Workers < 1 || s.Workers > 1<<16:
+		return fmt.Errorf("ps: %d workers: want 1..65536", s.Workers)
+	case s.Mode == SSP && s.Staleness < 0:
+		return fmt.Errorf("ps: ssp staleness %d: must not be negative", s.Staleness)
+	case s.Mode == Hybrid && !(s.Quorum > 0 && s.Quorum <= 1):
+		return fmt.Errorf("ps: hybrid quorum %v: want a fraction in (0, 1]", s.Quorum)
+	case s.Mode == Hybrid && s.Deadline <= 0:
+		return fmt.Errorf("ps: hybrid deadline %v: must be positive", s.Deadline)
+	case s.Decay < 0 || s.Decay > 1 || math.IsNaN(float64(s.Decay)):
+		return fmt.Errorf("ps: stale decay %v: want a factor in [0, 1]", s.Decay)
+	}
+	return nil
+}
+
+// quorum is the number of pushes that close a hybrid clock.
+func (s SyncSpec) quorum() int {
+	return max(1, int(math.Ceil(s.Quorum*float64(s.Workers)-1e-9)))
+}
+
+// aggregates reports whether the mode sums a clock's pushes and applies
+// them when the clock closes.
+func (m Mode) aggregates() bool { return m == BSP || m == Hybrid }
+
+// PushAction is what a shard does with a push.
+type PushAction uint8
+
+const (
+	// ApplyNow: apply the gradients to the rows (asp, ssp).
+	ApplyNow PushAction = iota + 1
+	// Aggregate: add them to the open clock's sum (bsp, hybrid).
+	Aggregate
+	// StaleDrop: the push's clock closed (hybrid): drop it.
+	StaleDrop
+	// StaleDecay: the push's clock closed (hybrid): add it, scaled by the
+	// decay, to the open clock's sum without counting it as a participant.
+	StaleDecay
+	// Duplicate: this push was applied already (a retry after a
+	// failover): acknowledge it and do nothing.
+	Duplicate
+)
+
+// Clocks is a shard's consistency state. It decides what to do with each
+// push and whether a pull can be served, as a pure function of the pushes
+// and closes it was given: no clock reads, no I/O. A primary and its backups
+// feed theirs the same sequence (the primary decides the closes) and agree.
+type Clocks struct {
+	spec SyncSpec
+	// open is the clock being pushed (bsp, hybrid): every clock before it
+	// is applied.
+	open    int64
+	pushed  []bool // who pushed the open clock
+	npushed int
+	// next is each worker's next clock (asp, ssp): it pushed every clock
+	// before it.
+	next []int64
+	// lastID is each worker's last push id taken: a push id not above it
+	// is a duplicate.
+	lastID []uint64
+}
+
+// NewClocks is a shard's consistency state at clock 0.
+func NewClocks(spec SyncSpec) (*Clocks, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	return &Clocks{spec: spec, pushed: make([]bool, spec.Workers), next: make([]int64, spec.Workers), lastID: make([]uint64, spec.Workers)}, nil
+}
+
+// Spec is the configuration.
+func (c *Clocks) Spec() SyncSpec { return c.spec }
+
+// Push decides what to do with worker's push id for clock. A push that
+// breaks the protocol (a bad worker, a clock ahead of the open one, a
+// second push of the same clock) is an error and changes nothing.
+func (c *Clocks) Push(worker int, id uint64, clock int64) (PushAction, error) {
+	if worker < 0 || worker >= c.spec.Workers {
+		return 0, fmt.Errorf("ps: push from worker %d of %d", worker, c.spec.Workers)
+	}
+	if clock < 0 {
+		return 0, fmt.Errorf("ps: push of worker %d for clock %d", worker, clock)
+	}
+	if id != 0 && id <= c.lastID[worker] {
+		return Duplicate, nil
+	}
+	var act PushAction
+	switch c.spec.Mode {
+	case ASP, SSP:
+		if clock < c.next[worker] {
+			return 0, fmt.Errorf("ps: worker %d pushed clock %d after clock %d", worker, clock, c.next[worker]-1)
+		}
+		c.next[worker] = clock + 1
+		act = ApplyNow
+	case BSP, Hybrid:
+		switch {
+		case clock > c.open:
+			return 0, fmt.Errorf("ps: worker %d pushed clock %d while clock %d is open", worker, clock, c.open)
+		case clock < c.open && c.spec.Mode == BSP:
+			return 0, fmt.Errorf("ps: worker %d pushed clock %d, closed already (bsp waits for every worker)", worker, clock)
+		case clock < c.open:
+			act = StaleDrop
+			if c.spec.Decay > 0 {
+				act = StaleDecay
+			}
+		case c.pushed[worker]:
+			return 0, fmt.Errorf("ps: worker %d pushed clock %d twice", worker, clock)
+		default:
+			c.pushed[worker] = true
+			c.npushed++
+			act = Aggregate
+		}
+	}
+	if id != 0 {
+		c.lastID[worker] = id
+	}
+	return act, nil
+}
+
+// ShouldClose reports whether the open clock closes now (bsp, hybrid):
+// every worker pushed, or (hybrid) a quorum did, or the deadline passed with
+// at least one.
+func (c *Clocks) ShouldClose(deadlinePassed bool) bool {
+	switch c.spec.Mode {
+	case BSP:
+		return c.npushed == c.spec.Workers
+	case Hybrid:
+		return c.npushed == c.spec.Workers || c.npushed >= c.spec.quorum() || (deadlinePassed && c.npushed > 0)
+	}
+	return false
+}
+
+// Close closes the open clock and returns how many workers pushed it (what
+// its summed gradients are divided by).
+func (c *Clocks) Close() (participants int) {
+	participants = c.npushed
+	c.open++
+	clear(c.pushed)
+	c.npushed = 0
+	return participants
+}
+
+// Open is the open clock (bsp, hybrid) and Pushed how many pushed it.
+func (c *Clocks) Open() (clock int64, pushed int) { return c.open, c.npushed }
+
+// Slowest is the clock of the slowest worker (asp, ssp): every worker pushed
+// every clock before it.
+func (c *Clocks) Slowest() int64 {
+	m := c.next[0]
+	for _, n := range c.next[1:] {
+		m = min(m, n)
+	}
+	return m
+}
+
+// Clock is the shard's clock as answers report it: the open clock (bsp,
+// hybrid) or the slowest worker's (asp, ssp).
+func (c *Clocks) Clock() int64 {
+	if c.spec.Mode.aggregates() {
+		return c.open
+	}
+	return c.Slowest()
+}
+
+// CanPull reports whether a pull by a worker at clock can be served now:
+// bsp and hybrid once every clock before it is applied; ssp once the
+// slowest worker is at most Staleness clocks behind; asp always.
+func (c *Clocks) CanPull(clock int64) bool {
+	switch c.spec.Mode {
+	case BSP, Hybrid:
+		return clock <= c.open
+	case SSP:
+		return clock-c.Slowest() <= int64(c.spec.Staleness)
+	}
+	return true
+}
+
+// LastIDs is each worker's last push id taken (for answers to OpInfo).
+func (c *Clocks) LastIDs() []uint64 { return c.lastID }
