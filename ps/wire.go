@@ -105,8 +105,8 @@ func (s Status) String() string {
 }
 
 const (
-	frameMagic  uint32 = 0x31765350 // "PSv1" little-endian
-	headerSize         = 56
+	frameMagic uint32 = 0x31765350 // "PSv1" little-endian
+	headerSize        = 56
 	// MaxFrameBody bounds a frame's body: a peer announcing more is
 	// speaking garbage (1 GiB holds 4M rows of 64 float32s).
 	MaxFrameBody = 1 << 30
@@ -123,11 +123,11 @@ type Header struct {
 	// ID identifies a request (echoed in its answer); a worker's pushes to
 	// a shard carry increasing ids, so that a push retried after a
 	// failover is applied once.
-	ID      uint64
-	Shard   uint32
-	Table   uint32
-	Clock   int64
-	Worker  uint32
+	ID     uint64
+	Shard  uint32
+	Table  uint32
+	Clock  int64
+	Worker uint32
 	Count  uint32 // keys
 	Dim    uint32 // floats per row, when the frame carries values
 }
