@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -220,7 +221,10 @@ func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, ge
 // verify handles loss reports about the current generation: a reported
 // worker that does not answer a probe has its registration revoked, and
 // detected records how; one that answers stays, and the ring is marked broken
-// so that it is rebuilt as it is. Reports about older generations are
+// so that it is rebuilt as it is. A report about an older generation naming
+// a worker still in the current one is probed too (the generation may have
+// been decided, for a newcomer, before the report was read), but a worker
+// that answers it does not break the newer ring; other old reports are
 // dropped.
 func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[string]string) (broken bool, err error) {
 	byID := map[string]*phalanxpb.Registration{}
@@ -229,9 +233,11 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[stri
 	}
 	for _, rep := range s.reports {
 		current := s.cur != nil && rep.msg.Generation == s.cur.Number && !s.cur.Stopped
+		older := s.cur != nil && rep.msg.Generation < s.cur.Number && !s.cur.Stopped &&
+			slices.ContainsFunc(s.cur.Members, func(m *phalanxpb.Member) bool { return m.Id == rep.msg.LostId })
 		r := byID[rep.msg.LostId]
 		switch {
-		case !current:
+		case !current && !older:
 		case rep.msg.LostId == "":
 			broken = true
 		case r != nil:
@@ -249,7 +255,7 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[stri
 				delete(byID, r.Id)
 			} else {
 				c.log.Info("reported worker answers; keeping it", zap.String("worker", r.Id), zap.String("reporter", rep.msg.ReporterId))
-				broken = true
+				broken = broken || current
 			}
 		}
 		if _, err := c.cli.Delete(ctx, rep.key); err != nil {

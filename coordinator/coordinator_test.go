@@ -150,10 +150,10 @@ func TestMembershipLifecycle(t *testing.T) {
 	}
 
 	// A refuted report (b answers, so it stays) and a verified one (c does
-	// not); d, registered after the reports (a report names the generation
-	// it is about: had d's admission made a generation 2 first, the reports
-	// about generation 1 would be stale), rides on the rebuilt ring or
-	// enters just after it.
+	// not); d, registered after the reports, rides on the rebuilt ring or
+	// enters just before or after it (should the coordinator decide d's
+	// admission before reading the reports about generation 1, it still
+	// probes c, a member of the newer ring).
 	if err := ReportLoss(ctx, cli, keys, &phalanxpb.LossReport{ReporterId: "a", LostId: "b", Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
