@@ -120,9 +120,9 @@ type Header struct {
 	Op     Op
 	Status Status
 	Flags  Flags
-	// ID identifies a request (echoed in its answer); a worker's pushes to
-	// a shard carry increasing ids, so that a push retried after a
-	// failover is applied once.
+	// ID is a push's id: a worker's pushes to a shard's table carry
+	// increasing ids, so that a push retried after a failover is applied
+	// once.
 	ID     uint64
 	Shard  uint32
 	Table  uint32
@@ -130,6 +130,9 @@ type Header struct {
 	Worker uint32
 	Count  uint32 // keys
 	Dim    uint32 // floats per row, when the frame carries values
+	// Seq matches an answer to its request on a connection (echoed); on
+	// OpReplicate it is the change's place in the primary's order.
+	Seq uint64
 }
 
 // Frame is a decoded frame. Keys and Values view the body buffer given to
@@ -176,7 +179,7 @@ func (h *Header) put(b []byte, body int) {
 	le.PutUint32(b[36:], h.Count)
 	le.PutUint32(b[40:], h.Dim)
 	le.PutUint32(b[44:], uint32(body))
-	le.PutUint64(b[48:], 0)
+	le.PutUint64(b[48:], h.Seq)
 }
 
 // parseHeader checks a header and returns it with its body length.
@@ -187,7 +190,7 @@ func parseHeader(b []byte) (Header, int, error) {
 	}
 	h := Header{Op: Op(b[4]), Status: Status(b[5]), Flags: Flags(le.Uint16(b[6:])), ID: le.Uint64(b[8:]),
 		Shard: le.Uint32(b[16:]), Table: le.Uint32(b[20:]), Clock: int64(le.Uint64(b[24:])), Worker: le.Uint32(b[32:]),
-		Count: le.Uint32(b[36:]), Dim: le.Uint32(b[40:])}
+		Count: le.Uint32(b[36:]), Dim: le.Uint32(b[40:]), Seq: le.Uint64(b[48:])}
 	body := int(le.Uint32(b[44:]))
 	switch {
 	case h.Op < OpPull || h.Op > OpRows:
@@ -202,8 +205,6 @@ func parseHeader(b []byte) (Header, int, error) {
 		return h, 0, frameErr("row width %d above %d", h.Dim, MaxDim)
 	case body > MaxFrameBody:
 		return h, 0, frameErr("body of %d bytes above %d", body, MaxFrameBody)
-	case le.Uint64(b[48:]) != 0:
-		return h, 0, frameErr("reserved header bytes not zero")
 	}
 	if h.bodyLen() < 0 {
 		switch {

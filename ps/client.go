@@ -1,0 +1,500 @@
+package ps
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Directory tells a client where each shard's primary is. The coordinator's
+// shard map in etcd is the real one; a fixed map serves tests.
+type Directory interface {
+	// Primary is the address of shard's primary in the map's generation.
+	Primary(shard int) (addr string, generation uint64, err error)
+	// Changed returns once the map's generation is past generation.
+	Changed(ctx context.Context, generation uint64) error
+}
+
+// StaticDirectory is a shard map that never changes: Addrs[shard].
+type StaticDirectory []string
+
+// Primary implements Directory.
+func (d StaticDirectory) Primary(shard int) (string, uint64, error) {
+	if shard < 0 || shard >= len(d) {
+		return "", 0, fmt.Errorf("ps: no shard %d in a map of %d", shard, len(d))
+	}
+	return d[shard], 1, nil
+}
+
+// Changed implements Directory: a static map never changes.
+func (d StaticDirectory) Changed(ctx context.Context, _ uint64) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// RemoteError is an error answer from a server.
+type RemoteError struct {
+	Status  Status
+	Message string
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("ps: server answered %v: %s", e.Status, e.Message)
+}
+
+// retryable reports whether a failed sub-request should go again, after the
+// shard map changes: its server is gone, or is no longer the primary.
+func retryable(err error) bool {
+	var re *RemoteError
+	if errors.As(err, &re) {
+		return re.Status == StatusNotPrimary || re.Status == StatusUnavailable
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// ClientConfig configures a worker's client.
+type ClientConfig struct {
+	Worker    int
+	Tables    []TableSpec
+	Partition Partition
+	Shards    int
+	Sync      SyncSpec
+	Directory Directory
+	Logger    *zap.Logger
+}
+
+// Client is a worker's access to the parameter server: Pull and Push split
+// their keys by shard, send one frame per shard, in parallel, and gather
+// the answers in the caller's order. A request whose server fails is sent
+// again to the shard's next primary (a push keeps its id, so it is applied
+// once). Pull and Push are not safe for concurrent use.
+type Client struct {
+	cfg    ClientConfig
+	tables map[uint32]*tableClient
+
+	mu    sync.Mutex
+	conns map[string]*clientConn
+}
+
+// tableClient is a table's partition and per-shard state.
+type tableClient struct {
+	spec  TableSpec
+	part  *Partitioner
+	clock []int64  // the clock of this worker on each shard
+	ids   []uint64 // the last push id sent to each shard
+	sub   []subRequest
+}
+
+// subRequest is one shard's part of a request.
+type subRequest struct {
+	keys []uint64
+	pos  []int32 // each key's place in the caller's request
+	vals []float32
+	ack  Header
+	err  error
+	// token names the call in flight: done carries it, so that the signal
+	// of a call abandoned earlier is told apart.
+	token uint64
+	done  chan uint64
+}
+
+// finish records a call's outcome and signals it.
+func (s *subRequest) finish(token uint64, err error) {
+	s.err = err
+	s.done <- token
+}
+
+// wait waits for the signal of the call in flight.
+func (s *subRequest) wait(ctx context.Context) error {
+	for {
+		select {
+		case t := <-s.done:
+			if t == s.token {
+				return nil
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// NewClient builds a client; it connects on first use.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if err := cfg.Sync.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Worker < 0 || cfg.Worker >= cfg.Sync.Workers {
+		return nil, fmt.Errorf("ps: worker %d of %d", cfg.Worker, cfg.Sync.Workers)
+	}
+	c := &Client{cfg: cfg, tables: map[uint32]*tableClient{}, conns: map[string]*clientConn{}}
+	for _, spec := range cfg.Tables {
+		if err := spec.Validate(); err != nil {
+			return nil, err
+		}
+		p, err := NewPartitioner(cfg.Partition, cfg.Shards, &spec)
+		if err != nil {
+			return nil, err
+		}
+		tc := &tableClient{spec: spec, part: p, clock: make([]int64, cfg.Shards), ids: make([]uint64, cfg.Shards), sub: make([]subRequest, cfg.Shards)}
+		for i := range tc.sub {
+			tc.sub[i].done = make(chan uint64, 4)
+		}
+		c.tables[spec.ID] = tc
+	}
+	return c, nil
+}
+
+func (c *Client) table(id uint32) (*tableClient, error) {
+	tc := c.tables[id]
+	if tc == nil {
+		return nil, fmt.Errorf("ps: no table %d", id)
+	}
+	return tc, nil
+}
+
+// split sorts keys by shard into tc.sub (with values, when given).
+func (tc *tableClient) split(keys []uint64, values []float32) {
+	d := tc.spec.Dim
+	for i := range tc.sub {
+		s := &tc.sub[i]
+		s.keys, s.pos, s.vals, s.err = s.keys[:0], s.pos[:0], s.vals[:0], nil
+	}
+	for i, k := range keys {
+		s := &tc.sub[tc.part.Shard(k)]
+		s.keys = append(s.keys, k)
+		s.pos = append(s.pos, int32(i))
+		if values != nil {
+			s.vals = append(s.vals, values[i*d:(i+1)*d]...)
+		}
+	}
+}
+
+// Pull fills out (len(keys) × Dim) with the rows of keys, at this worker's
+// clock (under bsp and ssp it waits as its consistency model says).
+func (c *Client) Pull(ctx context.Context, table uint32, keys []uint64, out []float32) error {
+	tc, err := c.table(table)
+	if err != nil {
+		return err
+	}
+	d := tc.spec.Dim
+	if len(out) != len(keys)*d {
+		return fmt.Errorf("ps: pull of %d keys × %d into %d floats", len(keys), d, len(out))
+	}
+	for _, k := range keys {
+		if err := tc.spec.CheckKey(k); err != nil {
+			return err
+		}
+	}
+	tc.split(keys, nil)
+	var shards []int
+	for s := range tc.sub {
+		if len(tc.sub[s].keys) > 0 {
+			shards = append(shards, s)
+		}
+	}
+	err = c.run(ctx, tc, shards, func(s int) Header {
+		return Header{Op: OpPull, Shard: uint32(s), Table: table, Clock: tc.clock[s], Worker: uint32(c.cfg.Worker), Dim: uint32(d)}
+	}, func(s int, f *Frame) error {
+		sub := &tc.sub[s]
+		if len(f.Keys) != len(sub.keys) || len(f.Values) != len(sub.keys)*d {
+			return &RemoteError{Status: StatusBadRequest, Message: fmt.Sprintf("answered %d keys and %d floats for %d keys × %d", len(f.Keys), len(f.Values), len(sub.keys), d)}
+		}
+		for i, p := range sub.pos {
+			copy(out[int(p)*d:int(p+1)*d], f.Values[i*d:(i+1)*d])
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if c.cfg.Sync.Mode == Hybrid {
+		for _, s := range shards { // a late worker catches up with the shard
+			tc.clock[s] = max(tc.clock[s], tc.sub[s].ack.Clock)
+		}
+	}
+	return nil
+}
+
+// Push sends the gradients (len(keys) × Dim) of keys' rows for this worker's
+// clock and advances it; it returns once every replica of every shard has
+// taken them, with how many shards took them as stale (hybrid). Under bsp,
+// ssp and hybrid every shard hears from every worker each clock, with no
+// keys when the batch touched none of its rows. Keys should be unique: a
+// repeated key is one update per occurrence under asp and ssp.
+func (c *Client) Push(ctx context.Context, table uint32, keys []uint64, grads []float32) (stale int, err error) {
+	tc, err := c.table(table)
+	if err != nil {
+		return 0, err
+	}
+	d := tc.spec.Dim
+	if len(grads) != len(keys)*d {
+		return 0, fmt.Errorf("ps: push of %d keys × %d with %d floats", len(keys), d, len(grads))
+	}
+	for _, k := range keys {
+		if err := tc.spec.CheckKey(k); err != nil {
+			return 0, err
+		}
+	}
+	tc.split(keys, grads)
+	var shards []int
+	for s := range tc.sub {
+		if len(tc.sub[s].keys) > 0 || c.cfg.Sync.Mode != ASP {
+			shards = append(shards, s)
+			tc.ids[s]++
+		}
+	}
+	err = c.run(ctx, tc, shards, func(s int) Header {
+		return Header{Op: OpPush, Shard: uint32(s), Table: table, Clock: tc.clock[s], Worker: uint32(c.cfg.Worker), Dim: uint32(d), ID: tc.ids[s]}
+	}, nil)
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range shards {
+		ack := tc.sub[s].ack
+		if ack.Flags&FlagStale != 0 {
+			stale++
+		}
+		next := tc.clock[s] + 1
+		if c.cfg.Sync.Mode == Hybrid {
+			next = max(next, ack.Clock)
+		}
+		tc.clock[s] = next
+	}
+	return stale, nil
+}
+
+// Clock is this worker's clock on a table's shard.
+func (c *Client) Clock(table uint32, shard int) int64 {
+	if tc := c.tables[table]; tc != nil && shard < len(tc.clock) {
+		return tc.clock[shard]
+	}
+	return 0
+}
+
+// run sends each shard's sub-request and waits for every answer, sending a
+// failed one again once the shard map changes.
+func (c *Client) run(ctx context.Context, tc *tableClient, shards []int, header func(int) Header, got func(int, *Frame) error) error {
+	pending := shards
+	for len(pending) > 0 {
+		gens := make(map[int]uint64, len(pending))
+		for _, s := range pending {
+			sub := &tc.sub[s]
+			sub.token++
+			addr, gen, err := c.cfg.Directory.Primary(s)
+			gens[s] = gen
+			if err != nil {
+				sub.finish(sub.token, err)
+				continue
+			}
+			c.send(ctx, addr, header(s), sub, func(f *Frame) error {
+				if got != nil {
+					return got(s, f)
+				}
+				return nil
+			})
+		}
+		var again []int
+		var first error
+		for _, s := range pending {
+			sub := &tc.sub[s]
+			if err := sub.wait(ctx); err != nil {
+				c.abandon()
+				return err
+			}
+			if sub.err == nil {
+				continue
+			}
+			if !retryable(sub.err) {
+				if first == nil {
+					first = fmt.Errorf("ps: shard %d: %w", s, sub.err)
+				}
+				continue
+			}
+			c.cfg.Logger.Warn("a shard's server failed; waiting for the shard map to change", zap.Int("shard", s), zap.Error(sub.err))
+			if err := c.cfg.Directory.Changed(ctx, gens[s]); err != nil {
+				return fmt.Errorf("ps: shard %d failed (%v) and its map did not change: %w", s, sub.err, err)
+			}
+			again = append(again, s)
+		}
+		if first != nil {
+			return first
+		}
+		pending = again
+	}
+	return nil
+}
+
+// abandon closes every connection: calls still waiting on them fail (a
+// cancelled request's answer must not land in a reused buffer).
+func (c *Client) abandon() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for addr, cc := range c.conns {
+		cc.close(errors.New("ps: request cancelled"))
+		<-cc.readDone // no answer lands in a caller's buffer after this
+		delete(c.conns, addr)
+	}
+}
+
+// Close closes the client's connections.
+func (c *Client) Close() error {
+	c.abandon()
+	return nil
+}
+
+// send writes a sub-request to addr's connection; its answer (or failure)
+// lands in sub and signals sub.done.
+func (c *Client) send(ctx context.Context, addr string, h Header, sub *subRequest, got func(*Frame) error) {
+	cc, err := c.conn(ctx, addr)
+	if err == nil {
+		err = cc.call(h, sub, got)
+	}
+	if err != nil {
+		sub.finish(sub.token, err)
+	}
+}
+
+func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc := c.conns[addr]; cc != nil && !cc.broken() {
+		return cc, nil
+	}
+	cc, err := dialClient(ctx, addr, c.cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// clientConn is a connection to one server: calls are matched to answers
+// by Seq.
+type clientConn struct {
+	c   net.Conn
+	wmu sync.Mutex
+	bw  *bufio.Writer
+	w   *Writer
+
+	mu    sync.Mutex
+	seq   uint64
+	calls map[uint64]*pendingCall
+	err   error // set once the connection failed
+
+	readDone chan struct{}
+}
+
+type pendingCall struct {
+	sub   *subRequest
+	token uint64
+	got   func(*Frame) error
+}
+
+func dialClient(ctx context.Context, addr string, log *zap.Logger) (*clientConn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("ps: connecting to %s: %w", addr, err)
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	bw := bufio.NewWriterSize(c, 1<<16)
+	cc := &clientConn{c: c, bw: bw, w: NewWriter(bw), calls: map[uint64]*pendingCall{}, readDone: make(chan struct{})}
+	go cc.read(log)
+	return cc, nil
+}
+
+func (cc *clientConn) broken() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.err != nil
+}
+
+func (cc *clientConn) call(h Header, sub *subRequest, got func(*Frame) error) error {
+	cc.mu.Lock()
+	if cc.err != nil {
+		cc.mu.Unlock()
+		return cc.err
+	}
+	cc.seq++
+	h.Seq = cc.seq
+	cc.calls[h.Seq] = &pendingCall{sub: sub, token: sub.token, got: got}
+	cc.mu.Unlock()
+	cc.wmu.Lock()
+	err := cc.w.Write(h, sub.keys, sub.vals[:len(sub.vals):len(sub.vals)])
+	if err == nil {
+		err = cc.bw.Flush()
+	}
+	cc.wmu.Unlock()
+	if err != nil {
+		cc.close(fmt.Errorf("ps: writing to %s: %w", cc.c.RemoteAddr(), err))
+		return nil // close failed the call
+	}
+	return nil
+}
+
+// read takes answers until the connection fails, then fails every call
+// still waiting.
+func (cc *clientConn) read(log *zap.Logger) {
+	defer close(cc.readDone)
+	var hdr [headerSize]byte
+	var buf Buffer
+	for {
+		f, err := ReadFrame(cc.c, &hdr, &buf)
+		if err == nil && f.Flags&FlagResponse == 0 {
+			err = &FrameError{Reason: "a request from a server"}
+		}
+		if err != nil {
+			cc.close(fmt.Errorf("ps: connection to %s: %w", cc.c.RemoteAddr(), err))
+			return
+		}
+		cc.mu.Lock()
+		pc := cc.calls[f.Seq]
+		delete(cc.calls, f.Seq)
+		cc.mu.Unlock()
+		if pc == nil {
+			if f.Status != StatusOK && f.Seq == 0 {
+				cc.close(&RemoteError{Status: f.Status, Message: f.Message})
+				return
+			}
+			log.Warn("an answer to no request", zap.Uint64("seq", f.Seq), zap.Stringer("op", f.Op))
+			continue
+		}
+		sub := pc.sub
+		switch {
+		case f.Status != StatusOK:
+			sub.finish(pc.token, &RemoteError{Status: f.Status, Message: f.Message})
+		default:
+			sub.ack = f.Header
+			var err error
+			if pc.got != nil {
+				err = pc.got(&f)
+			}
+			sub.finish(pc.token, err)
+		}
+	}
+}
+
+func (cc *clientConn) close(err error) {
+	cc.mu.Lock()
+	if cc.err == nil {
+		cc.err = err
+	}
+	calls := cc.calls
+	cc.calls = map[uint64]*pendingCall{}
+	cc.mu.Unlock()
+	cc.c.Close()
+	for _, pc := range calls {
+		pc.sub.finish(pc.token, cc.err)
+	}
+}
