@@ -405,9 +405,7 @@ func dialClient(ctx context.Context, addr string, log *zap.Logger) (*clientConn,
 	if err != nil {
 		return nil, fmt.Errorf("ps: connecting to %s: %w", addr, err)
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
+	tune(c)
 	bw := bufio.NewWriterSize(c, 1<<16)
 	cc := &clientConn{c: c, bw: bw, w: NewWriter(bw), calls: map[uint64]*pendingCall{}, readDone: make(chan struct{})}
 	go cc.read(log)
@@ -449,8 +447,9 @@ func (cc *clientConn) read(log *zap.Logger) {
 	defer close(cc.readDone)
 	var hdr [headerSize]byte
 	var buf Buffer
+	br := bufio.NewReaderSize(cc.c, 1<<16)
 	for {
-		f, err := ReadFrame(cc.c, &hdr, &buf)
+		f, err := ReadFrame(br, &hdr, &buf)
 		if err == nil && f.Flags&FlagResponse == 0 {
 			err = &FrameError{Reason: "a request from a server"}
 		}

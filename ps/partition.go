@@ -3,7 +3,6 @@ package ps
 import (
 	"fmt"
 	"math/bits"
-	"slices"
 )
 
 // Partition is how keys are split between shards.
@@ -15,8 +14,8 @@ const (
 	// contiguous, nearly equal ranges, one per shard; keys beyond it go to
 	// the last shard.
 	PartitionRange Partition = iota + 1
-	// PartitionHash places keys on a consistent-hash ring with virtual
-	// nodes: changing the number of shards moves about 1/n of the keys.
+	// PartitionHash places keys by a consistent hash (jump hash): going
+	// from n to n+1 shards moves 1/(n+1) of the keys, all to the new one.
 	PartitionHash
 )
 
@@ -41,17 +40,12 @@ func (p Partition) String() string {
 	return fmt.Sprintf("partition(%d)", uint8(p))
 }
 
-// vnodes is the number of points each shard has on the hash ring.
-const vnodes = 128
-
 // Partitioner maps a table's keys to shards 0..Shards-1. It is immutable and
 // safe for concurrent use.
 type Partitioner struct {
 	kind   Partition
 	shards int
 	space  uint64 // range: the key space split
-	ring   []uint64
-	owner  []uint16 // owner[i] is the shard of ring point i
 }
 
 // NewPartitioner splits spec's keys between shards.
@@ -70,29 +64,6 @@ func NewPartitioner(kind Partition, shards int, spec *TableSpec) (*Partitioner, 
 			return nil, fmt.Errorf("ps: table %q: a range partition needs the table's rows or key space", spec.Name)
 		}
 	case PartitionHash:
-		type point struct {
-			h     uint64
-			shard uint16
-		}
-		pts := make([]point, 0, shards*vnodes)
-		for s := range shards {
-			for v := range vnodes {
-				pts = append(pts, point{mix(uint64(s)<<32 | uint64(v) ^ 0x5851f42d4c957f2d), uint16(s)})
-			}
-		}
-		slices.SortFunc(pts, func(a, b point) int {
-			if a.h != b.h {
-				if a.h < b.h {
-					return -1
-				}
-				return 1
-			}
-			return int(a.shard) - int(b.shard)
-		})
-		for _, pt := range pts {
-			p.ring = append(p.ring, pt.h)
-			p.owner = append(p.owner, pt.shard)
-		}
 	default:
 		return nil, fmt.Errorf("ps: unknown partition %d", kind)
 	}
@@ -113,10 +84,18 @@ func (p *Partitioner) Shard(k uint64) int {
 		q, _ := bits.Div64(hi, lo, p.space)
 		return int(q)
 	}
-	h := mix(k ^ 0x2545f4914f6cdd1d)
-	i, _ := slices.BinarySearch(p.ring, h)
-	if i == len(p.ring) {
-		i = 0
+	return jump(mix(k^0x2545f4914f6cdd1d), p.shards)
+}
+
+// jump is Lamping and Veach's jump consistent hash of h into n buckets:
+// going from n to n+1 buckets moves 1/(n+1) of the keys, all to the new
+// one; it needs no table and about ln n steps.
+func jump(h uint64, n int) int {
+	b, j := int64(-1), int64(0)
+	for j < int64(n) {
+		b = j
+		h = h*2862933555777941757 + 1
+		j = int64(float64(b+1) * (float64(1<<31) / float64(h>>33+1)))
 	}
-	return int(p.owner[i])
+	return int(b)
 }

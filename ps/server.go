@@ -263,17 +263,16 @@ func (s *Server) serve(c net.Conn) {
 		s.mu.Unlock()
 		c.Close()
 	}()
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
+	tune(c)
 	bw := bufio.NewWriterSize(c, 1<<16)
 	sc := &serverConn{c: c, bw: bw, w: NewWriter(bw)}
 	slots := make(chan struct{}, s.cfg.InFlight)
 	var hdr [headerSize]byte
+	br := bufio.NewReaderSize(c, 1<<16)
 	for {
 		slots <- struct{}{}
 		buf := s.pool.Get().(*Buffer)
-		f, err := ReadFrame(c, &hdr, buf)
+		f, err := ReadFrame(br, &hdr, buf)
 		if err != nil {
 			s.pool.Put(buf)
 			var fe *FrameError
@@ -327,17 +326,16 @@ func dialReplica(ctx context.Context, addr string, shard uint32, log *zap.Logger
 	if err != nil {
 		return nil, fmt.Errorf("ps: connecting to shard %d's backup %s: %w", shard, addr, err)
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
+	tune(c)
 	bw := bufio.NewWriterSize(c, 1<<16)
 	l := &replicaLink{addr: addr, c: c, bw: bw, w: NewWriter(bw), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		var hdr [headerSize]byte
 		var buf Buffer
+		br := bufio.NewReaderSize(c, 1<<16)
 		for {
-			f, err := ReadFrame(c, &hdr, &buf)
+			f, err := ReadFrame(br, &hdr, &buf)
 			if err != nil {
 				notify(&replAck{backup: addr, err: fmt.Errorf("link to backup %s: %w", addr, err)})
 				return
@@ -368,4 +366,14 @@ func (l *replicaLink) Close() error {
 	err := l.c.Close()
 	<-l.done
 	return err
+}
+
+// tune sets a data-plane connection's options: no Nagle delay, and socket
+// buffers big enough for a frame of thousands of rows in few system calls.
+func tune(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetReadBuffer(4 << 20)
+		tc.SetWriteBuffer(4 << 20)
+	}
 }

@@ -2,8 +2,8 @@ package ps
 
 import (
 	"fmt"
-	"math"
 	"time"
+	"unsafe"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
@@ -233,10 +233,8 @@ func (s *shard) table(r *request, withValues bool) (*tableState, error) {
 		}
 	}
 	if withValues {
-		for i, v := range r.Values {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return nil, fmt.Errorf("shard %d: table %q: gradient of key %d is %v", s.cfg.ID, spec.Name, r.Keys[i/spec.Dim], v)
-			}
+		if i := nonFinite(r.Values); i >= 0 {
+			return nil, fmt.Errorf("shard %d: table %q: gradient of key %d is %v", s.cfg.ID, spec.Name, r.Keys[i/spec.Dim], r.Values[i])
 		}
 	}
 	return t, nil
@@ -621,4 +619,28 @@ func (a *aggregate) add(keys []uint64, grads []float32, scale float32) {
 func (a *aggregate) reset() {
 	clear(a.index)
 	a.keys, a.sums = a.keys[:0], a.sums[:0]
+}
+
+// nonFinite is the index of the first NaN or infinity in v, or -1: an
+// exponent of all ones, tested on the bits eight floats at a time.
+func nonFinite(v []float32) int {
+	const exp = 0x7f800000
+	if len(v) == 0 {
+		return -1
+	}
+	u := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(v))), len(v))
+	i := 0
+	for ; i+8 <= len(u); i += 8 {
+		x := u[i : i+8 : i+8]
+		if x[0]&exp == exp || x[1]&exp == exp || x[2]&exp == exp || x[3]&exp == exp ||
+			x[4]&exp == exp || x[5]&exp == exp || x[6]&exp == exp || x[7]&exp == exp {
+			break
+		}
+	}
+	for ; i < len(u); i++ {
+		if u[i]&exp == exp {
+			return i
+		}
+	}
+	return -1
 }

@@ -139,14 +139,14 @@ const chunkShift = 14 // rows per storage chunk: 16384
 type Rows struct {
 	spec   TableSpec
 	stride int // floats per row: Dim values, then optimizer state
-	index  map[uint64]uint32
+	index  *index
 	keys   []uint64
 	chunks [][]float32
 }
 
 // NewRows is an empty set of rows of spec (validated).
 func NewRows(spec TableSpec) *Rows {
-	return &Rows{spec: spec, stride: spec.Dim + spec.stateFloats(), index: map[uint64]uint32{}}
+	return &Rows{spec: spec, stride: spec.Dim + spec.stateFloats(), index: newIndex()}
 }
 
 // Spec is the table's spec.
@@ -165,14 +165,14 @@ func (r *Rows) row(i uint32) []float32 {
 // get returns key's row, creating it with its initial values on first
 // touch.
 func (r *Rows) get(k uint64) []float32 {
-	if i, ok := r.index[k]; ok {
+	if i, ok := r.index.get(k); ok {
 		return r.row(i)
 	}
 	i := uint32(len(r.keys))
 	if int(i)>>chunkShift == len(r.chunks) {
 		r.chunks = append(r.chunks, make([]float32, (1<<chunkShift)*r.stride))
 	}
-	r.index[k] = i
+	r.index.put(k, i)
 	r.keys = append(r.keys, k)
 	row := r.row(i)
 	initRow(&r.spec, k, row)

@@ -23,7 +23,7 @@ import (
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return usagef("bench: name what to measure: allreduce, tcp or checkpoint")
+		return usagef("bench: name what to measure: allreduce, tcp, checkpoint or ps")
 	}
 	switch args[0] {
 	case "allreduce":
@@ -32,8 +32,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return benchTCP(ctx, args[1:], stdout, stderr)
 	case "checkpoint":
 		return benchCheckpoint(ctx, args[1:], stdout, stderr)
+	case "ps":
+		return benchPS(ctx, args[1:], stdout, stderr)
 	}
-	return usagef("bench: unknown benchmark %q (want allreduce, tcp or checkpoint)", args[0])
+	return usagef("bench: unknown benchmark %q (want allreduce, tcp, checkpoint or ps)", args[0])
 }
 
 // allreduceResult is one line of the benchmark's JSON output.

@@ -35,9 +35,22 @@ func benchTCP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *dur <= 0 {
 		return usagef("--duration must be positive")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	r, err := rawTCP(ctx, *dur, wsize)
 	if err != nil {
 		return err
+	}
+	if *jsonOut {
+		return json.NewEncoder(stdout).Encode(r)
+	}
+	fmt.Fprintf(stdout, "# loopback TCP, one stream: %.3f GB/s (%d bytes in %.2f s)\n", r.GBps, r.Bytes, r.Seconds)
+	return nil
+}
+
+// rawTCP streams wsize-byte writes through one loopback connection for dur.
+func rawTCP(ctx context.Context, dur time.Duration, wsize int) (tcpResult, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return tcpResult{}, err
 	}
 	defer ln.Close()
 	go func() {
@@ -47,7 +60,7 @@ func benchTCP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		defer c.Close()
 		buf := make([]byte, wsize)
-		deadline := time.Now().Add(*dur)
+		deadline := time.Now().Add(dur)
 		for time.Now().Before(deadline) && ctx.Err() == nil {
 			if _, err := c.Write(buf); err != nil {
 				return
@@ -56,7 +69,7 @@ func benchTCP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}()
 	c, err := ln.Accept()
 	if err != nil {
-		return err
+		return tcpResult{}, err
 	}
 	defer c.Close()
 	buf := make([]byte, wsize)
@@ -70,10 +83,5 @@ func benchTCP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	secs := time.Since(start).Seconds()
-	r := tcpResult{Op: "tcp", Bytes: total, Seconds: secs, GBps: float64(total) / secs / 1e9}
-	if *jsonOut {
-		return json.NewEncoder(stdout).Encode(r)
-	}
-	fmt.Fprintf(stdout, "# loopback TCP, one stream: %.3f GB/s (%d bytes in %.2f s)\n", r.GBps, r.Bytes, r.Seconds)
-	return nil
+	return tcpResult{Op: "tcp", Bytes: total, Seconds: secs, GBps: float64(total) / secs / 1e9}, nil
 }
