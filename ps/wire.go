@@ -104,9 +104,11 @@ func (s Status) String() string {
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
 
+// frameMagic opens every frame: "PSv1" little-endian.
+const frameMagic uint32 = 0x31765350
+
 const (
-	frameMagic uint32 = 0x31765350 // "PSv1" little-endian
-	headerSize        = 56
+	headerSize = 56
 	// MaxFrameBody bounds a frame's body: a peer announcing more is
 	// speaking garbage (1 GiB holds 4M rows of 64 float32s).
 	MaxFrameBody = 1 << 30
