@@ -70,3 +70,18 @@ func (k Keys) FinalCheckpoint() string { return k.prefix + "final-checkpoint" }
 // Config holds the hash of the job's training configuration, which every
 // worker must share.
 func (k Keys) Config() string { return k.prefix + "config" }
+
+// PSJob holds a parameter-server job's phalanxpb.PSJob.
+func (k Keys) PSJob() string { return k.prefix + "ps/job" }
+
+// PSServers is the prefix of parameter servers' registrations.
+func (k Keys) PSServers() string { return k.prefix + "ps/servers/" }
+
+// PSServer is parameter server id's registration (a phalanxpb.PSServer).
+func (k Keys) PSServer(id string) string { return k.PSServers() + id }
+
+// ShardMap holds the parameter servers' phalanxpb.ShardMap.
+func (k Keys) ShardMap() string { return k.prefix + "ps/shardmap" }
+
+// PSElection is the election of the shard map's writer.
+func (k Keys) PSElection() string { return k.prefix + "ps/election" }

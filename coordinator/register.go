@@ -31,24 +31,29 @@ func Register(ctx context.Context, cli *clientv3.Client, keys Keys, reg *phalanx
 	if reg.Id == "" {
 		return nil, fmt.Errorf("coordinator: registration without an id")
 	}
-	val, err := proto.Marshal(reg)
+	return RegisterAt(ctx, cli, keys.Worker(reg.Id), reg, ttl)
+}
+
+// RegisterAt writes rec under key with a lease of ttl and keeps the lease
+// alive in the background: the key goes when the process does.
+func RegisterAt(ctx context.Context, cli *clientv3.Client, key string, rec proto.Message, ttl time.Duration) (*Lease, error) {
+	val, err := proto.Marshal(rec)
 	if err != nil {
 		return nil, err
 	}
 	grant, err := cli.Grant(ctx, ttlSeconds(ttl))
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: lease for worker %s: %w", reg.Id, err)
+		return nil, fmt.Errorf("coordinator: lease for %s: %w", key, err)
 	}
-	key := keys.Worker(reg.Id)
 	if _, err := cli.Put(ctx, key, string(val), clientv3.WithLease(grant.ID)); err != nil {
 		cli.Revoke(context.WithoutCancel(ctx), grant.ID)
-		return nil, fmt.Errorf("coordinator: registering worker %s: %w", reg.Id, err)
+		return nil, fmt.Errorf("coordinator: registering %s: %w", key, err)
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ch, err := cli.KeepAlive(kctx, grant.ID)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("coordinator: keeping worker %s alive: %w", reg.Id, err)
+		return nil, fmt.Errorf("coordinator: keeping %s alive: %w", key, err)
 	}
 	l := &Lease{cli: cli, id: grant.ID, key: key, lost: make(chan struct{}), cancel: cancel}
 	go func() {
