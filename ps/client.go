@@ -284,6 +284,7 @@ func (c *Client) Clock(table uint32, shard int) int64 {
 // failed one again once the shard map changes.
 func (c *Client) run(ctx context.Context, tc *tableClient, shards []int, header func(int) Header, got func(int, *Frame) error) error {
 	pending := shards
+	backoff := 5 * time.Millisecond
 	for len(pending) > 0 {
 		gens := make(map[int]uint64, len(pending))
 		for _, s := range pending {
@@ -320,8 +321,18 @@ func (c *Client) run(ctx context.Context, tc *tableClient, shards []int, header 
 				continue
 			}
 			c.cfg.Logger.Warn("a shard's server failed; waiting for the shard map to change", zap.Int("shard", s), zap.Error(sub.err))
-			if err := c.cfg.Directory.Changed(ctx, gens[s]); err != nil {
-				return fmt.Errorf("ps: shard %d failed (%v) and its map did not change: %w", s, sub.err, err)
+			// A server may refuse before it has taken the role of a map the
+			// client already holds: try again after a backoff even if the
+			// map does not change.
+			backoff = min(2*backoff, time.Second)
+			wctx, cancel := context.WithTimeout(ctx, backoff)
+			err := c.cfg.Directory.Changed(wctx, gens[s])
+			cancel()
+			if err != nil && ctx.Err() != nil {
+				return fmt.Errorf("ps: shard %d failed (%v) and its map did not change: %w", s, sub.err, ctx.Err())
+			}
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("ps: shard %d failed (%v) and its map cannot be followed: %w", s, sub.err, err)
 			}
 			again = append(again, s)
 		}
@@ -496,4 +507,36 @@ func (cc *clientConn) close(err error) {
 	for _, pc := range calls {
 		pc.sub.finish(pc.token, cc.err)
 	}
+}
+
+// ShardInfo is a shard's account of one table.
+type ShardInfo struct {
+	Clock int64
+	Rows  uint64
+	// LastIDs is each worker's last push id the shard took: with one push
+	// per clock, how many of its pushes were applied (each exactly once).
+	LastIDs []uint64
+}
+
+// Info asks shard's primary for its account of table.
+func (c *Client) Info(ctx context.Context, table uint32, shard int) (ShardInfo, error) {
+	tc, err := c.table(table)
+	if err != nil {
+		return ShardInfo{}, err
+	}
+	if shard < 0 || shard >= len(tc.sub) {
+		return ShardInfo{}, fmt.Errorf("ps: no shard %d of %d", shard, len(tc.sub))
+	}
+	tc.split(nil, nil)
+	var info ShardInfo
+	err = c.run(ctx, tc, []int{shard}, func(s int) Header {
+		return Header{Op: OpInfo, Shard: uint32(s), Table: table, Worker: uint32(c.cfg.Worker)}
+	}, func(_ int, f *Frame) error {
+		if len(f.Keys) < 1 {
+			return &RemoteError{Status: StatusBadRequest, Message: "an info answer without the row count"}
+		}
+		info = ShardInfo{Clock: f.Clock, Rows: f.Keys[0], LastIDs: append([]uint64(nil), f.Keys[1:]...)}
+		return nil
+	})
+	return info, err
 }

@@ -50,6 +50,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	shards map[uint32]*actor.PID
+	links  map[uint32]map[string]*replicaLink // a primary's links to its shards' backups, reused across roles
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
@@ -80,7 +81,7 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ps: listening on %s: %w", cfg.Addr, err)
 	}
-	s := &Server{cfg: cfg, ln: ln, log: cfg.Logger, shards: map[uint32]*actor.PID{}, conns: map[net.Conn]struct{}{}, gaveUp: make(chan error, 1)}
+	s := &Server{cfg: cfg, ln: ln, log: cfg.Logger, shards: map[uint32]*actor.PID{}, links: map[uint32]map[string]*replicaLink{}, conns: map[net.Conn]struct{}{}, gaveUp: make(chan error, 1)}
 	s.pool.New = func() any { return new(Buffer) }
 	budget := actors.DefaultBudget()
 	if cfg.Budget != nil {
@@ -154,19 +155,28 @@ func (s *Server) SetRole(ctx context.Context, id uint32, primary bool, backups [
 		return fmt.Errorf("ps: shard %d is not hosted here", id)
 	}
 	role := &Role{Primary: primary, Generation: generation}
+	s.mu.Lock()
+	old := s.links[id]
+	s.mu.Unlock()
+	links := map[string]*replicaLink{}
 	if primary {
 		sys := s.cfg.System
 		for _, addr := range backups {
-			link, err := dialReplica(ctx, addr, id, s.log, func(a *replAck) { sys.Root.Send(pid, a) })
-			if err != nil {
-				for _, l := range role.Backups {
-					l.Close()
+			if l := old[addr]; l != nil && !l.broken() { // changes in flight on it keep their order
+				links[addr] = l
+			} else {
+				l, err := dialReplica(ctx, addr, id, s.log, func(a *replAck) { sys.Root.Send(pid, a) })
+				if err != nil {
+					return err
 				}
-				return err
+				links[addr] = l
 			}
-			role.Backups = append(role.Backups, link)
+			role.Backups = append(role.Backups, links[addr])
 		}
 	}
+	s.mu.Lock()
+	s.links[id] = links
+	s.mu.Unlock()
 	s.cfg.System.Root.Send(pid, role)
 	return nil
 }
@@ -351,6 +361,15 @@ func dialReplica(ctx context.Context, addr string, shard uint32, log *zap.Logger
 }
 
 func (l *replicaLink) Addr() string { return l.addr }
+
+func (l *replicaLink) broken() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
 
 func (l *replicaLink) Send(seq uint64, h Header, keys []uint64, values []float32) error {
 	l.mu.Lock()

@@ -265,7 +265,7 @@ func (m *membershipFlags) endpointList() []string {
 
 // register defines the training flags on fs.
 func (c *trainFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.example, "example", "mlp", "example to train: mlp")
+	fs.StringVar(&c.example, "example", "mlp", "example to train: mlp (data-parallel over a ring), or sparse-lr (logistic regression on\na synthetic click log over parameter servers: see the --ps-* flags)")
 	fs.Int64Var(&c.steps, "steps", 300, "the job's total number of steps")
 	fs.IntVar(&c.batch, "batch", 256, "global batch: samples per step across all workers")
 	fs.StringVar(&c.opt.Kind, "optimizer", "momentum", "optimizer: sgd, momentum, adam or adamw")
@@ -324,7 +324,7 @@ func (c *trainFlags) check() error {
 	case c.budget.MaxRestarts < 0 || c.budget.Window <= 0:
 		return usagef("--max-restarts must not be negative and --restart-window must be positive")
 	case c.example != "mlp":
-		return usagef("--example %q: the examples are: mlp", c.example)
+		return usagef("--example %q: the examples are: mlp, sparse-lr", c.example)
 	case c.steps < 1:
 		return usagef("--steps %d: want at least 1", c.steps)
 	case c.batch < 1:

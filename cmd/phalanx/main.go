@@ -24,10 +24,12 @@ Usage:
   phalanx train [flags]             train an example model data-parallel on N local elastic workers
   phalanx worker [flags]            one elastic worker of a job (joins through etcd)
   phalanx coordinator [flags]       a job's coordinator (elected; run several for standbys)
+  phalanx ps [flags]                one parameter server of a job (train --example sparse-lr starts them)
   phalanx etcd [flags]              one embedded etcd member (three make a cluster)
   phalanx bench allreduce [flags]   allreduce figures over N local processes (nccl-tests style)
   phalanx bench tcp [flags]         raw single-stream loopback TCP throughput, the reference line
   phalanx bench checkpoint [flags]  checkpoint save, stall and resume figures against plain minio-go
+  phalanx bench ps [flags]          sparse push+pull throughput against raw loopback TCP
   phalanx ckpt ls|inspect|verify|rm list, show, verify or delete the checkpoints at --checkpoint URL
   phalanx version                   print the version
 
@@ -96,6 +98,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runWorker(ctx, args[1:], stdout, stderr)
 	case "coordinator":
 		return runCoordinator(ctx, args[1:], stdout, stderr)
+	case "ps":
+		return runPS(ctx, args[1:], stdout, stderr)
+	case "ps-worker":
+		return runPSWorker(ctx, args[1:], stdout, stderr)
 	case "etcd":
 		return runEtcd(ctx, args[1:], stdout, stderr)
 	case "bench":

@@ -17,7 +17,7 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{nil, "no command"},
 		{[]string{"frobnicate"}, "unknown command"},
-		{[]string{"bench"}, "allreduce, tcp or checkpoint"},
+		{[]string{"bench"}, "allreduce, tcp, checkpoint or ps"},
 		{[]string{"bench", "allreduce", "--ranks", "0"}, "--ranks 0"},
 		{[]string{"bench", "allreduce", "--sizes", "4KiB,huge"}, `size "huge"`},
 		{[]string{"bench", "allreduce", "--sizes", "6"}, "4-byte elements"},

@@ -69,8 +69,27 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
 	c.s3.register(fs)
 	fs.BoolVar(&c.coordinate, "coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
+	var psf psFlags
+	psf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if c.train.example == "sparse-lr" { // the parameter-server job
+		if err := c.member.check(); err != nil {
+			return err
+		}
+		if c.workers < 1 || c.workers > 64 || c.threads < 0 {
+			return usagef("--workers %d: want 1..64 (and --threads not negative)", c.workers)
+		}
+		if c.member.job == "" {
+			c.member.job = fmt.Sprintf("train-%d-%d", os.Getpid(), time.Now().Unix())
+		}
+		log, err := newLogger(c.logLevel, stderr)
+		if err != nil {
+			return err
+		}
+		defer log.Sync()
+		return psTrain(ctx, c, psf, stdout, stderr, log)
 	}
 	if err := c.train.check(); err != nil {
 		return err

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"math"
+	"reflect"
+	"syscall"
+	"testing"
+)
+
+var psJobArgs = []string{"--example", "sparse-lr", "--workers", "2", "--ps-servers", "2", "--ps-replicas", "1", "--sync", "bsp",
+	"--lease-ttl", "2s", "--report-every", "50"}
+
+// shardAccounts is the done event's account of each shard: its clock and
+// the pushes it applied from each worker.
+func shardAccounts(t *testing.T, done map[string]any) []any {
+	t.Helper()
+	shards, ok := done["shards"].([]any)
+	if !ok || len(shards) == 0 {
+		t.Fatalf("done %v without the shards' accounts", done)
+	}
+	steps := done["steps"].(float64)
+	for _, s := range shards {
+		m := s.(map[string]any)
+		if m["clock"].(float64) != steps {
+			t.Errorf("shard %v closed %v clocks, want %v", m["shard"], m["clock"], steps)
+		}
+		for w, p := range m["pushes"].([]any) {
+			if p.(float64) != steps {
+				t.Errorf("shard %v applied %v pushes of worker %d, want %v (every acknowledged one, once)", m["shard"], p, w, steps)
+			}
+		}
+		delete(m, "rows") // rows touched depend on nothing lost, but not on the order
+	}
+	return shards
+}
+
+// TestPSPrimaryKilled: SIGKILL the parameter server that is shard 0's
+// primary mid-training (one backup per shard): its backup takes over
+// through the coordinator once the lease expires (ps_failover), the
+// workers resend what was not acknowledged, and the job ends with every
+// push applied exactly once on every shard (the same account as an
+// undisturbed run) and an AUC within 0.005 of it.
+func TestPSPrimaryKilled(t *testing.T) {
+	clean := startJob(t, psJobArgs...).finish(t)
+	j := startJob(t, psJobArgs...)
+	m := j.until(t, "the first shard map", func(e map[string]any) bool { return e["event"] == "ps_shard_map" })
+	var victim int
+	var victimID string
+	for _, s := range m["shards"].([]any) {
+		if p := s.(map[string]any); p["shard"].(float64) == 0 {
+			victimID = p["primary"].(string)
+		}
+	}
+	for _, s := range m["servers"].([]any) {
+		if p := s.(map[string]any); p["id"] == victimID {
+			victim = int(p["pid"].(float64))
+		}
+	}
+	if victim == 0 {
+		t.Fatalf("no pid for shard 0's primary %q in %v", victimID, m)
+	}
+	j.until(t, "step 500", func(e map[string]any) bool { return e["event"] == "step" && e["step"].(float64) >= 500 })
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ev := j.finish(t)
+	fo := ev["ps_failover"]
+	if len(fo) == 0 || fo[0]["old"] != victimID || fo[0]["shard"].(float64) != 0 {
+		t.Fatalf("failovers %v, want shard 0 taken from %s", fo, victimID)
+	}
+	a, b := clean["done"][0], ev["done"][0]
+	if got, want := shardAccounts(t, b), shardAccounts(t, a); !reflect.DeepEqual(got, want) {
+		t.Errorf("shard accounts after the kill %v, undisturbed %v", got, want)
+	}
+	if d := math.Abs(a["auc"].(float64) - b["auc"].(float64)); d > 0.005 {
+		t.Errorf("AUC %.4f after the kill, %.4f undisturbed: %.4f apart", b["auc"], a["auc"], d)
+	}
+	if b["auc"].(float64) < 0.75 {
+		t.Errorf("AUC %.4f, want at least 0.75 (the teacher's %.4f)", b["auc"], b["bayes_auc"])
+	}
+	t.Logf("AUC %.4f (undisturbed %.4f, the teacher's %.4f); failover %v", b["auc"], a["auc"], b["bayes_auc"], fo[0])
+}
