@@ -231,7 +231,7 @@ func psTrain(ctx context.Context, c trainConfig, p psFlags, stdout, stderr io.Wr
 	lines := make(chan line, 64)
 	exits := make(chan exit, int(job.Servers)+c.workers)
 	var servers, workers []*launch.Proc
-	alive := 0 // processes whose exit has not been received
+	alive := 0     // processes whose exit has not been received
 	defer func() { // every child is reaped by its own goroutine's Wait: kill, then wait for the exits
 		for _, pr := range append(servers, workers...) {
 			pr.Cmd.Process.Kill()
