@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"testing"
@@ -66,6 +67,12 @@ type counterJob struct {
 	reached chan string // an agent's id, each time one passes a step
 }
 
+func (j *counterJob) targetNow() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.target
+}
+
 func (j *counterJob) body(id string) Body {
 	return func(ctx context.Context, r *Round) error {
 		j.mu.Lock()
@@ -77,7 +84,7 @@ func (j *counterJob) body(id string) Body {
 		}
 		step := int(st[0])
 		one := []float32{1}
-		for step < j.target {
+		for step < j.targetNow() {
 			one[0] = 1
 			if err := r.Group.AllReduce(ctx, collective.Float32s(one), collective.Sum); err != nil {
 				return err
@@ -156,7 +163,9 @@ func TestAgentsCloseRanks(t *testing.T) {
 	var gens []*phalanxpb.Generation
 	var gmu sync.Mutex
 	startCoordinator(t, ctx, keys, 2, 4, func(g *phalanxpb.Generation) { gmu.Lock(); gens = append(gens, g); gmu.Unlock() })
-	j := &counterJob{target: 3000, steps: map[string]int{}, worlds: map[int]bool{}, reached: make(chan string, 1)}
+	// The job's end is set once d trains: a fixed one could be reached by a
+	// and b before d is admitted.
+	j := &counterJob{target: math.MaxInt, steps: map[string]int{}, worlds: map[int]bool{}, reached: make(chan string, 1)}
 	a := startAgent(t, ctx, keys, "a", j)
 	b := startAgent(t, ctx, keys, "b", j)
 	c := startAgent(t, ctx, keys, "c", j)
@@ -171,6 +180,9 @@ func TestAgentsCloseRanks(t *testing.T) {
 	waitFor(t, j.reached, "a", j, left+100)
 	d := startAgent(t, ctx, keys, "d", j)
 	waitFor(t, j.reached, "d", j, 1)
+	j.mu.Lock()
+	j.target = j.steps["d"] + 500
+	j.mu.Unlock()
 	for name, r := range map[string]*runner{"a": a, "b": b, "d": d} {
 		if err := <-r.done; err != nil {
 			t.Fatalf("agent %s: %v", name, err)
