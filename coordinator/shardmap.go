@@ -125,7 +125,9 @@ func RunShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 }
 
 func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg ShardMapConfig) error {
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttlSeconds(cfg.SessionTTL))), concurrency.WithContext(ctx))
+	// The session outlives ctx so that its Close revokes the lease (a
+	// cancelled context would fail the revoke, noisily).
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttlSeconds(cfg.SessionTTL))), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		return fmt.Errorf("coordinator: shard-map session: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -67,6 +68,12 @@ type ClientConfig struct {
 	Sync      SyncSpec
 	Directory Directory
 	Logger    *zap.Logger
+	// CacheRows, when not 0, keeps up to this many pulled rows per table
+	// on the worker (hot keys): a cached row serves a pull while this
+	// worker's clock on its shard is at most CacheStaleness clocks past
+	// the clock it was pulled at (its own pushes since included).
+	CacheRows      int
+	CacheStaleness int64
 }
 
 // Client is a worker's access to the parameter server: Pull and Push split
@@ -89,6 +96,7 @@ type tableClient struct {
 	clock []int64  // the clock of this worker on each shard
 	ids   []uint64 // the last push id sent to each shard
 	sub   []subRequest
+	cache *rowCache
 }
 
 // subRequest is one shard's part of a request.
@@ -148,6 +156,9 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		for i := range tc.sub {
 			tc.sub[i].done = make(chan uint64, 4)
 		}
+		if cfg.CacheRows > 0 {
+			tc.cache = newRowCache(cfg.CacheRows, spec.Dim)
+		}
 		c.tables[spec.ID] = tc
 	}
 	return c, nil
@@ -195,6 +206,20 @@ func (c *Client) Pull(ctx context.Context, table uint32, keys []uint64, out []fl
 		}
 	}
 	tc.split(keys, nil)
+	if tc.cache != nil { // serve what the cache holds fresh enough
+		for s := range tc.sub {
+			sub := &tc.sub[s]
+			n := 0
+			for i, k := range sub.keys {
+				if tc.cache.get(k, tc.clock[s], c.cfg.CacheStaleness, out[int(sub.pos[i])*d:int(sub.pos[i]+1)*d]) {
+					continue
+				}
+				sub.keys[n], sub.pos[n] = k, sub.pos[i]
+				n++
+			}
+			sub.keys, sub.pos = sub.keys[:n], sub.pos[:n]
+		}
+	}
 	var shards []int
 	for s := range tc.sub {
 		if len(tc.sub[s].keys) > 0 {
@@ -210,6 +235,9 @@ func (c *Client) Pull(ctx context.Context, table uint32, keys []uint64, out []fl
 		}
 		for i, p := range sub.pos {
 			copy(out[int(p)*d:int(p+1)*d], f.Values[i*d:(i+1)*d])
+		}
+		if tc.cache != nil {
+			tc.cache.put(sub.keys, f.Values, tc.clock[s])
 		}
 		return nil
 	})
@@ -539,4 +567,73 @@ func (c *Client) Info(ctx context.Context, table uint32, shard int) (ShardInfo, 
 		return nil
 	})
 	return info, err
+}
+
+// CacheHits is how many rows of table pulls served from the worker's cache.
+func (c *Client) CacheHits(table uint32) int64 {
+	if tc := c.tables[table]; tc != nil && tc.cache != nil {
+		return tc.cache.hits.Load()
+	}
+	return 0
+}
+
+// rowCache keeps pulled rows with the clock they were pulled at, up to a
+// bound; when full, an arbitrary row (the map's iteration order) makes room.
+type rowCache struct {
+	dim  int
+	max  int
+	mu   sync.Mutex // put runs on connections' reader goroutines
+	at   map[uint64]cacheEntry
+	slab []float32
+	free []int32
+	hits atomic.Int64
+}
+
+type cacheEntry struct {
+	clock int64
+	slot  int32
+}
+
+func newRowCache(rows, dim int) *rowCache {
+	c := &rowCache{dim: dim, max: rows, at: make(map[uint64]cacheEntry, rows), slab: make([]float32, rows*dim)}
+	for i := rows - 1; i >= 0; i-- {
+		c.free = append(c.free, int32(i))
+	}
+	return c
+}
+
+// get copies k's cached row into dst if it was pulled at most staleness
+// clocks before clock.
+func (c *rowCache) get(k uint64, clock, staleness int64, dst []float32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.at[k]
+	if !ok || clock-e.clock > staleness {
+		return false
+	}
+	c.hits.Add(1)
+	copy(dst, c.slab[int(e.slot)*c.dim:int(e.slot+1)*c.dim])
+	return true
+}
+
+func (c *rowCache) put(keys []uint64, values []float32, clock int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, k := range keys {
+		e, ok := c.at[k]
+		if !ok {
+			if len(c.free) == 0 {
+				for victim, ve := range c.at {
+					delete(c.at, victim)
+					c.free = append(c.free, ve.slot)
+					break
+				}
+			}
+			e.slot = c.free[len(c.free)-1]
+			c.free = c.free[:len(c.free)-1]
+		}
+		e.clock = clock
+		c.at[k] = e
+		copy(c.slab[int(e.slot)*c.dim:int(e.slot+1)*c.dim], values[i*c.dim:(i+1)*c.dim])
+	}
 }

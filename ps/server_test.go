@@ -384,3 +384,41 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("the server stopped serving after garbage: %v", err)
 	}
 }
+
+// TestClientCache: a pulled row serves later pulls from the worker's cache
+// while its clock is at most CacheStaleness past the pull's; after that it
+// is pulled again and shows the updates; the cache stays within its bound.
+func TestClientCache(t *testing.T) {
+	spec := sgdTable(1)
+	c := newCluster(t, 1, 1, 0, []TableSpec{spec}, SyncSpec{Mode: ASP, Workers: 1})
+	ctx := context.Background()
+	w, err := NewClient(ClientConfig{Worker: 0, Tables: []TableSpec{spec}, Partition: PartitionRange, Shards: 1,
+		Sync: SyncSpec{Mode: ASP, Workers: 1}, Directory: c.dir(), CacheRows: 2, CacheStaleness: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	out := make([]float32, 1)
+	if err := w.Pull(ctx, 1, []uint64{5}, out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Push(ctx, 1, []uint64{5}, []float32{1}); err != nil { // clock 1: still fresh enough
+		t.Fatal(err)
+	}
+	if err := w.Pull(ctx, 1, []uint64{5}, out); err != nil || w.CacheHits(1) != 1 || !near(out, initial(spec, 5)) {
+		t.Fatalf("a pull one clock later: %v (hits %d), want the cached %v; %v", out, w.CacheHits(1), initial(spec, 5), err)
+	}
+	if _, err := w.Push(ctx, 1, []uint64{5}, []float32{1}); err != nil { // clock 2: too stale
+		t.Fatal(err)
+	}
+	if err := w.Pull(ctx, 1, []uint64{5}, out); err != nil || w.CacheHits(1) != 1 || !near(out, []float32{initial(spec, 5)[0] - 1}) {
+		t.Fatalf("a pull two clocks later: %v (hits %d), want the server's row after two pushes; %v", out, w.CacheHits(1), err)
+	}
+	three := make([]float32, 3)
+	if err := w.Pull(ctx, 1, []uint64{1, 2, 3}, three); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.tables[1].cache.at); n != 2 {
+		t.Fatalf("%d rows cached, bound 2", n)
+	}
+}

@@ -39,6 +39,8 @@ type psFlags struct {
 	epochs, features          int
 	zipf, sigma               float64
 	reportEvery               int
+	cacheRows                 int
+	cacheStaleness            int64
 }
 
 func (p *psFlags) register(fs *flag.FlagSet) {
@@ -56,6 +58,8 @@ func (p *psFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.features, "features", 16, "sparse-lr: feature ids per example")
 	fs.Float64Var(&p.zipf, "zipf", 1.2, "sparse-lr: the Zipf exponent of the feature ids")
 	fs.Float64Var(&p.sigma, "sigma", 0.45, "sparse-lr: the spread of the teacher's weights (0.45: a best AUC of about 0.82)")
+	fs.IntVar(&p.cacheRows, "ps-cache-rows", 0, "sparse-lr: rows each worker caches (hot keys; 0: no cache)")
+	fs.Int64Var(&p.cacheStaleness, "ps-cache-staleness", 1, "sparse-lr: clocks a cached row may serve pulls after it was pulled")
 	fs.IntVar(&p.reportEvery, "report-every", 0, "sparse-lr: steps between progress reports (default: a twentieth of the job)")
 }
 
@@ -76,6 +80,8 @@ func psJobOf(c trainConfig, p psFlags) (*phalanxpb.PSJob, error) {
 		return nil, usagef("--ps-replicas %d: a shard's copies need as many servers; want below --ps-servers %d", p.replicas, p.servers)
 	case p.ids < 2 || p.examples < 1 || p.heldOut < 2 || p.epochs < 1 || p.features < 1 || p.features > 1024:
 		return nil, usagef("--ids, --examples, --held-out, --epochs and --features must be positive (--features at most 1024)")
+	case p.cacheRows < 0 || p.cacheStaleness < 0:
+		return nil, usagef("--ps-cache-rows and --ps-cache-staleness must not be negative")
 	case c.train.batch < c.workers:
 		return nil, usagef("--batch %d: each of the %d workers needs at least one example per step", c.train.batch, c.workers)
 	case p.examples/c.workers < c.train.batch/c.workers:
@@ -101,7 +107,7 @@ func psJobOf(c trainConfig, p psFlags) (*phalanxpb.PSJob, error) {
 		decay = float32(c.train.sync.staleDecay)
 	}
 	j := &phalanxpb.PSJob{Shards: uint32(p.shards), Replicas: uint32(p.replicas), Partition: p.partition, Servers: uint32(p.servers),
-		Workers: uint32(c.workers), Consistency: mode, Staleness: int32(p.staleness), Quorum: c.train.sync.quorum,
+		Workers: uint32(c.workers), Consistency: mode, CacheRows: uint32(p.cacheRows), CacheStaleness: p.cacheStaleness, Staleness: int32(p.staleness), Quorum: c.train.sync.quorum,
 		DeadlineNanos: int64(deadline), Decay: decay,
 		Tables: []*phalanxpb.PSTable{{Id: sparselr.Table, Name: "sparse-lr", Dim: 1, KeySpace: uint64(p.ids) + 1, Init: "zeros",
 			Optimizer: p.optimizer, Lr: float32(p.lr)}},
@@ -481,7 +487,7 @@ func runPSWorker(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	cl, err := ps.NewClient(ps.ClientConfig{Worker: *index, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
-		Sync: spec.Sync, Directory: dir, Logger: log.Named("ps-client")})
+		Sync: spec.Sync, Directory: dir, Logger: log.Named("ps-client"), CacheRows: int(job.CacheRows), CacheStaleness: job.CacheStaleness})
 	if err != nil {
 		return err
 	}

@@ -26,21 +26,23 @@ const (
 // and workers read it, so that every process holds the same tables,
 // consistency and placement.
 type PSJob struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shards        uint32                 `protobuf:"varint,1,opt,name=shards,proto3" json:"shards,omitempty"`
-	Replicas      uint32                 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`  // backups of each shard
-	Partition     string                 `protobuf:"bytes,3,opt,name=partition,proto3" json:"partition,omitempty"` // range or hash
-	Servers       uint32                 `protobuf:"varint,4,opt,name=servers,proto3" json:"servers,omitempty"`    // servers the first shard map waits for
-	Workers       uint32                 `protobuf:"varint,5,opt,name=workers,proto3" json:"workers,omitempty"`
-	Consistency   string                 `protobuf:"bytes,6,opt,name=consistency,proto3" json:"consistency,omitempty"`                           // bsp, asp, ssp or hybrid
-	Staleness     int32                  `protobuf:"varint,7,opt,name=staleness,proto3" json:"staleness,omitempty"`                              // ssp
-	Quorum        float64                `protobuf:"fixed64,8,opt,name=quorum,proto3" json:"quorum,omitempty"`                                   // hybrid
-	DeadlineNanos int64                  `protobuf:"varint,9,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"` // hybrid
-	Decay         float32                `protobuf:"fixed32,10,opt,name=decay,proto3" json:"decay,omitempty"`                                    // hybrid: 0 drops stale pushes
-	Tables        []*PSTable             `protobuf:"bytes,11,rep,name=tables,proto3" json:"tables,omitempty"`
-	Example       *SparseLR              `protobuf:"bytes,12,opt,name=example,proto3" json:"example,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Shards         uint32                 `protobuf:"varint,1,opt,name=shards,proto3" json:"shards,omitempty"`
+	Replicas       uint32                 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`  // backups of each shard
+	Partition      string                 `protobuf:"bytes,3,opt,name=partition,proto3" json:"partition,omitempty"` // range or hash
+	Servers        uint32                 `protobuf:"varint,4,opt,name=servers,proto3" json:"servers,omitempty"`    // servers the first shard map waits for
+	Workers        uint32                 `protobuf:"varint,5,opt,name=workers,proto3" json:"workers,omitempty"`
+	Consistency    string                 `protobuf:"bytes,6,opt,name=consistency,proto3" json:"consistency,omitempty"`                           // bsp, asp, ssp or hybrid
+	Staleness      int32                  `protobuf:"varint,7,opt,name=staleness,proto3" json:"staleness,omitempty"`                              // ssp
+	Quorum         float64                `protobuf:"fixed64,8,opt,name=quorum,proto3" json:"quorum,omitempty"`                                   // hybrid
+	DeadlineNanos  int64                  `protobuf:"varint,9,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"` // hybrid
+	Decay          float32                `protobuf:"fixed32,10,opt,name=decay,proto3" json:"decay,omitempty"`                                    // hybrid: 0 drops stale pushes
+	Tables         []*PSTable             `protobuf:"bytes,11,rep,name=tables,proto3" json:"tables,omitempty"`
+	Example        *SparseLR              `protobuf:"bytes,12,opt,name=example,proto3" json:"example,omitempty"`
+	CacheRows      uint32                 `protobuf:"varint,13,opt,name=cache_rows,json=cacheRows,proto3" json:"cache_rows,omitempty"`                // workers' cache of pulled rows (0: none)
+	CacheStaleness int64                  `protobuf:"varint,14,opt,name=cache_staleness,json=cacheStaleness,proto3" json:"cache_staleness,omitempty"` // clocks a cached row may serve pulls
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PSJob) Reset() {
@@ -155,6 +157,20 @@ func (x *PSJob) GetExample() *SparseLR {
 		return x.Example
 	}
 	return nil
+}
+
+func (x *PSJob) GetCacheRows() uint32 {
+	if x != nil {
+		return x.CacheRows
+	}
+	return 0
+}
+
+func (x *PSJob) GetCacheStaleness() int64 {
+	if x != nil {
+		return x.CacheStaleness
+	}
+	return 0
 }
 
 // PSTable is a table's spec (see ps.TableSpec).
@@ -658,7 +674,7 @@ var File_phalanx_v1_ps_proto protoreflect.FileDescriptor
 const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"\n" +
 	"\x13phalanx/v1/ps.proto\x12\n" +
-	"phalanx.v1\"\xff\x02\n" +
+	"phalanx.v1\"\xc7\x03\n" +
 	"\x05PSJob\x12\x16\n" +
 	"\x06shards\x18\x01 \x01(\rR\x06shards\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\x12\x1c\n" +
@@ -672,7 +688,10 @@ const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"\x05decay\x18\n" +
 	" \x01(\x02R\x05decay\x12+\n" +
 	"\x06tables\x18\v \x03(\v2\x13.phalanx.v1.PSTableR\x06tables\x12.\n" +
-	"\aexample\x18\f \x01(\v2\x14.phalanx.v1.SparseLRR\aexample\"\xe5\x01\n" +
+	"\aexample\x18\f \x01(\v2\x14.phalanx.v1.SparseLRR\aexample\x12\x1d\n" +
+	"\n" +
+	"cache_rows\x18\r \x01(\rR\tcacheRows\x12'\n" +
+	"\x0fcache_staleness\x18\x0e \x01(\x03R\x0ecacheStaleness\"\xe5\x01\n" +
 	"\aPSTable\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
