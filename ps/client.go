@@ -637,3 +637,16 @@ func (c *rowCache) put(keys []uint64, values []float32, clock int64) {
 		copy(c.slab[int(e.slot)*c.dim:int(e.slot+1)*c.dim], values[i*c.dim:(i+1)*c.dim])
 	}
 }
+
+// SetClock starts this worker at clock on every shard of table: a worker
+// resuming from a checkpoint starts at the checkpoint's clock.
+func (c *Client) SetClock(table uint32, clock int64) error {
+	tc, err := c.table(table)
+	if err != nil {
+		return err
+	}
+	for s := range tc.clock {
+		tc.clock[s] = clock
+	}
+	return nil
+}

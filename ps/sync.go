@@ -254,3 +254,15 @@ func (c *Clocks) CanPull(clock int64) bool {
 
 // LastIDs is each worker's last push id taken (for answers to OpInfo).
 func (c *Clocks) LastIDs() []uint64 { return c.lastID }
+
+// restore starts the clocks at clock (at least), as a checkpoint left
+// them: every worker at clock, nothing pushed, push ids from the start.
+func (c *Clocks) restore(clock int64) {
+	c.open = max(c.open, clock)
+	for w := range c.next {
+		c.next[w] = max(c.next[w], clock)
+		c.lastID[w] = 0
+	}
+	clear(c.pushed)
+	c.npushed = 0
+}
