@@ -650,3 +650,28 @@ func (c *Client) SetClock(table uint32, clock int64) error {
 	}
 	return nil
 }
+
+// Snapshot asks shard's primary for its rows of table once every clock
+// before clock is applied there (bsp and hybrid; at once under asp and ssp).
+func (c *Client) Snapshot(ctx context.Context, table uint32, shard int, clock int64) (Snapshot, error) {
+	tc, err := c.table(table)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if shard < 0 || shard >= len(tc.sub) {
+		return Snapshot{}, fmt.Errorf("ps: no shard %d of %d", shard, len(tc.sub))
+	}
+	tc.split(nil, nil)
+	var sn Snapshot
+	err = c.run(ctx, tc, []int{shard}, func(s int) Header {
+		return Header{Op: OpRows, Shard: uint32(s), Table: table, Clock: clock, Worker: uint32(c.cfg.Worker)}
+	}, func(_ int, f *Frame) error {
+		if int(f.Dim) < tc.spec.Dim || len(f.Values) != len(f.Keys)*int(f.Dim) {
+			return &RemoteError{Status: StatusBadRequest, Message: fmt.Sprintf("rows of %d floats for a table of %d", f.Dim, tc.spec.Dim)}
+		}
+		sn = Snapshot{Table: table, Dim: tc.spec.Dim, Stride: int(f.Dim), Clock: f.Clock,
+			Keys: append([]uint64(nil), f.Keys...), Rows: append([]float32(nil), f.Values...)}
+		return nil
+	})
+	return sn, err
+}

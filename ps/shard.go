@@ -431,7 +431,11 @@ func (s *shard) serveWaiting(t *tableState) {
 	w := t.waiting[:0]
 	for _, r := range t.waiting {
 		if t.clocks.CanPull(r.Clock) {
-			s.answerPull(t, r)
+			if r.Op == OpRows {
+				s.rowsOf(r)
+			} else {
+				s.answerPull(t, r)
+			}
 		} else {
 			w = append(w, r)
 		}
@@ -567,23 +571,24 @@ func (s *shard) info(r *request) {
 	r.done()
 }
 
-// rowsOf answers OpRows: every row's key and values (Dim floats each).
+// rowsOf answers OpRows once the table's clocks before r.Clock are applied
+// (bsp, hybrid; like a pull): every row's key and whole storage (values,
+// then optimizer state; Dim is the stride), and the shard's clock: a
+// consistent snapshot for a checkpoint.
 func (s *shard) rowsOf(r *request) {
 	t := s.tables[r.Table]
 	if t == nil {
 		s.refuse(r, StatusBadRequest, fmt.Sprintf("shard %d: no table %d", s.cfg.ID, r.Table))
 		return
 	}
-	d := t.rows.Spec().Dim
-	keys := make([]uint64, 0, t.rows.Len())
-	vals := make([]float32, 0, t.rows.Len()*d)
-	t.rows.Each(func(k uint64, row []float32) {
-		keys = append(keys, k)
-		vals = append(vals, row[:d]...)
-	})
+	if !t.clocks.CanPull(r.Clock) {
+		t.waiting = append(t.waiting, r)
+		return
+	}
+	sn := t.snapshot(r.Table)
 	h := r.Header
-	h.Flags, h.Clock, h.Dim = FlagResponse, t.clocks.Clock(), uint32(d)
-	if err := r.from.answer(h, keys, vals); err != nil {
+	h.Flags, h.Clock, h.Dim = FlagResponse, sn.Clock, uint32(sn.Stride)
+	if err := r.from.answer(h, sn.Keys, sn.Rows); err != nil {
 		s.cfg.Logger.Debug("answering rows", zap.Error(err))
 	}
 	r.done()

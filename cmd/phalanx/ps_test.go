@@ -1,7 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"syscall"
 	"testing"
@@ -79,4 +82,45 @@ func TestPSPrimaryKilled(t *testing.T) {
 		t.Errorf("AUC %.4f, want at least 0.75 (the teacher's %.4f)", b["auc"], b["bayes_auc"])
 	}
 	t.Logf("AUC %.4f (undisturbed %.4f, the teacher's %.4f); failover %v", b["auc"], a["auc"], b["bayes_auc"], fo[0])
+}
+
+// TestPSResumeReshard: a sparse-lr job on 2 shards checkpoints every 1,000
+// steps and at its end (one epoch); a second run, on 3 servers and 3 shards,
+// resumes from the newest checkpoint that verifies (the last one is corrupted
+// on purpose, so the one of step 1,000) and trains to the end of the second
+// epoch at the AUC of a run never interrupted.
+func TestPSResumeReshard(t *testing.T) {
+	dir := t.TempDir()
+	first := startJob(t, "--example", "sparse-lr", "--workers", "2", "--ps-servers", "2", "--epochs", "1",
+		"--checkpoint", dir, "--checkpoint-every-steps", "1000").finish(t)
+	saved := first["checkpoint_saved"]
+	if len(saved) != 2 || saved[0]["step"].(float64) != 1000 || saved[1]["step"] != first["done"][0]["steps"] {
+		t.Fatalf("checkpoints %v, want steps 1000 and the last", saved)
+	}
+	last := filepath.Join(dir, fmt.Sprintf("ps-%012d", int(saved[1]["step"].(float64))), "shard-0001.snap")
+	b, err := os.ReadFile(last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0xff
+	if err := os.Chmod(last, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(last, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ev := startJob(t, "--example", "sparse-lr", "--workers", "2", "--ps-servers", "3", "--ps-shards", "3", "--epochs", "2",
+		"--checkpoint", dir).finish(t)
+	r := ev["restored"]
+	if len(r) != 1 || r[0]["step"].(float64) != 1000 || r[0]["from_shards"].(float64) != 2 || r[0]["shards"].(float64) != 3 {
+		t.Fatalf("restored %v, want step 1000 from 2 shards into 3 (the last checkpoint is corrupt)", r)
+	}
+	done := ev["done"][0]
+	if done["steps"].(float64) != 3906 || done["auc"].(float64) < 0.75 {
+		t.Fatalf("done %v", done)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ps-000000001000", "manifest.json")); err != nil {
+		t.Fatalf("the checkpoint resumed from is gone: %v", err)
+	}
+	t.Logf("resumed at step 1000 into 3 shards: AUC %.4f (the teacher's %.4f)", done["auc"], done["bayes_auc"])
 }

@@ -20,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/examples/sparselr"
 	"github.com/phalanx-rt/phalanx/internal/events"
@@ -196,6 +197,29 @@ func psTrain(ctx context.Context, c trainConfig, p psFlags, stdout, stderr io.Wr
 	if err != nil {
 		return err
 	}
+	if u := c.train.ckpt.url; u != "" {
+		if c.train.ckpt.every != 0 {
+			return usagef("--checkpoint-every: sparse-lr checkpoints by steps (--checkpoint-every-steps) and at the end")
+		}
+		store, err := checkpoint.OpenURL(ctx, u, c.s3.credentials())
+		if err != nil {
+			return fmt.Errorf("--checkpoint: %w", err)
+		}
+		job.Checkpoint, job.CheckpointEvery = u, uint64(max(c.train.ckpt.everySteps, 0))
+		m, _, err := cluster.Latest(ctx, store)
+		switch {
+		case errors.Is(err, cluster.ErrNoCheckpoint):
+			if c.train.ckpt.resume {
+				return fmt.Errorf("--resume: %s holds no parameter-server checkpoint", store.Location())
+			}
+		case err != nil:
+			return fmt.Errorf("--checkpoint: %w (nothing was overwritten; remove the broken checkpoints with phalanx ckpt rm, or use another store)", err)
+		default:
+			job.RestoreFrom, job.RestoreStep = cluster.Prefix(m.Step), m.Step
+			ev.Emit("restored", events.F("step", m.Step), events.F("from_shards", m.Shards), events.F("shards", job.Shards), events.F("checkpoint", job.RestoreFrom))
+			fmt.Fprintf(stdout, "resuming from the checkpoint of step %d (%d shards) in %s, into %d shards\n", m.Step, m.Shards, store.Location(), job.Shards)
+		}
+	}
 	if err := cluster.WriteJob(ctx, cli, keys, job); err != nil {
 		return err
 	}
@@ -249,6 +273,7 @@ func psTrain(ctx context.Context, c trainConfig, p psFlags, stdout, stderr io.Wr
 	spawn := func(server bool, i int, args []string) error {
 		cmd := exec.CommandContext(ctx, exe, args...)
 		cmd.Stderr = stderr
+		cmd.Env = append(os.Environ(), c.s3.env()...)
 		pr, err := launch.Spawn(cmd, i)
 		if err != nil {
 			return err
@@ -330,6 +355,9 @@ func psTrain(ctx context.Context, c trainConfig, p psFlags, stdout, stderr io.Wr
 					events.F("samples_per_s", r.SamplesPS), events.F("stale", r.Stale))
 				eta := time.Duration(float64(time.Since(start)) * float64(r.Steps-r.Step) / float64(max(r.Step, 1)))
 				fmt.Fprintf(stdout, "step %6d/%d  epoch %d  log-loss %.4f  %8.0f examples/s  ETA %s\n", r.Step, r.Steps, r.Epoch, r.Loss, r.SamplesPS, eta.Round(time.Second))
+			case "checkpoint":
+				ev.Emit("checkpoint_saved", events.F("step", r.Step), events.F("shards", len(r.Shards)))
+				fmt.Fprintf(stdout, "checkpoint of step %d saved (%d shards)\n", r.Step, len(r.Shards))
 			case "done":
 				done = &r
 			}
@@ -507,13 +535,28 @@ func runPSWorker(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	enc := json.NewEncoder(stdout)
 	model := sparselr.NewModel(cl, int(ex.Ids))
+	var saver *cluster.Saver
+	if job.Checkpoint != "" && *index == 0 {
+		store, err := checkpoint.OpenURL(ctx, job.Checkpoint, checkpoint.Credentials{})
+		if err != nil {
+			return err
+		}
+		saver = &cluster.Saver{Store: store, Client: cl, Tables: []uint32{sparselr.Table}, Spec: spec}
+	}
+	step := job.RestoreStep
+	if step < 0 || step > total {
+		return fmt.Errorf("the checkpoint's step %d is not within the job's %d steps (fewer --epochs or --examples than it was trained with?)", step, total)
+	}
+	if err := cl.SetClock(sparselr.Table, step); err != nil {
+		return err
+	}
 	idx := make([]int, b)
-	var step int64
 	var lossSum float64
 	var stale, since int
 	t0 := time.Now()
-	for epoch := range int(ex.Epochs) {
-		for k := range perEpoch {
+	for ; step < total; step++ {
+		epoch, k := int(step)/perEpoch, int(step)%perEpoch
+		{
 			for i := range idx {
 				idx[i] = lo + k*b + i
 			}
@@ -521,15 +564,23 @@ func runPSWorker(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			if err != nil {
 				return fmt.Errorf("step %d: %w", step+1, err)
 			}
-			step++
 			since++
 			lossSum += loss
 			stale += st
-			if *index == 0 && (step%int64(*every) == 0 || step == total) {
+			done := step + 1
+			if *index == 0 && (done%int64(*every) == 0 || done == total) {
 				secs := time.Since(t0).Seconds()
-				enc.Encode(psReport{Kind: "step", Worker: *index, Step: step, Steps: total, Epoch: epoch, Loss: lossSum / float64(since),
+				enc.Encode(psReport{Kind: "step", Worker: *index, Step: done, Steps: total, Epoch: epoch, Loss: lossSum / float64(since),
 					SamplesPS: float64(since*b*n) / secs, Stale: stale})
 				lossSum, stale, since, t0 = 0, 0, 0, time.Now()
+			}
+			if saver != nil && ((job.CheckpointEvery > 0 && done%int64(job.CheckpointEvery) == 0) || done == total) {
+				m, err := saver.Save(ctx, done, done) // every shard at clock done: exactly done steps under bsp
+				if err != nil {
+					return err
+				}
+				shards := make([]shardDone, m.Shards)
+				enc.Encode(psReport{Kind: "checkpoint", Worker: 0, Step: done, Steps: total, Shards: shards})
 			}
 		}
 	}

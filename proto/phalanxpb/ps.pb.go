@@ -26,23 +26,27 @@ const (
 // and workers read it, so that every process holds the same tables,
 // consistency and placement.
 type PSJob struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Shards         uint32                 `protobuf:"varint,1,opt,name=shards,proto3" json:"shards,omitempty"`
-	Replicas       uint32                 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`  // backups of each shard
-	Partition      string                 `protobuf:"bytes,3,opt,name=partition,proto3" json:"partition,omitempty"` // range or hash
-	Servers        uint32                 `protobuf:"varint,4,opt,name=servers,proto3" json:"servers,omitempty"`    // servers the first shard map waits for
-	Workers        uint32                 `protobuf:"varint,5,opt,name=workers,proto3" json:"workers,omitempty"`
-	Consistency    string                 `protobuf:"bytes,6,opt,name=consistency,proto3" json:"consistency,omitempty"`                           // bsp, asp, ssp or hybrid
-	Staleness      int32                  `protobuf:"varint,7,opt,name=staleness,proto3" json:"staleness,omitempty"`                              // ssp
-	Quorum         float64                `protobuf:"fixed64,8,opt,name=quorum,proto3" json:"quorum,omitempty"`                                   // hybrid
-	DeadlineNanos  int64                  `protobuf:"varint,9,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"` // hybrid
-	Decay          float32                `protobuf:"fixed32,10,opt,name=decay,proto3" json:"decay,omitempty"`                                    // hybrid: 0 drops stale pushes
-	Tables         []*PSTable             `protobuf:"bytes,11,rep,name=tables,proto3" json:"tables,omitempty"`
-	Example        *SparseLR              `protobuf:"bytes,12,opt,name=example,proto3" json:"example,omitempty"`
-	CacheRows      uint32                 `protobuf:"varint,13,opt,name=cache_rows,json=cacheRows,proto3" json:"cache_rows,omitempty"`                // workers' cache of pulled rows (0: none)
-	CacheStaleness int64                  `protobuf:"varint,14,opt,name=cache_staleness,json=cacheStaleness,proto3" json:"cache_staleness,omitempty"` // clocks a cached row may serve pulls
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Shards          uint32                 `protobuf:"varint,1,opt,name=shards,proto3" json:"shards,omitempty"`
+	Replicas        uint32                 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`  // backups of each shard
+	Partition       string                 `protobuf:"bytes,3,opt,name=partition,proto3" json:"partition,omitempty"` // range or hash
+	Servers         uint32                 `protobuf:"varint,4,opt,name=servers,proto3" json:"servers,omitempty"`    // servers the first shard map waits for
+	Workers         uint32                 `protobuf:"varint,5,opt,name=workers,proto3" json:"workers,omitempty"`
+	Consistency     string                 `protobuf:"bytes,6,opt,name=consistency,proto3" json:"consistency,omitempty"`                           // bsp, asp, ssp or hybrid
+	Staleness       int32                  `protobuf:"varint,7,opt,name=staleness,proto3" json:"staleness,omitempty"`                              // ssp
+	Quorum          float64                `protobuf:"fixed64,8,opt,name=quorum,proto3" json:"quorum,omitempty"`                                   // hybrid
+	DeadlineNanos   int64                  `protobuf:"varint,9,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"` // hybrid
+	Decay           float32                `protobuf:"fixed32,10,opt,name=decay,proto3" json:"decay,omitempty"`                                    // hybrid: 0 drops stale pushes
+	Tables          []*PSTable             `protobuf:"bytes,11,rep,name=tables,proto3" json:"tables,omitempty"`
+	Example         *SparseLR              `protobuf:"bytes,12,opt,name=example,proto3" json:"example,omitempty"`
+	CacheRows       uint32                 `protobuf:"varint,13,opt,name=cache_rows,json=cacheRows,proto3" json:"cache_rows,omitempty"`                   // workers' cache of pulled rows (0: none)
+	CacheStaleness  int64                  `protobuf:"varint,14,opt,name=cache_staleness,json=cacheStaleness,proto3" json:"cache_staleness,omitempty"`    // clocks a cached row may serve pulls
+	Checkpoint      string                 `protobuf:"bytes,15,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`                                   // the checkpoint store's URL ("" : none)
+	CheckpointEvery uint64                 `protobuf:"varint,16,opt,name=checkpoint_every,json=checkpointEvery,proto3" json:"checkpoint_every,omitempty"` // steps between checkpoints (and one at the end)
+	RestoreFrom     string                 `protobuf:"bytes,17,opt,name=restore_from,json=restoreFrom,proto3" json:"restore_from,omitempty"`              // a checkpoint's prefix in the store to start from
+	RestoreStep     int64                  `protobuf:"varint,18,opt,name=restore_step,json=restoreStep,proto3" json:"restore_step,omitempty"`             // its step
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PSJob) Reset() {
@@ -169,6 +173,34 @@ func (x *PSJob) GetCacheRows() uint32 {
 func (x *PSJob) GetCacheStaleness() int64 {
 	if x != nil {
 		return x.CacheStaleness
+	}
+	return 0
+}
+
+func (x *PSJob) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *PSJob) GetCheckpointEvery() uint64 {
+	if x != nil {
+		return x.CheckpointEvery
+	}
+	return 0
+}
+
+func (x *PSJob) GetRestoreFrom() string {
+	if x != nil {
+		return x.RestoreFrom
+	}
+	return ""
+}
+
+func (x *PSJob) GetRestoreStep() int64 {
+	if x != nil {
+		return x.RestoreStep
 	}
 	return 0
 }
@@ -674,7 +706,7 @@ var File_phalanx_v1_ps_proto protoreflect.FileDescriptor
 const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"\n" +
 	"\x13phalanx/v1/ps.proto\x12\n" +
-	"phalanx.v1\"\xc7\x03\n" +
+	"phalanx.v1\"\xd8\x04\n" +
 	"\x05PSJob\x12\x16\n" +
 	"\x06shards\x18\x01 \x01(\rR\x06shards\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\x12\x1c\n" +
@@ -691,7 +723,13 @@ const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"\aexample\x18\f \x01(\v2\x14.phalanx.v1.SparseLRR\aexample\x12\x1d\n" +
 	"\n" +
 	"cache_rows\x18\r \x01(\rR\tcacheRows\x12'\n" +
-	"\x0fcache_staleness\x18\x0e \x01(\x03R\x0ecacheStaleness\"\xe5\x01\n" +
+	"\x0fcache_staleness\x18\x0e \x01(\x03R\x0ecacheStaleness\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x0f \x01(\tR\n" +
+	"checkpoint\x12)\n" +
+	"\x10checkpoint_every\x18\x10 \x01(\x04R\x0fcheckpointEvery\x12!\n" +
+	"\frestore_from\x18\x11 \x01(\tR\vrestoreFrom\x12!\n" +
+	"\frestore_step\x18\x12 \x01(\x03R\vrestoreStep\"\xe5\x01\n" +
 	"\aPSTable\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +

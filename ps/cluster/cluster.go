@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/ps"
@@ -178,6 +179,20 @@ func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg
 		if err := srv.Host(ctx, uint32(s)); err != nil {
 			return err
 		}
+	}
+	if job.RestoreFrom != "" { // before registering: no worker sees the shards empty
+		store, err := checkpoint.OpenURL(ctx, job.Checkpoint, checkpoint.Credentials{})
+		if err != nil {
+			return err
+		}
+		m, snaps, err := Load(ctx, store, job.RestoreFrom)
+		if err != nil {
+			return err
+		}
+		if err := Restore(ctx, srv, spec, snaps); err != nil {
+			return err
+		}
+		log.Info("restored", zap.Int64("step", m.Step), zap.Int("from_shards", m.Shards), zap.Int("shards", spec.Shards))
 	}
 	host, _ := os.Hostname()
 	lease, err := coordinator.RegisterAt(ctx, cli, keys.PSServer(cfg.ID), &phalanxpb.PSServer{Id: cfg.ID, Addr: srv.Addr(), Pid: int64(os.Getpid()), Host: host}, cfg.LeaseTTL)
