@@ -396,31 +396,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 // wait returns when the job's keys change after rev, after wake (when not
 // negative), or with an error when leadership or ctx ends.
 func (c *Coordinator) wait(ctx context.Context, sess *concurrency.Session, rev int64, wake time.Duration) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wch := c.cli.Watch(wctx, c.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	var timer <-chan time.Time
-	if wake >= 0 {
-		t := time.NewTimer(wake)
-		defer t.Stop()
-		timer = t.C
-	}
-	select {
-	case resp, ok := <-wch:
-		if !ok {
-			return fmt.Errorf("%w: watch closed", ErrLeadershipLost)
-		}
-		if err := resp.Err(); err != nil {
-			return fmt.Errorf("coordinator: watching the job: %w", err)
-		}
-		return nil
-	case <-timer:
-		return nil
-	case <-sess.Done():
-		return fmt.Errorf("%w: election session expired", ErrLeadershipLost)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return waitChange(ctx, c.cli, sess, c.keys.Prefix(), rev, wake)
 }
 
 // CurrentGeneration reads the generation record (nil before the first) and

@@ -227,7 +227,10 @@ func waitChange(ctx context.Context, cli *clientv3.Client, sess *concurrency.Ses
 		if !ok {
 			return fmt.Errorf("%w: watch closed", ErrLeadershipLost)
 		}
-		return resp.Err()
+		if err := resp.Err(); err != nil {
+			return fmt.Errorf("coordinator: watching %s: %w", prefix, err)
+		}
+		return nil
 	case <-timer:
 		return nil
 	case <-sess.Done():

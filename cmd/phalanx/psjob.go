@@ -170,33 +170,11 @@ func psTrain(ctx context.Context, c trainConfig, p psFlags, stdout, stderr io.Wr
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	endpoints := c.member.endpointList()
-	if len(endpoints) == 0 {
-		dir := c.jobDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "phalanx-job-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(tmp)
-			dir = tmp
-		}
-		e, err := coordinator.StartEmbedded(context.WithoutCancel(ctx), coordinator.EmbeddedOptions{Dir: filepath.Join(dir, "etcd"), Logger: log.Named("etcd")})
-		if err != nil {
-			return err
-		}
-		defer e.Close()
-		endpoints = e.Endpoints()
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
-	if err != nil {
-		return fmt.Errorf("etcd %v: %w", endpoints, err)
-	}
-	defer cli.Close()
-	keys, err := coordinator.KeysFor(c.member.job)
+	endpoints, cli, keys, stopEtcd, err := jobEtcd(context.WithoutCancel(ctx), c, log)
 	if err != nil {
 		return err
 	}
+	defer stopEtcd()
 	if u := c.train.ckpt.url; u != "" {
 		if c.train.ckpt.every != 0 {
 			return usagef("--checkpoint-every: sparse-lr checkpoints by steps (--checkpoint-every-steps) and at the end")
@@ -602,4 +580,49 @@ func runPSWorker(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		r.Shards = append(r.Shards, shardDone{Shard: s, Clock: info.Clock, Rows: info.Rows, Pushes: info.LastIDs})
 	}
 	return enc.Encode(r)
+}
+
+// jobEtcd connects to the job's etcd: the --etcd-endpoints cluster, or an
+// embedded server with its data under --job-dir (a temporary directory by
+// default, removed by the returned stop). stop closes the client and the
+// server.
+func jobEtcd(ctx context.Context, c trainConfig, log *zap.Logger) (endpoints []string, cli *clientv3.Client, keys coordinator.Keys, stop func(), err error) {
+	var undo []func()
+	stop = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	if keys, err = coordinator.KeysFor(c.member.job); err != nil {
+		return nil, nil, keys, stop, err
+	}
+	endpoints = c.member.endpointList()
+	if len(endpoints) == 0 {
+		dir := c.jobDir
+		if dir == "" {
+			tmp, err := os.MkdirTemp("", "phalanx-job-")
+			if err != nil {
+				return nil, nil, keys, stop, err
+			}
+			undo = append(undo, func() { os.RemoveAll(tmp) })
+			dir = tmp
+		}
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(dir, "etcd"), Logger: log.Named("etcd")})
+		if err != nil {
+			return nil, nil, keys, stop, err
+		}
+		undo = append(undo, func() { e.Close() })
+		endpoints = e.Endpoints()
+	}
+	cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
+	if err != nil {
+		return nil, nil, keys, stop, fmt.Errorf("etcd %v: %w", endpoints, err)
+	}
+	undo = append(undo, func() { cli.Close() })
+	return endpoints, cli, keys, stop, nil
 }

@@ -10,14 +10,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
@@ -183,33 +181,11 @@ func trainJob(ctx context.Context, c trainConfig, workerArgs []string, stdout, s
 		fmt.Fprintf(stdout, "checkpoints: %s\n", store.Location())
 	}
 
-	endpoints := c.member.endpointList()
-	if len(endpoints) == 0 {
-		dir := c.jobDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "phalanx-job-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(tmp)
-			dir = tmp
-		}
-		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(dir, "etcd"), Logger: log.Named("etcd")})
-		if err != nil {
-			return err
-		}
-		defer e.Close()
-		endpoints = e.Endpoints()
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
-	if err != nil {
-		return fmt.Errorf("etcd %v: %w", endpoints, err)
-	}
-	defer cli.Close()
-	keys, err := coordinator.KeysFor(c.member.job)
+	endpoints, cli, keys, stopEtcd, err := jobEtcd(ctx, c, log)
 	if err != nil {
 		return err
 	}
+	defer stopEtcd()
 	coordDone := make(chan error, 1)
 	followDone := make(chan struct{})
 	defer func() { // stop following before the client and etcd close
