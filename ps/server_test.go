@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -420,5 +421,54 @@ func TestClientCache(t *testing.T) {
 	}
 	if n := len(w.tables[1].cache.at); n != 2 {
 		t.Fatalf("%d rows cached, bound 2", n)
+	}
+}
+
+// TestShardActorRestart: a shard actor that panics while taking a push is
+// restarted by its supervisor with its rows and clocks; the client, told the
+// shard was unavailable, sends the push again with the same id, and it
+// counts once.
+func TestShardActorRestart(t *testing.T) {
+	spec := sgdTable(1)
+	sys, err := actors.NewSystem(actors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	var fired atomic.Bool
+	srv, err := Listen(ServerConfig{Addr: "127.0.0.1:0", Tables: []TableSpec{spec}, Sync: SyncSpec{Mode: ASP, Workers: 1}, System: sys,
+		Applied: func(_, _, _ uint32, id uint64, _ int64, _ PushAction) {
+			if id == 2 && fired.CompareAndSwap(false, true) {
+				panic("injected failure in the shard after applying push 2")
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx := context.Background()
+	if err := srv.Host(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.SetRole(ctx, 0, true, nil, 1); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewClient(ClientConfig{Worker: 0, Tables: []TableSpec{spec}, Partition: PartitionRange, Shards: 1,
+		Sync: SyncSpec{Mode: ASP, Workers: 1}, Directory: StaticDirectory{srv.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for range 3 {
+		if _, err := w.Push(ctx, 1, []uint64{4}, []float32{1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := make([]float32, 1)
+	if err := w.Pull(ctx, 1, []uint64{4}, out); err != nil {
+		t.Fatal(err)
+	}
+	if want := initial(spec, 4)[0] - 3*0.5; !fired.Load() || !near(out, []float32{want}) {
+		t.Fatalf("after 3 pushes and a restart: %v, want %v (fired %v)", out, want, fired.Load())
 	}
 }

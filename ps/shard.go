@@ -165,7 +165,7 @@ func (a *shardActor) Receive(ctx actor.Context) {
 			s.cfg.Logger.Warn("shard actor restarted", zap.Uint32("shard", s.cfg.ID), zap.Int("restarts", s.starts-1))
 		}
 	case *request:
-		s.handle(ctx, m)
+		s.handleSupervised(ctx, m)
 	case *replAck:
 		s.acked(ctx, m)
 	case *deadlineTick:
@@ -181,6 +181,23 @@ func (a *shardActor) Receive(ctx actor.Context) {
 type inspect struct {
 	f     func(*shard) any
 	reply chan any
+}
+
+// handleSupervised handles a request; a panic answers it as unavailable
+// (the client sends it again, with the same push id) and is raised again,
+// so that the supervisor restarts the actor, which keeps the shard's state.
+func (s *shard) handleSupervised(ctx actor.Context, r *request) {
+	answered := false
+	defer func() {
+		if v := recover(); v != nil {
+			if !answered && r.release != nil {
+				s.refuse(r, StatusUnavailable, fmt.Sprintf("shard %d failed handling a %v: %v", s.cfg.ID, r.Op, v))
+			}
+			panic(v)
+		}
+	}()
+	s.handle(ctx, r)
+	answered = true
 }
 
 func (s *shard) handle(ctx actor.Context, r *request) {
