@@ -382,7 +382,9 @@ func (s *shard) forward(req *request, ack Header, h Header, keys []uint64, value
 	if req != nil {
 		req.done() // the body was written to every backup; the answer needs only the header
 	}
-	s.pending[s.seq] = p
+	if len(p.waits) > 0 {
+		s.pending[s.seq] = p
+	}
 	s.order = append(s.order, p)
 	s.flushAcks()
 }
@@ -403,6 +405,9 @@ func (s *shard) acked(_ actor.Context, m *replAck) {
 	}
 	if p := s.pending[m.seq]; p != nil {
 		delete(p.waits, m.backup)
+		if len(p.waits) == 0 {
+			delete(s.pending, m.seq)
+		}
 	}
 	s.flushAcks()
 }
@@ -421,11 +426,6 @@ func (s *shard) flushAcks() {
 	}
 	clear(s.order[:n])
 	s.order = s.order[n:]
-	for seq, p := range s.pending {
-		if len(p.waits) == 0 {
-			delete(s.pending, seq)
-		}
-	}
 }
 
 // close closes a table's open clock: its summed gradients, divided by the
@@ -526,11 +526,14 @@ func (s *shard) setRole(ctx actor.Context, r *Role) {
 		}
 	}
 	// Pushes waiting for a backup no longer in the map need it no longer.
-	for _, p := range s.pending {
+	for seq, p := range s.pending {
 		for addr := range p.waits {
 			if !containsAddr(r.Backups, addr) {
 				delete(p.waits, addr)
 			}
+		}
+		if len(p.waits) == 0 {
+			delete(s.pending, seq)
 		}
 	}
 	s.flushAcks()

@@ -410,40 +410,41 @@ func runPS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := m.check(); err != nil {
+	log, cli, keys, done, err := psProcess("ps", m, *logLevel, stderr)
+	if err != nil {
 		return err
 	}
-	if m.job == "" || len(m.endpointList()) == 0 {
-		return usagef("ps: --job and --etcd-endpoints are required")
-	}
+	defer done()
 	if *id == "" {
 		host, _ := os.Hostname()
 		*id = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	log, err := newLogger(*logLevel, stderr)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
-	cli, keys, err := etcdClient(m, log)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
 	return cluster.Serve(ctx, cli, keys, cluster.NodeConfig{ID: *id, Listen: *listen, LeaseTTL: m.leaseTTL, Logger: log.With(zap.String("ps", *id)),
 		OnReady: func(addr string) { fmt.Fprintf(stdout, "ps %s serving on %s\n", *id, addr) }})
 }
 
-func etcdClient(m membershipFlags, log *zap.Logger) (*clientv3.Client, coordinator.Keys, error) {
-	keys, err := coordinator.KeysFor(m.job)
-	if err != nil {
-		return nil, keys, err
+// psProcess is the common start of a parameter-server job's processes:
+// the membership flags checked, the logger, and a client of the job's etcd;
+// done flushes and closes them.
+func psProcess(cmd string, m membershipFlags, logLevel string, stderr io.Writer) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
+	if err := m.check(); err != nil {
+		return nil, nil, keys, nil, err
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: m.endpointList(), DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
-	if err != nil {
-		return nil, keys, fmt.Errorf("etcd %s: %w", m.endpoints, err)
+	if m.job == "" || len(m.endpointList()) == 0 {
+		return nil, nil, keys, nil, usagef("%s: --job and --etcd-endpoints are required", cmd)
 	}
-	return cli, keys, nil
+	if keys, err = coordinator.KeysFor(m.job); err != nil {
+		return nil, nil, keys, nil, err
+	}
+	if log, err = newLogger(logLevel, stderr); err != nil {
+		return nil, nil, keys, nil, err
+	}
+	cli, err = clientv3.New(clientv3.Config{Endpoints: m.endpointList(), DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
+	if err != nil {
+		log.Sync()
+		return nil, nil, keys, nil, fmt.Errorf("etcd %s: %w", m.endpoints, err)
+	}
+	return log, cli, keys, func() { cli.Close(); log.Sync() }, nil
 }
 
 // runPSWorker is one sparse-lr worker of a parameter-server job.
@@ -458,25 +459,14 @@ func runPSWorker(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := m.check(); err != nil {
-		return err
-	}
-	if m.job == "" || len(m.endpointList()) == 0 {
-		return usagef("ps-worker: --job and --etcd-endpoints are required")
-	}
 	if *threads > 0 {
 		runtime.GOMAXPROCS(*threads)
 	}
-	log, err := newLogger(*logLevel, stderr)
+	log, cli, keys, done, err := psProcess("ps-worker", m, *logLevel, stderr)
 	if err != nil {
 		return err
 	}
-	defer log.Sync()
-	cli, keys, err := etcdClient(m, log)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
+	defer done()
 	job, err := cluster.ReadJob(ctx, cli, keys)
 	if err != nil {
 		return err
