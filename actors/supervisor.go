@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
 )
 
 // Child is one actor a Supervisor starts.
@@ -90,3 +91,45 @@ func SpawnChild(ctx context.Context, sys *System, supervisor *actor.PID, c Child
 func StopChild(sys *System, pid *actor.PID) error {
 	return sys.Root.StopFuture(pid).Wait()
 }
+
+// Supervisor is how every Phalanx process supervises its actors (a
+// worker's group and rank actors, a parameter server's shard actors): one
+// supervisor under Strategy with a restart budget; a child that spends it
+// is reported on GaveUp, and the process decides to exit.
+type Supervisor struct {
+	sys    *System
+	pid    *actor.PID
+	gaveUp chan *GiveUpError
+}
+
+// Supervise starts a supervisor named name over children, restarting each
+// within budget; log is told of every decision.
+func Supervise(sys *System, name string, budget Budget, log *zap.Logger, children ...Child) (*Supervisor, []*actor.PID, error) {
+	s := &Supervisor{sys: sys, gaveUp: make(chan *GiveUpError, 1)}
+	strategy := &Strategy{Budget: budget, Logger: log, GiveUp: func(e *GiveUpError) {
+		select {
+		case s.gaveUp <- e:
+		default: // the first is enough to end the process
+		}
+	}}
+	pid, pids, err := StartSupervisor(sys, name, strategy, children...)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.pid = pid
+	return s, pids, nil
+}
+
+// Spawn starts one more child, supervised like the first ones.
+func (s *Supervisor) Spawn(ctx context.Context, c Child) (*actor.PID, error) {
+	return SpawnChild(ctx, s.sys, s.pid, c)
+}
+
+// Stop stops one child and waits until it has stopped.
+func (s *Supervisor) Stop(pid *actor.PID) error { return StopChild(s.sys, pid) }
+
+// GaveUp delivers the first child failure beyond the restart budget.
+func (s *Supervisor) GaveUp() <-chan *GiveUpError { return s.gaveUp }
+
+// Close stops the supervisor and its children.
+func (s *Supervisor) Close() error { return StopChild(s.sys, s.pid) }

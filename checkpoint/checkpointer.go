@@ -17,9 +17,9 @@ import (
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
-// Votes are a rank's say in checkpoint decisions, summed over the ranks by
-// the step's own allreduce (a Trainer carries them), so that every rank
-// takes the same decision at the same step boundary.
+// Votes are a rank's say in checkpoint decisions (a checkpoint now, a stop),
+// summed over the ranks by the step's own allreduce (worker.Trainer carries
+// them), so that every rank takes the same decision at the same step boundary.
 type Votes = [4]float32
 
 // The meaning of each vote.

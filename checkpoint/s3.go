@@ -74,7 +74,7 @@ func NewS3Store(ctx context.Context, o S3Options) (*S3Store, error) {
 	}
 	if !exists {
 		if !o.CreateBucket {
-			return nil, fmt.Errorf("checkpoint: bucket %s does not exist at %s", o.Bucket, o.Endpoint)
+			return nil, fmt.Errorf("%w: bucket %s does not exist at %s", ErrNoLocation, o.Bucket, o.Endpoint)
 		}
 		if err := cli.MakeBucket(ctx, o.Bucket, minio.MakeBucketOptions{Region: o.Region}); err != nil {
 			if r := minio.ToErrorResponse(err); r.Code != "BucketAlreadyOwnedByYou" && r.Code != "BucketAlreadyExists" {

@@ -2,9 +2,12 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 
@@ -135,6 +138,33 @@ func Open(ctx context.Context, l Location, c Credentials) (Store, error) {
 	o := *l.S3
 	o.AccessKey, o.SecretKey, o.SessionToken = c.AccessKey, c.SecretKey, c.SessionToken
 	return NewS3Store(ctx, o)
+}
+
+// ErrNoLocation: a store's directory or bucket does not exist.
+var ErrNoLocation = errors.New("checkpoint: no such location")
+
+// OpenExisting opens the store at raw without creating anything: a
+// directory or bucket that does not exist is an error wrapping
+// ErrNoLocation. Tools that only read or delete open stores so.
+func OpenExisting(ctx context.Context, raw string, c Credentials) (Store, error) {
+	l, err := ParseLocation(raw)
+	if err != nil {
+		return nil, err
+	}
+	if l.S3 != nil {
+		l.S3.CreateBucket = false
+		return Open(ctx, l, c)
+	}
+	st, err := os.Stat(l.Dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("%w: directory %s does not exist", ErrNoLocation, l.Dir)
+	case err != nil:
+		return nil, fmt.Errorf("checkpoint: directory %s: %w", l.Dir, err)
+	case !st.IsDir():
+		return nil, fmt.Errorf("checkpoint: %s is not a directory", l.Dir)
+	}
+	return Open(ctx, l, c)
 }
 
 // OpenURL parses raw and opens its store.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -139,6 +140,8 @@ type snapshot struct {
 	done    bool
 	// excluded: stragglers kept out of the ring, by id
 	excluded map[string]*phalanxpb.Exclusion
+	// left: the reasons of workers that left on request, by id
+	left map[string]string
 }
 
 type report struct {
@@ -153,6 +156,7 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 		clientv3.OpGet(c.keys.Reports(), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Done(), clientv3.WithCountOnly()),
 		clientv3.OpGet(c.keys.Exclusions(), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Departures(), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: reading job state: %w", err)
@@ -191,6 +195,10 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 			continue
 		}
 		s.excluded[x.Id] = &x
+	}
+	s.left = map[string]string{}
+	for _, kv := range resp.Responses[5].GetResponseRange().Kvs {
+		s.left[strings.TrimPrefix(string(kv.Key), c.keys.Departures())] = string(kv.Value)
 	}
 	return s, nil
 }
@@ -340,7 +348,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			cur = nil // a stopped job starts over with a rendezvous
 		}
 		d := Decide(Input{Current: cur, Live: s.live, Rendezvous: c.cfg.Rendezvous, Step: start, Admit: admit,
-			Broken: broken, DetectedBy: detected, Excluded: s.excluded, WasExcluded: wasExcluded})
+			Broken: broken, DetectedBy: detected, Left: s.left, Excluded: s.excluded, WasExcluded: wasExcluded})
 		if s.cur != nil && d.Change {
 			d.Next.Number = s.cur.Number + 1
 		}
@@ -421,28 +429,6 @@ func ReportLoss(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalanx
 	}
 	if _, err := cli.Put(ctx, keys.Report(r.ReporterId, r.LostId), string(val)); err != nil {
 		return fmt.Errorf("coordinator: reporting the loss of %s: %w", r.LostId, err)
-	}
-	return nil
-}
-
-// Exclude asks the coordinator to keep straggler x.Id out of the ring from
-// the next generation on (never below the minimum number of workers).
-func Exclude(ctx context.Context, cli *clientv3.Client, keys Keys, x *phalanxpb.Exclusion) error {
-	val, err := proto.Marshal(x)
-	if err != nil {
-		return err
-	}
-	if _, err := cli.Put(ctx, keys.Exclusion(x.Id), string(val)); err != nil {
-		return fmt.Errorf("coordinator: excluding %s: %w", x.Id, err)
-	}
-	return nil
-}
-
-// Readmit lifts the exclusion of worker id: it enters the ring again after
-// the join window.
-func Readmit(ctx context.Context, cli *clientv3.Client, keys Keys, id string) error {
-	if _, err := cli.Delete(ctx, keys.Exclusion(id)); err != nil {
-		return fmt.Errorf("coordinator: readmitting %s: %w", id, err)
 	}
 	return nil
 }

@@ -46,6 +46,8 @@ type Input struct {
 	// DetectedBy says how a lost member was detected, by id; a lost member
 	// missing from it is one whose lease expired.
 	DetectedBy map[string]string
+	// Left gives the reason of the members that left on request, by id.
+	Left map[string]string
 	// Excluded are stragglers to keep out of the ring (by id): members are
 	// left out, unless that would leave fewer than MinWorkers (then none
 	// is), and excluded newcomers wait. WasExcluded names the ids whose
@@ -90,10 +92,14 @@ func Decide(in Input) Decision {
 				continue
 			}
 			by := in.DetectedBy[m.Id]
-			if by == "" {
+			why, left := in.Left[m.Id]
+			switch {
+			case left:
+				by = "left on request: " + why
+			case by == "":
 				by = "lease expired"
 			}
-			lost = append(lost, &phalanxpb.LostMember{Id: m.Id, Rank: int32(i), Pid: m.Pid, DetectedBy: by})
+			lost = append(lost, &phalanxpb.LostMember{Id: m.Id, Rank: int32(i), Pid: m.Pid, DetectedBy: by, Left: left})
 		}
 	}
 	var newcomers []*phalanxpb.Registration
@@ -140,7 +146,11 @@ func Decide(in Input) Decision {
 		why = append(why, fmt.Sprintf("rendezvous of %d workers", len(members)))
 	default:
 		for _, l := range lost {
-			why = append(why, fmt.Sprintf("lost rank %d (%s, %s)", l.Rank, l.Id, l.DetectedBy))
+			verb := "lost"
+			if l.Left {
+				verb = "left"
+			}
+			why = append(why, fmt.Sprintf("%s rank %d (%s, %s)", verb, l.Rank, l.Id, l.DetectedBy))
 		}
 		for _, x := range excluded {
 			why = append(why, fmt.Sprintf("excluded rank %d (%s, %s)", x.Rank, x.Id, x.DetectedBy))

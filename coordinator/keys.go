@@ -85,3 +85,14 @@ func (k Keys) ShardMap() string { return k.prefix + "ps/shardmap" }
 
 // PSElection is the election of the shard map's writer.
 func (k Keys) PSElection() string { return k.prefix + "ps/election" }
+
+// Stop is written to ask every worker of the job to stop at the next step
+// boundary after a final checkpoint (a stop requested through the API or
+// by the launcher).
+func (k Keys) Stop() string { return k.prefix + "stop" }
+
+// Departures is the prefix of the records of workers that left on request.
+func (k Keys) Departures() string { return k.prefix + "leaving/" }
+
+// Departure records that worker id left the job on request.
+func (k Keys) Departure(id string) string { return k.Departures() + id }

@@ -75,6 +75,10 @@ var ErrGenerationChanged = errors.New("elastic: a new generation was decided")
 // than Config.Unreachable.
 var ErrUnreachable = errors.New("elastic: membership unreachable")
 
+// ErrLeft: the worker left the job on request (Agent.Leave); the others go
+// on without it.
+var ErrLeft = errors.New("elastic: left the job on request")
+
 // StoppedError is the coordinator's decision to stop the job.
 type StoppedError struct {
 	Generation uint64
@@ -101,6 +105,9 @@ type Agent struct {
 
 	mu    sync.Mutex
 	lease *coordinator.Lease
+
+	leaveOnce sync.Once
+	leaving   chan struct{} // closed by Leave
 }
 
 // New checks cfg and names the worker: host, pid and start time make an id no
@@ -141,7 +148,38 @@ func New(cfg Config) (*Agent, error) {
 	if id == "" {
 		id = fmt.Sprintf("%s-%d-%s", cfg.Host, os.Getpid(), strconv.FormatInt(cfg.Now().UnixNano()%1e9, 36))
 	}
-	return &Agent{cfg: cfg, id: id, log: cfg.Logger.With(zap.String("worker", id))}, nil
+	return &Agent{cfg: cfg, id: id, log: cfg.Logger.With(zap.String("worker", id)), leaving: make(chan struct{})}, nil
+}
+
+// Leave takes the worker out of the job on request (a SIGTERM, a drained
+// node): it records why and withdraws its registration, so the coordinator
+// decides a ring without it at once and names it as left. The round in
+// flight goes on until that generation ends it (or until the body returns);
+// then Run returns ErrLeft. The others lose no committed step.
+func (a *Agent) Leave(ctx context.Context, reason string) error {
+	first := false
+	a.leaveOnce.Do(func() { close(a.leaving); first = true })
+	if !first {
+		return nil
+	}
+	a.log.Info("leaving the job", zap.String("reason", reason))
+	err := coordinator.Leave(ctx, a.cfg.Client, a.cfg.Keys, a.id, reason)
+	if l := a.currentLease(); l != nil {
+		err = errors.Join(err, l.Close(ctx))
+	}
+	return err
+}
+
+// Leaving is closed once Leave was called.
+func (a *Agent) Leaving() <-chan struct{} { return a.leaving }
+
+func (a *Agent) isLeaving() bool {
+	select {
+	case <-a.leaving:
+		return true
+	default:
+		return false
+	}
 }
 
 // ID is the worker's id in the job.
@@ -159,18 +197,12 @@ func (a *Agent) checkConfig(ctx context.Context) error {
 	if a.cfg.ConfigHash == "" {
 		return nil
 	}
-	key := a.cfg.Keys.Config()
-	resp, err := a.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, a.cfg.ConfigHash)).Else(clientv3.OpGet(key)).Commit()
+	theirs, err := coordinator.ClaimConfig(ctx, a.cfg.Client, a.cfg.Keys, a.cfg.ConfigHash)
 	if err != nil {
-		return fmt.Errorf("elastic: recording the job configuration: %w", err)
+		return fmt.Errorf("elastic: %w", err)
 	}
-	if resp.Succeeded {
-		return nil
-	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 1 && string(kvs[0].Value) != a.cfg.ConfigHash {
-		return &ConfigMismatchError{Job: a.cfg.Keys.Prefix(), Ours: a.cfg.ConfigHash, Theirs: string(kvs[0].Value)}
+	if theirs != a.cfg.ConfigHash {
+		return &ConfigMismatchError{Job: a.cfg.Keys.Prefix(), Ours: a.cfg.ConfigHash, Theirs: theirs}
 	}
 	return nil
 }
@@ -215,6 +247,8 @@ func (a *Agent) Run(ctx context.Context, body Body) error {
 		case done:
 			a.recordDone(ctx, g.Number)
 			return nil
+		case a.isLeaving():
+			return ErrLeft
 		case err != nil:
 			return err
 		}
@@ -232,7 +266,7 @@ func (a *Agent) recordDone(ctx context.Context, gen uint64) {
 	defer cancel()
 	wait := 100 * time.Millisecond
 	for {
-		_, err := a.cfg.Client.Put(ctx, a.cfg.Keys.Done(), fmt.Sprintf("generation %d", gen))
+		err := coordinator.MarkDone(ctx, a.cfg.Client, a.cfg.Keys, gen)
 		if err == nil {
 			return
 		}
@@ -271,7 +305,7 @@ func (a *Agent) keepRegistered(ctx context.Context, fail context.CancelCauseFunc
 			return
 		case <-a.currentLease().Lost():
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.isLeaving() {
 			return
 		}
 		a.log.Warn("registration lease lost; registering again")
@@ -323,6 +357,8 @@ func (a *Agent) await(ctx context.Context, w *watch, seen uint64, brokeAt time.T
 			return nil, err
 		case done:
 			return nil, nil
+		case a.isLeaving():
+			return nil, ErrLeft
 		case g != nil && g.Number > seen && g.Stopped:
 			return nil, &StoppedError{Generation: g.Number, Reason: g.Reason}
 		case g != nil && g.Number > seen && rankOf(g, a.id) >= 0:
@@ -330,6 +366,7 @@ func (a *Agent) await(ctx context.Context, w *watch, seen uint64, brokeAt time.T
 		}
 		select {
 		case <-changed:
+		case <-a.leaving:
 		case <-timeout:
 			return nil, fmt.Errorf("%w: no new generation within %s of the ring breaking: is a coordinator running?", ErrUnreachable, a.cfg.Unreachable)
 		case <-ctx.Done():

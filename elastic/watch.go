@@ -3,9 +3,7 @@ package elastic
 import (
 	"context"
 	"sync"
-	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -71,75 +69,16 @@ func Follow(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, lo
 }
 
 func (w *watch) run(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, log *zap.Logger) {
-	for ctx.Err() == nil {
-		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.Generation()), clientv3.OpGet(keys.Done(), clientv3.WithCountOnly())).Commit()
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("reading the generation", zap.Error(err))
+	err := coordinator.WatchJob(ctx, cli, keys, log, func(g *phalanxpb.Generation, done bool) bool {
+		w.set(func() {
+			if g != nil && (w.gen == nil || g.Number > w.gen.Number) {
+				w.gen = g
 			}
-			pause(ctx, 200*time.Millisecond)
-			continue
-		}
-		if !w.apply(keys, first(resp.Responses[0].GetResponseRange().Kvs), resp.Responses[1].GetResponseRange().Count > 0) {
-			return
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		wch := cli.Watch(wctx, keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-		for wr := range wch {
-			if err := wr.Err(); err != nil && ctx.Err() == nil {
-				log.Warn("watching the generation", zap.Error(err))
-				break // read again
-			}
-			for _, ev := range wr.Events {
-				switch string(ev.Kv.Key) {
-				case keys.Generation():
-					if ev.Type == clientv3.EventTypePut && !w.apply(keys, ev.Kv, false) {
-						cancel()
-						return
-					}
-				case keys.Done():
-					if ev.Type == clientv3.EventTypePut {
-						w.set(func() { w.done = true })
-					}
-				}
-			}
-		}
-		cancel()
-	}
-}
-
-// apply records a generation record (kv may be nil) and done; false when the
-// record is corrupt, which ends the watch with an error.
-func (w *watch) apply(keys coordinator.Keys, kv *mvccpb.KeyValue, done bool) bool {
-	var g *phalanxpb.Generation
-	if kv != nil {
-		var err error
-		if g, err = coordinator.DecodeGeneration(keys.Generation(), kv.Value); err != nil {
-			w.set(func() { w.err = err })
-			return false
-		}
-	}
-	w.set(func() {
-		if g != nil && (w.gen == nil || g.Number > w.gen.Number) {
-			w.gen = g
-		}
-		w.done = w.done || done
+			w.done = w.done || done
+		})
+		return true
 	})
-	return true
-}
-
-func first(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
-	if len(kvs) == 0 {
-		return nil
-	}
-	return kvs[0]
-}
-
-func pause(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+	if err != nil && ctx.Err() == nil {
+		w.set(func() { w.err = err })
 	}
 }

@@ -1,5 +1,6 @@
 // Package hybrid decides hybrid-synchronous training steps: when a step
-// closes (every rank ready, or the deadline passed with a quorum), who took
+// closes (every rank ready, or the deadline passed with a quorum; a parameter
+// server's clock at a quorum, or at the deadline with one push), who took
 // part and who is stale, what the next deadline is, and which persistent
 // stragglers to exclude from the ring or readmit to it.
 //
@@ -73,9 +74,36 @@ func ParseExcludeAfter(s string) (x, w int, err error) {
 	return x, w, nil
 }
 
-// quorumOf is the number of ranks needed to close a step of world ranks.
-func (p Policy) quorumOf(world int) int {
-	return max(1, int(math.Ceil(p.Quorum*float64(world)-1e-9)))
+// quorum is how many of world ranks the fraction q requires: at least one,
+// and all of them for q = 1.
+func quorum(q float64, world int) int {
+	return max(1, int(math.Ceil(q*float64(world)-1e-9)))
+}
+
+// Rule is when a step closes short of every rank being ready.
+type Rule uint8
+
+const (
+	// CloseAtDeadline: at the deadline, once a quorum is ready. The ring's
+	// steps (Policy.Close).
+	CloseAtDeadline Rule = iota
+	// CloseAtQuorum: as soon as a quorum is ready, or at the deadline with
+	// at least one. The parameter server's hybrid clocks.
+	CloseAtQuorum
+)
+
+// Closes reports whether a step of world ranks, ready of them ready, closes
+// now: when every rank is ready, and otherwise as the rule says, with q the
+// quorum as a fraction of world.
+func (r Rule) Closes(ready, world int, q float64, deadlinePassed bool) bool {
+	if ready >= world {
+		return true
+	}
+	need := quorum(q, world)
+	if r == CloseAtQuorum {
+		return ready >= need || deadlinePassed && ready > 0
+	}
+	return deadlinePassed && ready >= need
 }
 
 // NotReady marks a rank whose readiness has not arrived.
@@ -93,7 +121,7 @@ func (p Policy) Close(ready []time.Duration, elapsed, deadline time.Duration) (c
 			n++
 		}
 	}
-	if n < len(ready) && (elapsed < deadline || n < p.quorumOf(len(ready))) {
+	if !CloseAtDeadline.Closes(n, len(ready), p.Quorum, elapsed >= deadline) {
 		return false, nil
 	}
 	participants = make([]bool, len(ready))

@@ -31,6 +31,38 @@ func TestClose(t *testing.T) {
 	}
 }
 
+// TestRuleCloses: the ring's steps wait for the deadline before closing
+// with a quorum; the parameter server's clocks close at the quorum, and at
+// the deadline with any one push; both close when every rank is ready.
+func TestRuleCloses(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		rule           Rule
+		ready, world   int
+		q              float64
+		deadlinePassed bool
+		closes         bool
+	}{
+		{"at deadline: all ready before it", CloseAtDeadline, 4, 4, 0.75, false, true},
+		{"at deadline: a quorum before it waits", CloseAtDeadline, 3, 4, 0.75, false, false},
+		{"at deadline: a quorum at it", CloseAtDeadline, 3, 4, 0.75, true, true},
+		{"at deadline: short of a quorum at it", CloseAtDeadline, 2, 4, 0.75, true, false},
+		{"at deadline: an empty world", CloseAtDeadline, 0, 0, 0.5, false, true},
+		{"at quorum: all ready", CloseAtQuorum, 4, 4, 0.75, false, true},
+		{"at quorum: a quorum before the deadline", CloseAtQuorum, 3, 4, 0.75, false, true},
+		{"at quorum: short of it before the deadline", CloseAtQuorum, 1, 4, 0.75, false, false},
+		{"at quorum: one at the deadline", CloseAtQuorum, 1, 4, 0.75, true, true},
+		{"at quorum: none at the deadline", CloseAtQuorum, 0, 4, 0.75, true, false},
+		{"a quorum is at least one", CloseAtQuorum, 1, 4, 0.01, false, true},
+		{"quorum 1 is every rank", CloseAtQuorum, 2, 3, 1, false, false},
+		{"0.6 of 5 is exactly 3", CloseAtDeadline, 3, 5, 0.6, true, true},
+	} {
+		if got := tc.rule.Closes(tc.ready, tc.world, tc.q, tc.deadlinePassed); got != tc.closes {
+			t.Errorf("%s: Closes(%d, %d, %v, %v) = %v, want %v", tc.name, tc.ready, tc.world, tc.q, tc.deadlinePassed, got, tc.closes)
+		}
+	}
+}
+
 func TestNextDeadline(t *testing.T) {
 	fixed := Policy{Deadline: 80 * ms, Quorum: 1}
 	if d := fixed.NextDeadline([]time.Duration{10 * ms}); d != 80*ms {

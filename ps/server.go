@@ -45,7 +45,7 @@ type Server struct {
 	cfg  ServerConfig
 	ln   net.Listener
 	log  *zap.Logger
-	sup  *actor.PID
+	sup  *actors.Supervisor
 	pool sync.Pool // *Buffer
 
 	mu     sync.Mutex
@@ -54,8 +54,6 @@ type Server struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
-	// gaveUp receives a shard actor's failure beyond its restart budget.
-	gaveUp chan error
 }
 
 // Listen starts a server hosting no shards yet (see Host).
@@ -81,19 +79,13 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ps: listening on %s: %w", cfg.Addr, err)
 	}
-	s := &Server{cfg: cfg, ln: ln, log: cfg.Logger, shards: map[uint32]*actor.PID{}, links: map[uint32]map[string]*replicaLink{}, conns: map[net.Conn]struct{}{}, gaveUp: make(chan error, 1)}
+	s := &Server{cfg: cfg, ln: ln, log: cfg.Logger, shards: map[uint32]*actor.PID{}, links: map[uint32]map[string]*replicaLink{}, conns: map[net.Conn]struct{}{}}
 	s.pool.New = func() any { return new(Buffer) }
 	budget := actors.DefaultBudget()
 	if cfg.Budget != nil {
 		budget = *cfg.Budget
 	}
-	strategy := &actors.Strategy{Budget: budget, Logger: cfg.Logger, GiveUp: func(e *actors.GiveUpError) {
-		select {
-		case s.gaveUp <- e:
-		default:
-		}
-	}}
-	sup, _, err := actors.StartSupervisor(cfg.System, fmt.Sprintf("ps-%s", ln.Addr()), strategy)
+	sup, _, err := actors.Supervise(cfg.System, fmt.Sprintf("ps-%s", ln.Addr()), budget, cfg.Logger)
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -109,7 +101,7 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // GaveUp delivers a shard actor's failure beyond its restart budget: the
 // process should exit and let a backup take over.
-func (s *Server) GaveUp() <-chan error { return s.gaveUp }
+func (s *Server) GaveUp() <-chan *actors.GiveUpError { return s.sup.GaveUp() }
 
 // Host starts the actor of shard id, as a backup until SetRole.
 func (s *Server) Host(ctx context.Context, id uint32) error {
@@ -135,7 +127,7 @@ func (s *Server) Host(ctx context.Context, id uint32) error {
 	if err != nil {
 		return err
 	}
-	pid, err := actors.SpawnChild(ctx, s.cfg.System, s.sup, actors.Child{Name: fmt.Sprintf("shard%d", id), Props: props})
+	pid, err := s.sup.Spawn(ctx, actors.Child{Name: fmt.Sprintf("shard%d", id), Props: props})
 	if err != nil {
 		return err
 	}
@@ -214,7 +206,7 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	err := s.ln.Close()
 	s.wg.Wait()
-	actors.StopChild(s.cfg.System, s.sup)
+	s.sup.Close()
 	return err
 }
 

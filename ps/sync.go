@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/phalanx-rt/phalanx/hybrid"
 )
 
 // Mode is a consistency model: when pushed gradients become visible to
@@ -89,11 +91,6 @@ func (s SyncSpec) Validate() error {
 		return fmt.Errorf("ps: stale decay %v: want a factor in [0, 1]", s.Decay)
 	}
 	return nil
-}
-
-// quorum is the number of pushes that close a hybrid clock.
-func (s SyncSpec) quorum() int {
-	return max(1, int(math.Ceil(s.Quorum*float64(s.Workers)-1e-9)))
 }
 
 // aggregates reports whether the mode sums a clock's pushes and applies
@@ -195,14 +192,14 @@ func (c *Clocks) Push(worker int, id uint64, clock int64) (PushAction, error) {
 }
 
 // ShouldClose reports whether the open clock closes now (bsp, hybrid):
-// every worker pushed, or (hybrid) a quorum did, or the deadline passed with
-// at least one.
+// every worker pushed, or (hybrid, by hybrid.CloseAtQuorum) a quorum did, or
+// the deadline passed with at least one.
 func (c *Clocks) ShouldClose(deadlinePassed bool) bool {
 	switch c.spec.Mode {
 	case BSP:
 		return c.npushed == c.spec.Workers
 	case Hybrid:
-		return c.npushed == c.spec.Workers || c.npushed >= c.spec.quorum() || (deadlinePassed && c.npushed > 0)
+		return hybrid.CloseAtQuorum.Closes(c.npushed, c.spec.Workers, c.spec.Quorum, deadlinePassed)
 	}
 	return false
 }

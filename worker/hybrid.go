@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 )
 
@@ -35,7 +36,7 @@ type hybridResult struct {
 const (
 	hybridCount = statsVotes
 	hybridRanks = statsVotes + 1
-	hybridTail  = statsVotes + 2 + len(Votes{})
+	hybridTail  = statsVotes + 2 + len(checkpoint.Votes{})
 )
 
 func (t *Trainer) hybridLen() int {

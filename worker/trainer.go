@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/nn"
 )
@@ -76,7 +77,7 @@ type StepStats struct {
 	Fingerprint Fingerprint
 	// Votes are the sums over the ranks of what each rank's voter said for
 	// this step (see SetVoter).
-	Votes Votes
+	Votes checkpoint.Votes
 	// Participated: in a hybrid-synchronous step, this rank's gradients
 	// entered the update (Samples counts only the contributors' samples).
 	Participated bool
@@ -112,12 +113,9 @@ func addFingerprint(f *Fingerprint, i int) {
 	f[4] += float64(h >> 24)
 }
 
-// Votes are small counts every rank contributes to a step and every rank
-// receives summed: they travel in the step's own allreduce, so ranks agree on
-// decisions (a checkpoint now, a stop) at the same step boundary for free.
-type Votes = [4]float32
-
-// statsVotes is where the votes sit in the statistics vector.
+// statsVotes is where the votes sit in the statistics vector: they travel in
+// the step's own allreduce, so ranks agree on decisions (a checkpoint now, a
+// stop) at the same step boundary for free.
 const statsVotes = 2 + len(Fingerprint{})
 
 // NonFiniteError is a NaN or infinite gradient or loss.
@@ -171,7 +169,7 @@ type Trainer struct {
 	pend    pending
 
 	busy         sync.Mutex // held by Compute
-	voter        func() Votes
+	voter        func() checkpoint.Votes
 	hybridQueue  []hybridResult   // reduced hybrid steps not yet applied
 	hybridFree   [][]float32      // their buffers, for reuse
 	staleGrads   [][]float32      // StaleDecay: a late step's gradients, scaled, for the next
@@ -194,7 +192,7 @@ func NewTrainer(ctx context.Context, g *collective.Group, m Model, data Dataset,
 		return nil, err
 	}
 	t := &Trainer{g: g, model: m, params: m.Params(), data: data, opt: opt, cfg: cfg, log: log, sampler: sampler,
-		stats: make([]float32, statsVotes+len(Votes{})), fctx: ctx}
+		stats: make([]float32, statsVotes+len(checkpoint.Votes{})), fctx: ctx}
 	t.state = NewState(t.params, opt)
 	// Backward produces the last layers' gradients first: fuse them in reverse
 	// order so the first bucket fills, and is reduced, earliest.
@@ -267,7 +265,7 @@ func (t *Trainer) globalBatch() (int, float32) {
 
 // SetVoter installs the function that gives this rank's votes for each step
 // as it is finished (nil: none).
-func (t *Trainer) SetVoter(f func() Votes) { t.voter = f }
+func (t *Trainer) SetVoter(f func() checkpoint.Votes) { t.voter = f }
 
 // Restored installs a state loaded from elsewhere (a checkpoint) into the
 // trainer between steps: its tensors already hold the values; step and
@@ -421,7 +419,7 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 	for i, v := range p.fp {
 		t.stats[2+i] = float32(v)
 	}
-	var votes Votes
+	var votes checkpoint.Votes
 	if t.voter != nil {
 		votes = t.voter()
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/launch"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -213,7 +215,7 @@ func TestCheckpointSIGTERM(t *testing.T) {
 		j.seen = append(j.seen, e)
 	}
 	err := <-j.exited
-	if code := exitStatusOf(err); code != 3 {
+	if code := launch.ExitStatus(err); code != 3 {
 		t.Fatalf("launcher exit %v, want status 3", err)
 	}
 	var saved []map[string]any
@@ -246,13 +248,13 @@ func TestCkptCommand(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	var out strings.Builder
-	if err := run(ctx, []string{"train", "--workers", "1", "--checkpoint", dir, "--steps", "6", "--checkpoint-every-steps", "2",
+	if err := run(ctx, examples.Registry(), []string{"train", "--workers", "1", "--checkpoint", dir, "--steps", "6", "--checkpoint-every-steps", "2",
 		"--samples", "1000", "--hidden", "16", "--checkpoint-keep", "0"}, &out, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	ck := func(args ...string) (string, error) {
 		var b strings.Builder
-		err := run(ctx, append([]string{"ckpt"}, args...), &b, &b)
+		err := run(ctx, examples.Registry(), append([]string{"ckpt"}, args...), &b, &b)
 		return b.String(), err
 	}
 	ls, err := ck("ls", "--checkpoint", dir)

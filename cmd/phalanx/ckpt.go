@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"io"
 	"text/tabwriter"
 	"time"
@@ -122,7 +123,7 @@ func ckptList(ctx context.Context, store checkpoint.Store, stdout io.Writer) err
 				world = fmt.Sprint(m.World)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", in.ID, in.Step, in.Modified.UTC().Format(time.RFC3339), humanBytes(in.Bytes), world, status)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", in.ID, in.Step, in.Modified.UTC().Format(time.RFC3339), bytesize.Format(in.Bytes), world, status)
 	}
 	return tw.Flush()
 }
@@ -153,7 +154,7 @@ func ckptVerify(ctx context.Context, store checkpoint.Store, names []string, std
 			bad = append(bad, err)
 			continue
 		}
-		fmt.Fprintf(stdout, "%s: ok (%d objects, %d blocks, %d tensors, %s)\n", id, len(m.Objects), len(m.BlockCrc32C), len(m.Tensors), humanBytes(int64(m.TotalBytes)))
+		fmt.Fprintf(stdout, "%s: ok (%d objects, %d blocks, %d tensors, %s)\n", id, len(m.Objects), len(m.BlockCrc32C), len(m.Tensors), bytesize.Format(int64(m.TotalBytes)))
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("%d of %d checkpoints failed verification: %w", len(bad), len(names), errors.Join(bad...))

@@ -65,7 +65,14 @@ func command(t *testing.T, args ...string) *exec.Cmd {
 // its output is shown when the test fails.
 func startProcess(t *testing.T, name string, args ...string) (*exec.Cmd, *syncBuffer, func() error) {
 	t.Helper()
+	return startProcessEnv(t, name, nil, args...)
+}
+
+// startProcessEnv is startProcess with more environment.
+func startProcessEnv(t *testing.T, name string, env []string, args ...string) (*exec.Cmd, *syncBuffer, func() error) {
+	t.Helper()
 	cmd := command(t, args...)
+	cmd.Env = append(cmd.Env, env...)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -274,22 +281,40 @@ func TestElasticKillOne(t *testing.T) {
 	t.Logf("accuracy %.4f undisturbed, %.4f with a worker killed at step 45", a, b)
 }
 
-// workerArgs rebuilds the command line of one more worker for a running
-// launcher's job, from its job_started event.
-func workerArgs(t *testing.T, j *liveJob, index int) []string {
+// workerArgs is the command line of one more worker for a running
+// launcher's job started with trainArgs: phalanx worker with the job's
+// etcd and name from its job_started event, and the training flags.
+func workerArgs(t *testing.T, j *liveJob, index int, trainArgs ...string) []string {
 	t.Helper()
+	launcherOnly := map[string]bool{"--workers": true, "--join-window": true, "--max-workers": true, "--min-workers": true, "--threads": true}
 	for _, e := range j.seen {
 		if e["event"] == "job_started" {
 			args := []string{"worker", "--etcd-endpoints", e["etcd_endpoints"].(string), "--job", e["job"].(string),
 				"--threads", "1", "--worker-index", fmt.Sprint(index)}
-			for _, a := range e["worker_args"].([]any) {
-				args = append(args, a.(string))
+			for i := 0; i < len(trainArgs); i += 2 {
+				if !launcherOnly[trainArgs[i]] {
+					args = append(args, trainArgs[i], trainArgs[i+1])
+				}
 			}
 			return args
 		}
 	}
 	t.Fatal("no job_started event")
 	return nil
+}
+
+// startSpecWorker starts one more worker of a running launcher's job the
+// library's way: this binary with the job_started event's worker_env.
+func startSpecWorker(t *testing.T, j *liveJob, name string) (*syncBuffer, func() error) {
+	t.Helper()
+	for _, e := range j.seen {
+		if e["event"] == "job_started" {
+			_, out, wait := startProcessEnv(t, name, []string{e["worker_env"].(string)})
+			return out, wait
+		}
+	}
+	t.Fatal("no job_started event")
+	return nil, nil
 }
 
 // TestElasticKillTwoThenRejoin: two of 4 workers killed at once leave a ring
@@ -306,7 +331,7 @@ func TestElasticKillTwoThenRejoin(t *testing.T) {
 	// The survivors are frozen while the worker starts, so that the job
 	// cannot end before it is admitted (their leases outlast the pause).
 	freeze(t, p[0], p[2])
-	_, out, exited := startProcess(t, "rejoined worker", workerArgs(t, j, 5)...)
+	out, exited := startSpecWorker(t, j, "rejoined worker")
 	j.until(t, "the rejoined worker", worldIs(3))
 	thaw(t, p[0], p[2])
 	ev := j.finish(t)
@@ -333,11 +358,12 @@ func TestElasticKillTwoThenRejoin(t *testing.T) {
 // TestElasticFifthWorker: a fifth worker started during a 4-worker job is
 // admitted after the join window and trains to the end.
 func TestElasticFifthWorker(t *testing.T) {
-	j := startJob(t, append([]string{"--workers", "4", "--max-workers", "5", "--join-window", "200ms", "--lease-ttl", "10s"}, elasticJobArgs...)...)
+	args := append([]string{"--workers", "4", "--max-workers", "5", "--join-window", "200ms", "--lease-ttl", "10s"}, elasticJobArgs...)
+	j := startJob(t, args...)
 	j.until(t, "step 20 in a ring of 4", stepIn(4, 20))
 	p := j.workerPids()
 	freeze(t, p[0], p[1], p[2], p[3])
-	_, out, exited := startProcess(t, "fifth worker", workerArgs(t, j, 4)...)
+	_, out, exited := startProcess(t, "fifth worker", workerArgs(t, j, 4, args...)...)
 	g := j.until(t, "a ring of 5", worldIs(5))
 	thaw(t, p[0], p[1], p[2], p[3])
 	ev := j.finish(t)

@@ -1,5 +1,6 @@
-// Command phalanx runs Phalanx jobs and their tools. Each subcommand explains
-// its flags with --help.
+// Command phalanx runs Phalanx jobs and their tools: it turns flags into
+// the library's configuration and calls it. Each subcommand explains its
+// flags with --help.
 package main
 
 import (
@@ -13,18 +14,20 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
-
-	"github.com/phalanx-rt/phalanx/elastic"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/examples"
 )
 
 const usage = `phalanx: a runtime for fault-tolerant, elastic distributed training.
 
 Usage:
-  phalanx train [flags]             train an example model data-parallel on N local elastic workers
+  phalanx train [flags]             train a model on N local elastic workers (or parameter servers)
   phalanx worker [flags]            one elastic worker of a job (joins through etcd)
   phalanx coordinator [flags]       a job's coordinator (elected; run several for standbys)
-  phalanx ps [flags]                one parameter server of a job (train --example sparse-lr starts them)
+  phalanx ps [flags]                one parameter server of a job (train starts them for parameter-server models)
+  phalanx stop [flags]              ask a running job to stop after a final checkpoint
   phalanx etcd [flags]              one embedded etcd member (three make a cluster)
   phalanx bench allreduce [flags]   allreduce figures over N local processes (nccl-tests style)
   phalanx bench tcp [flags]         raw single-stream loopback TCP throughput, the reference line
@@ -39,45 +42,45 @@ Run "phalanx <command> [<subcommand>] --help" for the flags of each.
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-func main() { os.Exit(runMain(os.Args[1:])) }
-
-// runMain runs a command line as the phalanx process: SIGINT and SIGTERM
-// cancel its context; it returns the exit code.
-func runMain(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, args, os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "phalanx:", err)
-		}
-		return exitCode(err)
-	}
-	return 0
+func main() {
+	reg := examples.Registry()
+	phalanx.Main(reg) // a worker process its launcher started: runs it and exits
+	os.Exit(runMain(reg, os.Args[1:]))
 }
 
+// runMain runs a command line: SIGINT and SIGTERM cancel its context; it
+// returns the exit code.
+func runMain(reg *phalanx.Registry, args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, reg, args, os.Stdout, os.Stderr)
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "phalanx:", err)
+	}
+	return exitCode(err)
+}
+
+// Exit statuses besides 0, 1 (failed) and 2 (usage).
+const (
+	exitStoppedOnRequest = 3 // the job stopped after a final checkpoint; the same command resumes it
+	exitJobStopped       = 4 // a worker whose job was stopped (too few workers, or on request): not its own failure
+)
+
 func exitCode(err error) int {
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	var ue usageError
-	if errors.As(err, &ue) {
+	var se *phalanx.StoppedError
+	switch {
+	case err == nil || errors.Is(err, flag.ErrHelp) || errors.Is(err, phalanx.ErrLeft):
+		return 0
+	case errors.As(err, &ue):
 		return 2
-	}
-	var se *stoppedError
-	if errors.As(err, &se) {
-		return 3
-	}
-	var ce *elastic.StoppedError
-	if errors.As(err, &ce) {
-		return exitCoordinatorStopped
+	case errors.As(err, &se) && se.Requested:
+		return exitStoppedOnRequest
+	case errors.As(err, &se):
+		return exitJobStopped
 	}
 	return 1
 }
-
-// exitCoordinatorStopped is a worker's exit status when the coordinator
-// stopped the job (too few workers): not a failure of its own.
-const exitCoordinatorStopped = 4
 
 // usageError is a mistake in the command line.
 type usageError struct{ msg string }
@@ -86,22 +89,22 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return usagef("no command given")
 	}
 	switch args[0] {
 	case "train":
-		return runTrain(ctx, args[1:], stdout, stderr)
+		return runTrain(ctx, reg, args[1:], stdout, stderr)
 	case "worker":
-		return runWorker(ctx, args[1:], stdout, stderr)
+		return runWorker(ctx, reg, args[1:], stdout, stderr)
 	case "coordinator":
 		return runCoordinator(ctx, args[1:], stdout, stderr)
 	case "ps":
 		return runPS(ctx, args[1:], stdout, stderr)
-	case "ps-worker":
-		return runPSWorker(ctx, args[1:], stdout, stderr)
+	case "stop":
+		return runStop(ctx, args[1:], stdout, stderr)
 	case "etcd":
 		return runEtcd(ctx, args[1:], stdout, stderr)
 	case "bench":
@@ -119,14 +122,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return usagef("unknown command %q", args[0])
 }
 
-// newLogger writes JSON logs to stderr at the given level.
-func newLogger(level string, stderr io.Writer) (*zap.Logger, error) {
+// newLogger writes JSON logs to w at the given level.
+func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
 	}
 	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(stderr), lvl)), nil
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
 }
 
 // newFlagSet returns a flag set whose --help prints the summary and the flags.

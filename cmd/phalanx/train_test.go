@@ -5,17 +5,22 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/examples"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestMain lets the test binary stand in for the phalanx command when a test
-// launches workers (they re-execute the running binary).
+// TestMain lets the test binary stand in for the phalanx command: as a
+// worker its launcher started (they re-execute the running binary), or as
+// the command itself when a test starts it as a process.
 func TestMain(m *testing.M) {
+	reg := examples.Registry()
+	phalanx.Main(reg)
 	if os.Getenv("PHALANX_TEST_AS_COMMAND") == "1" {
-		os.Exit(runMain(os.Args[1:]))
+		os.Exit(runMain(reg, os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }
@@ -23,10 +28,9 @@ func TestMain(m *testing.M) {
 // TestTrainJob runs a small job end to end on two worker processes and checks
 // the progress output and the event log's schema.
 func TestTrainJob(t *testing.T) {
-	t.Setenv("PHALANX_TEST_AS_COMMAND", "1")
 	evPath := filepath.Join(t.TempDir(), "events.jsonl")
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"train", "--workers", "2", "--steps", "6", "--batch", "64",
+	err := run(context.Background(), examples.Registry(), []string{"train", "--workers", "2", "--steps", "6", "--batch", "64",
 		"--samples", "512", "--hidden", "16", "--events", evPath}, &out, &errOut)
 	if err != nil {
 		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
@@ -52,7 +56,7 @@ func TestTrainJob(t *testing.T) {
 		kind, _ := e["event"].(string)
 		counts[kind]++
 		want := map[string][]string{
-			"job_started":    {"job", "etcd_endpoints", "workers", "worker_args"},
+			"job_started":    {"job", "etcd_endpoints", "workers", "worker_env"},
 			"worker_started": {"worker", "pid"},
 			"generation":     {"generation", "members", "world", "reason"},
 			"step":           {"step", "generation", "world", "loss", "samples_per_s", "epoch", "offset", "fingerprint"},
@@ -99,14 +103,13 @@ func readEvents(t *testing.T, path string) map[string][]map[string]any {
 // as the same job without the fault: same loss at every step, same held-out
 // loss and accuracy.
 func TestTrainRankRestart(t *testing.T) {
-	t.Setenv("PHALANX_TEST_AS_COMMAND", "1")
 	dir := t.TempDir()
 	job := func(name string, extra ...string) map[string][]map[string]any {
 		path := filepath.Join(dir, name)
 		args := append([]string{"train", "--workers", "3", "--steps", "8", "--batch", "60", "--samples", "600",
 			"--hidden", "16", "--events", path}, extra...)
 		var out, errOut bytes.Buffer
-		if err := run(context.Background(), args, &out, &errOut); err != nil {
+		if err := run(context.Background(), examples.Registry(), args, &out, &errOut); err != nil {
 			t.Fatalf("%v: %v\n%s\n%s", args, err, out.String(), errOut.String())
 		}
 		return readEvents(t, path)
@@ -136,15 +139,17 @@ func TestTrainRankRestart(t *testing.T) {
 // TestTrainRestartBudget: a rank failing more often than its budget ends
 // the job with an error naming the budget, not a hang.
 func TestTrainRestartBudget(t *testing.T) {
-	t.Setenv("PHALANX_TEST_AS_COMMAND", "1")
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"train", "--workers", "2", "--steps", "6", "--batch", "32", "--samples", "256",
+	err := run(context.Background(), examples.Registry(), []string{"train", "--workers", "2", "--steps", "6", "--batch", "32", "--samples", "256",
 		"--hidden", "8", "--fail-at", "1:2", "--fail-times", "3", "--max-restarts", "2"}, &out, &errOut)
 	if err == nil {
 		t.Fatalf("the job succeeded:\n%s", out.String())
 	}
-	if !strings.Contains(errOut.String(), "restart budget") {
-		t.Errorf("error %v; stderr does not explain the restart budget:\n%s", err, errOut.String())
+	if !strings.Contains(err.Error(), "restart budget") || !strings.Contains(err.Error(), "fault injected at step 2") {
+		t.Errorf("error %v does not explain the restart budget and the failure", err)
+	}
+	if strings.Contains(errOut.String(), `"level"`) {
+		t.Errorf("library logs on the terminal:\n%s", errOut.String())
 	}
 }
 

@@ -329,6 +329,7 @@ type LostMember struct {
 	LateIn        int32                  `protobuf:"varint,5,opt,name=late_in,json=lateIn,proto3" json:"late_in,omitempty"`            // an excluded straggler: late in this many
 	Window        int32                  `protobuf:"varint,6,opt,name=window,proto3" json:"window,omitempty"`                          // of its last this-many steps
 	Step          int64                  `protobuf:"varint,7,opt,name=step,proto3" json:"step,omitempty"`                              // an excluded straggler: the step whose close decided it
+	Left          bool                   `protobuf:"varint,8,opt,name=left,proto3" json:"left,omitempty"`                              // it left on request (a SIGTERM, a drained node): not a failure
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -410,6 +411,13 @@ func (x *LostMember) GetStep() int64 {
 		return x.Step
 	}
 	return 0
+}
+
+func (x *LostMember) GetLeft() bool {
+	if x != nil {
+		return x.Left
+	}
+	return false
 }
 
 // FeedRequest is an excluded worker's request for the ring's parameters,
@@ -760,7 +768,7 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	" \x03(\v2\x16.phalanx.v1.LostMemberR\bexcluded\x12\x1e\n" +
 	"\n" +
 	"readmitted\x18\v \x03(\tR\n" +
-	"readmitted\"\xa8\x01\n" +
+	"readmitted\"\xbc\x01\n" +
 	"\n" +
 	"LostMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -770,7 +778,8 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"detectedBy\x12\x17\n" +
 	"\alate_in\x18\x05 \x01(\x05R\x06lateIn\x12\x16\n" +
 	"\x06window\x18\x06 \x01(\x05R\x06window\x12\x12\n" +
-	"\x04step\x18\a \x01(\x03R\x04step\"Z\n" +
+	"\x04step\x18\a \x01(\x03R\x04step\x12\x12\n" +
+	"\x04left\x18\b \x01(\bR\x04left\"Z\n" +
 	"\vFeedRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12\x1e\n" +

@@ -38,13 +38,18 @@ type PSJob struct {
 	DeadlineNanos   int64                  `protobuf:"varint,9,opt,name=deadline_nanos,json=deadlineNanos,proto3" json:"deadline_nanos,omitempty"` // hybrid
 	Decay           float32                `protobuf:"fixed32,10,opt,name=decay,proto3" json:"decay,omitempty"`                                    // hybrid: 0 drops stale pushes
 	Tables          []*PSTable             `protobuf:"bytes,11,rep,name=tables,proto3" json:"tables,omitempty"`
-	Example         *SparseLR              `protobuf:"bytes,12,opt,name=example,proto3" json:"example,omitempty"`
-	CacheRows       uint32                 `protobuf:"varint,13,opt,name=cache_rows,json=cacheRows,proto3" json:"cache_rows,omitempty"`                   // workers' cache of pulled rows (0: none)
-	CacheStaleness  int64                  `protobuf:"varint,14,opt,name=cache_staleness,json=cacheStaleness,proto3" json:"cache_staleness,omitempty"`    // clocks a cached row may serve pulls
-	Checkpoint      string                 `protobuf:"bytes,15,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`                                   // the checkpoint store's URL ("" : none)
-	CheckpointEvery uint64                 `protobuf:"varint,16,opt,name=checkpoint_every,json=checkpointEvery,proto3" json:"checkpoint_every,omitempty"` // steps between checkpoints (and one at the end)
-	RestoreFrom     string                 `protobuf:"bytes,17,opt,name=restore_from,json=restoreFrom,proto3" json:"restore_from,omitempty"`              // a checkpoint's prefix in the store to start from
-	RestoreStep     int64                  `protobuf:"varint,18,opt,name=restore_step,json=restoreStep,proto3" json:"restore_step,omitempty"`             // its step
+	CacheRows       uint32                 `protobuf:"varint,13,opt,name=cache_rows,json=cacheRows,proto3" json:"cache_rows,omitempty"`                                                     // workers' cache of pulled rows (0: none)
+	CacheStaleness  int64                  `protobuf:"varint,14,opt,name=cache_staleness,json=cacheStaleness,proto3" json:"cache_staleness,omitempty"`                                      // clocks a cached row may serve pulls
+	Checkpoint      string                 `protobuf:"bytes,15,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`                                                                     // the checkpoint store's URL ("" : none)
+	CheckpointEvery uint64                 `protobuf:"varint,16,opt,name=checkpoint_every,json=checkpointEvery,proto3" json:"checkpoint_every,omitempty"`                                   // steps between checkpoints (and one at the end)
+	RestoreFrom     string                 `protobuf:"bytes,17,opt,name=restore_from,json=restoreFrom,proto3" json:"restore_from,omitempty"`                                                // a checkpoint's prefix in the store to start from
+	RestoreStep     int64                  `protobuf:"varint,18,opt,name=restore_step,json=restoreStep,proto3" json:"restore_step,omitempty"`                                               // its step
+	Model           string                 `protobuf:"bytes,19,opt,name=model,proto3" json:"model,omitempty"`                                                                               // the registered model the workers train
+	Options         map[string]string      `protobuf:"bytes,20,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // the model's options
+	Seed            uint64                 `protobuf:"varint,21,opt,name=seed,proto3" json:"seed,omitempty"`
+	Batch           uint32                 `protobuf:"varint,22,opt,name=batch,proto3" json:"batch,omitempty"`                                // examples per worker step
+	Steps           int64                  `protobuf:"varint,23,opt,name=steps,proto3" json:"steps,omitempty"`                                // each worker's steps
+	ReportEvery     uint32                 `protobuf:"varint,24,opt,name=report_every,json=reportEvery,proto3" json:"report_every,omitempty"` // steps between progress reports
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -156,13 +161,6 @@ func (x *PSJob) GetTables() []*PSTable {
 	return nil
 }
 
-func (x *PSJob) GetExample() *SparseLR {
-	if x != nil {
-		return x.Example
-	}
-	return nil
-}
-
 func (x *PSJob) GetCacheRows() uint32 {
 	if x != nil {
 		return x.CacheRows
@@ -201,6 +199,48 @@ func (x *PSJob) GetRestoreFrom() string {
 func (x *PSJob) GetRestoreStep() int64 {
 	if x != nil {
 		return x.RestoreStep
+	}
+	return 0
+}
+
+func (x *PSJob) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *PSJob) GetOptions() map[string]string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+func (x *PSJob) GetSeed() uint64 {
+	if x != nil {
+		return x.Seed
+	}
+	return 0
+}
+
+func (x *PSJob) GetBatch() uint32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *PSJob) GetSteps() int64 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *PSJob) GetReportEvery() uint32 {
+	if x != nil {
+		return x.ReportEvery
 	}
 	return 0
 }
@@ -322,115 +362,6 @@ func (x *PSTable) GetLr() float32 {
 	return 0
 }
 
-// SparseLR is the sparse-lr example's data and schedule.
-type SparseLR struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ids           uint64                 `protobuf:"varint,1,opt,name=ids,proto3" json:"ids,omitempty"`
-	Features      uint32                 `protobuf:"varint,2,opt,name=features,proto3" json:"features,omitempty"`
-	Zipf          float64                `protobuf:"fixed64,3,opt,name=zipf,proto3" json:"zipf,omitempty"`
-	Sigma         float64                `protobuf:"fixed64,4,opt,name=sigma,proto3" json:"sigma,omitempty"`
-	Seed          uint64                 `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
-	Examples      uint64                 `protobuf:"varint,6,opt,name=examples,proto3" json:"examples,omitempty"` // training examples
-	HeldOut       uint64                 `protobuf:"varint,7,opt,name=held_out,json=heldOut,proto3" json:"held_out,omitempty"`
-	Epochs        uint32                 `protobuf:"varint,8,opt,name=epochs,proto3" json:"epochs,omitempty"`
-	Batch         uint32                 `protobuf:"varint,9,opt,name=batch,proto3" json:"batch,omitempty"` // examples per worker step
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *SparseLR) Reset() {
-	*x = SparseLR{}
-	mi := &file_phalanx_v1_ps_proto_msgTypes[2]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *SparseLR) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*SparseLR) ProtoMessage() {}
-
-func (x *SparseLR) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_ps_proto_msgTypes[2]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use SparseLR.ProtoReflect.Descriptor instead.
-func (*SparseLR) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{2}
-}
-
-func (x *SparseLR) GetIds() uint64 {
-	if x != nil {
-		return x.Ids
-	}
-	return 0
-}
-
-func (x *SparseLR) GetFeatures() uint32 {
-	if x != nil {
-		return x.Features
-	}
-	return 0
-}
-
-func (x *SparseLR) GetZipf() float64 {
-	if x != nil {
-		return x.Zipf
-	}
-	return 0
-}
-
-func (x *SparseLR) GetSigma() float64 {
-	if x != nil {
-		return x.Sigma
-	}
-	return 0
-}
-
-func (x *SparseLR) GetSeed() uint64 {
-	if x != nil {
-		return x.Seed
-	}
-	return 0
-}
-
-func (x *SparseLR) GetExamples() uint64 {
-	if x != nil {
-		return x.Examples
-	}
-	return 0
-}
-
-func (x *SparseLR) GetHeldOut() uint64 {
-	if x != nil {
-		return x.HeldOut
-	}
-	return 0
-}
-
-func (x *SparseLR) GetEpochs() uint32 {
-	if x != nil {
-		return x.Epochs
-	}
-	return 0
-}
-
-func (x *SparseLR) GetBatch() uint32 {
-	if x != nil {
-		return x.Batch
-	}
-	return 0
-}
-
 // ShardMap places every shard: its primary and backups, by server id. The
 // coordinator writes it under /phalanx/<job>/ps/shardmap; each change is a
 // new generation.
@@ -447,7 +378,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_phalanx_v1_ps_proto_msgTypes[3]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +390,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_ps_proto_msgTypes[3]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +403,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{3}
+	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ShardMap) GetGeneration() uint64 {
@@ -521,7 +452,7 @@ type ShardPlacement struct {
 
 func (x *ShardPlacement) Reset() {
 	*x = ShardPlacement{}
-	mi := &file_phalanx_v1_ps_proto_msgTypes[4]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +464,7 @@ func (x *ShardPlacement) String() string {
 func (*ShardPlacement) ProtoMessage() {}
 
 func (x *ShardPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_ps_proto_msgTypes[4]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +477,7 @@ func (x *ShardPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardPlacement.ProtoReflect.Descriptor instead.
 func (*ShardPlacement) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{4}
+	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ShardPlacement) GetShard() uint32 {
@@ -584,7 +515,7 @@ type PSServer struct {
 
 func (x *PSServer) Reset() {
 	*x = PSServer{}
-	mi := &file_phalanx_v1_ps_proto_msgTypes[5]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +527,7 @@ func (x *PSServer) String() string {
 func (*PSServer) ProtoMessage() {}
 
 func (x *PSServer) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_ps_proto_msgTypes[5]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +540,7 @@ func (x *PSServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PSServer.ProtoReflect.Descriptor instead.
 func (*PSServer) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{5}
+	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PSServer) GetId() string {
@@ -652,7 +583,7 @@ type Failover struct {
 
 func (x *Failover) Reset() {
 	*x = Failover{}
-	mi := &file_phalanx_v1_ps_proto_msgTypes[6]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +595,7 @@ func (x *Failover) String() string {
 func (*Failover) ProtoMessage() {}
 
 func (x *Failover) ProtoReflect() protoreflect.Message {
-	mi := &file_phalanx_v1_ps_proto_msgTypes[6]
+	mi := &file_phalanx_v1_ps_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +608,7 @@ func (x *Failover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failover.ProtoReflect.Descriptor instead.
 func (*Failover) Descriptor() ([]byte, []int) {
-	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{6}
+	return file_phalanx_v1_ps_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Failover) GetShard() uint32 {
@@ -706,7 +637,7 @@ var File_phalanx_v1_ps_proto protoreflect.FileDescriptor
 const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"\n" +
 	"\x13phalanx/v1/ps.proto\x12\n" +
-	"phalanx.v1\"\xd8\x04\n" +
+	"phalanx.v1\"\x9d\x06\n" +
 	"\x05PSJob\x12\x16\n" +
 	"\x06shards\x18\x01 \x01(\rR\x06shards\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\x12\x1c\n" +
@@ -719,8 +650,7 @@ const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"\x0edeadline_nanos\x18\t \x01(\x03R\rdeadlineNanos\x12\x14\n" +
 	"\x05decay\x18\n" +
 	" \x01(\x02R\x05decay\x12+\n" +
-	"\x06tables\x18\v \x03(\v2\x13.phalanx.v1.PSTableR\x06tables\x12.\n" +
-	"\aexample\x18\f \x01(\v2\x14.phalanx.v1.SparseLRR\aexample\x12\x1d\n" +
+	"\x06tables\x18\v \x03(\v2\x13.phalanx.v1.PSTableR\x06tables\x12\x1d\n" +
 	"\n" +
 	"cache_rows\x18\r \x01(\rR\tcacheRows\x12'\n" +
 	"\x0fcache_staleness\x18\x0e \x01(\x03R\x0ecacheStaleness\x12\x1e\n" +
@@ -729,7 +659,16 @@ const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"checkpoint\x12)\n" +
 	"\x10checkpoint_every\x18\x10 \x01(\x04R\x0fcheckpointEvery\x12!\n" +
 	"\frestore_from\x18\x11 \x01(\tR\vrestoreFrom\x12!\n" +
-	"\frestore_step\x18\x12 \x01(\x03R\vrestoreStep\"\xe5\x01\n" +
+	"\frestore_step\x18\x12 \x01(\x03R\vrestoreStep\x12\x14\n" +
+	"\x05model\x18\x13 \x01(\tR\x05model\x128\n" +
+	"\aoptions\x18\x14 \x03(\v2\x1e.phalanx.v1.PSJob.OptionsEntryR\aoptions\x12\x12\n" +
+	"\x04seed\x18\x15 \x01(\x04R\x04seed\x12\x14\n" +
+	"\x05batch\x18\x16 \x01(\rR\x05batch\x12\x14\n" +
+	"\x05steps\x18\x17 \x01(\x03R\x05steps\x12!\n" +
+	"\freport_every\x18\x18 \x01(\rR\vreportEvery\x1a:\n" +
+	"\fOptionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\f\x10\r\"\xe5\x01\n" +
 	"\aPSTable\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -742,17 +681,7 @@ const file_phalanx_v1_ps_proto_rawDesc = "" +
 	"\x04seed\x18\b \x01(\x04R\x04seed\x12\x1c\n" +
 	"\toptimizer\x18\t \x01(\tR\toptimizer\x12\x0e\n" +
 	"\x02lr\x18\n" +
-	" \x01(\x02R\x02lr\"\xdb\x01\n" +
-	"\bSparseLR\x12\x10\n" +
-	"\x03ids\x18\x01 \x01(\x04R\x03ids\x12\x1a\n" +
-	"\bfeatures\x18\x02 \x01(\rR\bfeatures\x12\x12\n" +
-	"\x04zipf\x18\x03 \x01(\x01R\x04zipf\x12\x14\n" +
-	"\x05sigma\x18\x04 \x01(\x01R\x05sigma\x12\x12\n" +
-	"\x04seed\x18\x05 \x01(\x04R\x04seed\x12\x1a\n" +
-	"\bexamples\x18\x06 \x01(\x04R\bexamples\x12\x19\n" +
-	"\bheld_out\x18\a \x01(\x04R\aheldOut\x12\x16\n" +
-	"\x06epochs\x18\b \x01(\rR\x06epochs\x12\x14\n" +
-	"\x05batch\x18\t \x01(\rR\x05batch\"\xda\x01\n" +
+	" \x01(\x02R\x02lr\"\xda\x01\n" +
 	"\bShardMap\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -791,18 +720,18 @@ var file_phalanx_v1_ps_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_phalanx_v1_ps_proto_goTypes = []any{
 	(*PSJob)(nil),          // 0: phalanx.v1.PSJob
 	(*PSTable)(nil),        // 1: phalanx.v1.PSTable
-	(*SparseLR)(nil),       // 2: phalanx.v1.SparseLR
-	(*ShardMap)(nil),       // 3: phalanx.v1.ShardMap
-	(*ShardPlacement)(nil), // 4: phalanx.v1.ShardPlacement
-	(*PSServer)(nil),       // 5: phalanx.v1.PSServer
-	(*Failover)(nil),       // 6: phalanx.v1.Failover
+	(*ShardMap)(nil),       // 2: phalanx.v1.ShardMap
+	(*ShardPlacement)(nil), // 3: phalanx.v1.ShardPlacement
+	(*PSServer)(nil),       // 4: phalanx.v1.PSServer
+	(*Failover)(nil),       // 5: phalanx.v1.Failover
+	nil,                    // 6: phalanx.v1.PSJob.OptionsEntry
 }
 var file_phalanx_v1_ps_proto_depIdxs = []int32{
 	1, // 0: phalanx.v1.PSJob.tables:type_name -> phalanx.v1.PSTable
-	2, // 1: phalanx.v1.PSJob.example:type_name -> phalanx.v1.SparseLR
-	4, // 2: phalanx.v1.ShardMap.shards:type_name -> phalanx.v1.ShardPlacement
-	5, // 3: phalanx.v1.ShardMap.servers:type_name -> phalanx.v1.PSServer
-	6, // 4: phalanx.v1.ShardMap.failovers:type_name -> phalanx.v1.Failover
+	6, // 1: phalanx.v1.PSJob.options:type_name -> phalanx.v1.PSJob.OptionsEntry
+	3, // 2: phalanx.v1.ShardMap.shards:type_name -> phalanx.v1.ShardPlacement
+	4, // 3: phalanx.v1.ShardMap.servers:type_name -> phalanx.v1.PSServer
+	5, // 4: phalanx.v1.ShardMap.failovers:type_name -> phalanx.v1.Failover
 	5, // [5:5] is the sub-list for method output_type
 	5, // [5:5] is the sub-list for method input_type
 	5, // [5:5] is the sub-list for extension type_name

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -78,12 +77,10 @@ func readAll(ctx context.Context, store checkpoint.Store, name string, size int6
 	return b, nil
 }
 
-// ErrNoCheckpoint: the store holds no parameter-server checkpoint.
-var ErrNoCheckpoint = errors.New("cluster: no parameter-server checkpoint in the store")
-
 // Latest finds the newest checkpoint whose objects all read and verify,
 // and returns it with its snapshots. Checkpoints that do not verify are
-// skipped (and named in the error when none does).
+// skipped (and named in the error when none does). With none at all, the
+// error satisfies errors.Is(err, checkpoint.ErrNoCheckpoint).
 func Latest(ctx context.Context, store checkpoint.Store) (*Manifest, []ps.Snapshot, error) {
 	objs, err := store.List(ctx, psPrefix)
 	if err != nil {
@@ -98,7 +95,7 @@ func Latest(ctx context.Context, store checkpoint.Store) (*Manifest, []ps.Snapsh
 		}
 	}
 	if len(manifests) == 0 {
-		return nil, nil, ErrNoCheckpoint
+		return nil, nil, fmt.Errorf("cluster: no parameter-server checkpoint in %s: %w", store.Location(), checkpoint.ErrNoCheckpoint)
 	}
 	slices.Sort(manifests)
 	var bad []string

@@ -16,7 +16,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/checkpoint"
@@ -94,50 +93,12 @@ func WriteJob(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, 
 	if _, err := SpecOf(j); err != nil {
 		return err
 	}
-	val, err := proto.Marshal(j)
-	if err != nil {
-		return err
-	}
-	tx, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(keys.PSJob()), "=", 0)).
-		Then(clientv3.OpPut(keys.PSJob(), string(val))).Else(clientv3.OpGet(keys.PSJob())).Commit()
-	if err != nil {
-		return fmt.Errorf("cluster: recording the job: %w", err)
-	}
-	if !tx.Succeeded {
-		var old phalanxpb.PSJob
-		kvs := tx.Responses[0].GetResponseRange().Kvs
-		if len(kvs) != 1 || proto.Unmarshal(kvs[0].Value, &old) != nil || !proto.Equal(&old, j) {
-			return fmt.Errorf("cluster: %s holds another job's configuration: use another --job", keys.PSJob())
-		}
-	}
-	return nil
+	return coordinator.WritePSJob(ctx, cli, keys, j)
 }
 
 // ReadJob waits until the job's configuration is recorded and returns it.
 func ReadJob(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) (*phalanxpb.PSJob, error) {
-	for {
-		resp, err := cli.Get(ctx, keys.PSJob())
-		if err != nil {
-			return nil, fmt.Errorf("cluster: reading the job: %w", err)
-		}
-		if len(resp.Kvs) == 1 {
-			var j phalanxpb.PSJob
-			if err := proto.Unmarshal(resp.Kvs[0].Value, &j); err != nil {
-				return nil, fmt.Errorf("cluster: %s is not a PS job: %w", keys.PSJob(), err)
-			}
-			return &j, nil
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		wch := cli.Watch(wctx, keys.PSJob(), clientv3.WithRev(resp.Header.Revision+1))
-		select {
-		case <-wch:
-		case <-ctx.Done():
-		}
-		cancel()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-	}
+	return coordinator.ReadPSJob(ctx, cli, keys)
 }
 
 // NodeConfig configures a parameter server process.

@@ -1,4 +1,6 @@
-package main
+// Package bytesize reads and writes byte counts the way Phalanx's flags
+// and reports show them: 4096, 64KiB, 16MiB, 1GiB.
+package bytesize
 
 import (
 	"fmt"
@@ -6,8 +8,8 @@ import (
 	"strings"
 )
 
-// parseSize reads "4096", "4KiB", "16MiB", "1GiB" (also "K", "M", "G").
-func parseSize(s string) (int, error) {
+// Parse reads "4096", "4KiB", "16MiB", "1GiB" (also "K", "M", "G", "B").
+func Parse(s string) (int, error) {
 	units := []struct {
 		suffix string
 		mult   int
@@ -26,10 +28,12 @@ func parseSize(s string) (int, error) {
 	return n * mult, nil
 }
 
-func parseSizes(list string, elem int) ([]int, error) {
+// ParseList reads comma-separated sizes, each a whole number of elem-byte
+// elements.
+func ParseList(list string, elem int) ([]int, error) {
 	var out []int
 	for _, s := range strings.Split(list, ",") {
-		n, err := parseSize(s)
+		n, err := Parse(s)
 		if err != nil {
 			return nil, err
 		}
@@ -42,4 +46,17 @@ func parseSizes(list string, elem int) ([]int, error) {
 		return nil, fmt.Errorf("no sizes given")
 	}
 	return out, nil
+}
+
+// Format shows n in B, KiB, MiB or GiB.
+func Format(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }

@@ -1,7 +1,9 @@
-// Package events writes a job's event log: one JSON object per line, each
-// with "ts" (unix seconds, float) and "event", then the event's fields. The
-// schema is documented in docs/events.md. It is written by the launching
-// process only, so one file holds the whole job.
+// Package events is a job's event log: membership changes, steps,
+// checkpoints, faults and the result, each an event kind with named fields
+// (docs/events.md lists them). A Sink receives them; Log, the usual one,
+// writes one JSON object per line with "ts" (unix seconds, float) and
+// "event", then the fields. The launching process writes it, so one file
+// holds the whole job.
 package events
 
 import (
@@ -13,7 +15,14 @@ import (
 	"time"
 )
 
-// Log appends events to a writer; it is safe for concurrent use.
+// Sink receives a job's events; an embedder implements it to route them
+// elsewhere (a metrics system, a UI). Emit must be safe for concurrent use.
+type Sink interface {
+	Emit(event string, fields ...Field) error
+}
+
+// Log appends events to a writer as JSON lines; it is safe for concurrent
+// use.
 type Log struct {
 	mu  sync.Mutex
 	w   io.Writer

@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/phalanx-rt/phalanx/collective"
+)
+
+// rankArg makes this test binary a rank process of
+// TestBenchAllReduce's TCP cases, the role `phalanx bench allreduce --as-rank`
+// plays for the command.
+const rankArg = "-phalanx-bench-rank="
+
+func TestMain(m *testing.M) {
+	for _, a := range os.Args[1:] {
+		if v, ok := strings.CutPrefix(a, rankArg); ok {
+			os.Exit(runTestRank(v))
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// runTestRank is one rank process: "ranks,rank".
+func runTestRank(arg string) int {
+	ranksText, rankText, _ := strings.Cut(arg, ",")
+	ranks, err1 := strconv.Atoi(ranksText)
+	rank, err2 := strconv.Atoi(rankText)
+	if err1 != nil || err2 != nil {
+		fmt.Fprintf(os.Stderr, "bad %s%s\n", rankArg, arg)
+		return 2
+	}
+	if err := AllReduceRank(context.Background(), processConfig(ranks), rank, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// processConfig is the configuration the TCP cases and their rank processes
+// share, as the command's flags do.
+func processConfig(ranks int) AllReduceConfig {
+	return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 256 << 10}, Transport: TransportTCP, Iters: 3, Warmup: 1, Threads: 1,
+		RankArgs: func(rank int) []string { return []string{rankArg + strconv.Itoa(ranks) + "," + strconv.Itoa(rank)} },
+		Stderr:   os.Stderr}
+}
+
+func TestBenchAllReduce(t *testing.T) {
+	inproc := func(ranks int, algo collective.Algorithm) AllReduceConfig {
+		return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 1 << 20}, Transport: TransportInproc, Algorithm: algo, Iters: 3, Warmup: 1}
+	}
+	cases := []struct {
+		name string
+		cfg  AllReduceConfig
+	}{
+		{"inproc 1 rank", inproc(1, collective.AlgoAuto)},
+		{"inproc 3 ranks auto", inproc(3, collective.AlgoAuto)},
+		{"inproc 4 ranks ring", inproc(4, collective.AlgoRing)},
+		{"inproc 3 ranks rd", inproc(3, collective.AlgoRecursiveDoubling)},
+		{"tcp 2 rank processes", processConfig(2)},
+		{"tcp 3 rank processes", processConfig(3)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []AllReduceResult
+			if err := AllReduce(context.Background(), tc.cfg, func(r AllReduceResult) { got = append(got, r) }); err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tc.cfg.Sizes) {
+				t.Fatalf("got %d results for %d sizes: %+v", len(got), len(tc.cfg.Sizes), got)
+			}
+			n := float64(tc.cfg.Ranks)
+			for i, r := range got {
+				if r.Op != "allreduce" || r.Ranks != tc.cfg.Ranks || r.Bytes != tc.cfg.Sizes[i] || r.Transport != tc.cfg.Transport ||
+					r.Algo != tc.cfg.Algorithm.String() || r.Iters != 3 || r.MedianS <= 0 || r.AlgBW <= 0 {
+					t.Errorf("result %d: %+v", i, r)
+				}
+				if want := r.AlgBW * 2 * (n - 1) / n; r.BusBW < want*0.999 || r.BusBW > want*1.001 {
+					t.Errorf("busbw %v is not algbw·2(N−1)/N = %v", r.BusBW, want)
+				}
+			}
+		})
+	}
+}
+
+func TestBenchAllReduceConfigErrors(t *testing.T) {
+	good := AllReduceConfig{Ranks: 2, Sizes: []int{4096}, Transport: TransportInproc}
+	cases := []struct {
+		name string
+		edit func(c *AllReduceConfig)
+		want string
+	}{
+		{"no ranks", func(c *AllReduceConfig) { c.Ranks = 0 }, "0 ranks"},
+		{"no sizes", func(c *AllReduceConfig) { c.Sizes = nil }, "no sizes"},
+		{"odd size", func(c *AllReduceConfig) { c.Sizes = []int{4096, 6} }, "size 6"},
+		{"transport", func(c *AllReduceConfig) { c.Transport = "udp" }, `transport "udp"`},
+		{"negative warmup", func(c *AllReduceConfig) { c.Warmup = -1 }, "negative"},
+		{"tcp without RankArgs", func(c *AllReduceConfig) { c.Transport = TransportTCP }, "RankArgs"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good
+			tc.edit(&cfg)
+			err := AllReduce(context.Background(), cfg, func(AllReduceResult) { t.Error("reported a result") })
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestBenchWriteAllReduce checks both printed forms: the table has two
+// comment lines and one row per size; JSON has one object per size and
+// nothing else.
+func TestBenchWriteAllReduce(t *testing.T) {
+	cfg := AllReduceConfig{Ranks: 2, Sizes: []int{4 << 10, 64 << 10, 1 << 20}, Transport: TransportInproc, Iters: 2}
+	for _, jsonOut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("json=%v", jsonOut), func(t *testing.T) {
+			var out bytes.Buffer
+			if err := WriteAllReduce(context.Background(), cfg, Output{W: &out, JSON: jsonOut}); err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if !jsonOut {
+				if len(lines) != 2+len(cfg.Sizes) || !strings.HasPrefix(lines[0], "# phalanx allreduce: 2 ranks, transport inproc, algo auto") {
+					t.Fatalf("table:\n%s", out.String())
+				}
+				if f := strings.Fields(lines[3]); len(f) != 6 || f[0] != "65536" || f[1] != "16384" || f[2] != "2" {
+					t.Errorf("row %q", lines[3])
+				}
+				return
+			}
+			if len(lines) != len(cfg.Sizes) {
+				t.Fatalf("got %d lines, want %d:\n%s", len(lines), len(cfg.Sizes), out.String())
+			}
+			for i, l := range lines {
+				var r AllReduceResult
+				if err := json.Unmarshal([]byte(l), &r); err != nil || r.Bytes != cfg.Sizes[i] {
+					t.Errorf("line %d %q: %+v, %v", i, l, r, err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,47 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBenchLoopbackTCP(t *testing.T) {
+	cfg := TCPConfig{Duration: 200 * time.Millisecond, WriteBytes: 64 << 10}
+	start := time.Now()
+	r, err := LoopbackTCP(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Op != "tcp" || r.Bytes < int64(cfg.WriteBytes) || r.Seconds < cfg.Duration.Seconds()*0.9 || r.GBps <= 0 {
+		t.Errorf("%+v", r)
+	}
+	if took := time.Since(start); took > cfg.Duration+5*time.Second {
+		t.Errorf("streaming for %v took %v", cfg.Duration, took)
+	}
+}
+
+func TestBenchLoopbackTCPErrors(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	cases := []struct {
+		name string
+		ctx  context.Context
+		cfg  TCPConfig
+		want error
+	}{
+		{"cancelled", cancelled, TCPConfig{Duration: time.Hour, WriteBytes: 4096}, context.Canceled},
+		{"no duration", context.Background(), TCPConfig{WriteBytes: 4096}, nil},
+		{"no write size", context.Background(), TCPConfig{Duration: time.Second}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoopbackTCP(tc.ctx, tc.cfg)
+			if err == nil || !strings.HasPrefix(err.Error(), "bench: tcp") || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Errorf("got %v, want a bench: tcp error wrapping %v", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+
+	"github.com/phalanx-rt/phalanx/bench"
+	"github.com/phalanx-rt/phalanx/examples"
+)
+
+func TestBenchUsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench"}, "allreduce, tcp, checkpoint or ps"},
+		{[]string{"bench", "frobnicate"}, "unknown benchmark"},
+		{[]string{"bench", "allreduce", "--ranks", "0"}, "--ranks 0"},
+		{[]string{"bench", "allreduce", "--sizes", "4KiB,huge"}, `size "huge"`},
+		{[]string{"bench", "allreduce", "--sizes", "6"}, "4-byte elements"},
+		{[]string{"bench", "allreduce", "--algo", "bogus"}, "unknown algorithm"},
+		{[]string{"bench", "allreduce", "--transport", "udp"}, "--transport"},
+		{[]string{"bench", "allreduce", "--segment", "8"}, "--segment"},
+		{[]string{"bench", "allreduce", "--nope"}, "not defined"},
+		{[]string{"bench", "tcp", "--duration", "-1s"}, "--duration"},
+		{[]string{"bench", "tcp", "--write", "0"}, "--write"},
+		{[]string{"bench", "checkpoint"}, "--checkpoint"},
+		{[]string{"bench", "checkpoint", "--checkpoint", "/tmp/ckpt"}, "s3://"},
+		{[]string{"bench", "ps", "--replicas", "2"}, "--replicas below --shards"},
+		{[]string{"bench", "ps", "--keys", "10", "--key-space", "5"}, "--keys"},
+	}
+	for _, tc := range cases {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), examples.Registry(), tc.args, &out, &errOut)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want a usage error mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestHelpExplainsFlags(t *testing.T) {
+	cases := []struct {
+		bench string
+		flags []string
+	}{
+		{"allreduce", []string{"-ranks", "-sizes", "-transport", "-algo", "-json"}},
+		{"tcp", []string{"-duration", "-write", "-json"}},
+		{"checkpoint", []string{"-checkpoint", "-sizes", "-ranks", "-repeat", "-json"}},
+		{"ps", []string{"-workers", "-shards", "-replicas", "-keys", "-dim", "-key-space", "-duration", "-json"}},
+	}
+	for _, tc := range cases {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), examples.Registry(), []string{"bench", tc.bench, "--help"}, &out, &errOut)
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("bench %s --help: got %v", tc.bench, err)
+		}
+		for _, f := range tc.flags {
+			if !strings.Contains(errOut.String(), f) {
+				t.Errorf("bench %s --help does not explain %s", tc.bench, f)
+			}
+		}
+	}
+}
+
+// TestBenchAllReduceJSON runs the benchmark in process and checks the JSON
+// form: one object per size, nothing else on stdout.
+func TestBenchAllReduceJSON(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), examples.Registry(), []string{"bench", "allreduce", "--transport", "inproc", "--ranks", "3",
+		"--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--json"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("got %d lines, want 2:\n%s", len(lines), out.String())
+	}
+	for i, want := range []int{4096, 1 << 20} {
+		var r bench.AllReduceResult
+		if err := json.Unmarshal([]byte(lines[i]), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Op != "allreduce" || r.Ranks != 3 || r.Bytes != want || r.MedianS <= 0 || r.BusBW <= 0 {
+			t.Errorf("line %d: %+v", i, r)
+		}
+		if bw := r.AlgBW * 4 / 3; bw < r.BusBW*0.999 || bw > r.BusBW*1.001 {
+			t.Errorf("busbw %v is not algbw·2(N−1)/N = %v", r.BusBW, bw)
+		}
+	}
+}

@@ -1,0 +1,331 @@
+package phalanx
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/failure"
+	"github.com/phalanx-rt/phalanx/hybrid"
+	"github.com/phalanx-rt/phalanx/nn"
+)
+
+// Config is a job as one of its processes sees it. Start from
+// DefaultConfig; every worker of a job must be given the same training
+// fields (a worker whose configuration differs is refused by name). The
+// fields marked "this process" are not shared: each process sets its own.
+type Config struct {
+	// Job names the job: its keys in etcd live under /phalanx/<Job>/.
+	Job string `json:"job"`
+	// Etcd lists the endpoints of the job's etcd cluster. A worker needs
+	// them; Launch starts an embedded etcd server when there are none.
+	Etcd []string `json:"etcd,omitempty"`
+	// Model names what is trained: a Registry entry for Launch, Main and
+	// the command; with RunWorker and a Task in hand, a label recorded in
+	// checkpoints (a checkpoint of another model is refused).
+	Model string `json:"model"`
+	// ModelOptions are the model's own options by name (see ModelSpec).
+	ModelOptions map[string]string `json:"model_options,omitempty"`
+
+	Steps        int64              `json:"steps"`         // the job's total number of steps
+	Batch        int                `json:"batch"`         // global batch: samples per step across all workers
+	Optimizer    nn.OptimizerConfig `json:"optimizer"`     // the workers' optimizer
+	Schedule     nn.Schedule        `json:"schedule"`      // the learning rate; a cosine schedule's Total defaults to Steps
+	ClipNorm     float64            `json:"clip_norm"`     // clip gradients to this global L2 norm (0: off)
+	MicroBatches int                `json:"micro_batches"` // gradient accumulation: micro-batches per worker per step
+	LocalSteps   int                `json:"local_steps"`   // 1: average gradients every step; K > 1: local SGD, average parameters every K
+	CommitEvery  int                `json:"commit_every"`  // commit the state in memory every this many steps
+	BucketBytes  int                `json:"bucket_bytes"`  // gradient fusion bucket size
+	Seed         uint64             `json:"seed"`          // of the weights, the data and the shuffle
+	OpTimeout    time.Duration      `json:"op_timeout"`    // deadline of every collective operation
+	// Rescale says what a change of world size keeps: "batch" (the global
+	// batch, re-split) or "lr" (each worker's share, Batch/ReferenceWorld,
+	// with the learning rate scaled by world/ReferenceWorld).
+	Rescale        string `json:"rescale"`
+	ReferenceWorld int    `json:"reference_world"`
+
+	Sync       SyncConfig       `json:"sync"`
+	Checkpoint CheckpointConfig `json:"checkpoint"`
+	// LeaseTTL: a frozen or partitioned worker is removed this long after
+	// its last keep-alive. Unreachable: how long a worker trains on without
+	// etcd, or waits for a decision after its ring broke, before it fails.
+	LeaseTTL    time.Duration `json:"lease_ttl"`
+	Unreachable time.Duration `json:"unreachable"`
+	// Restarts bounds the supervised actors' restarts: a rank failing more
+	// often ends its worker.
+	Restarts actors.Budget `json:"restarts"`
+	Faults   FaultConfig   `json:"faults"`
+	// PS configures a parameter-server job (a model with ModelSpec.PS).
+	PS PSConfig `json:"ps"`
+
+	// This process: its data-plane listen address (host:port; port 0
+	// picks one), its preferred place in the first ring (-1: none), its
+	// index among the workers its launcher started (for Faults), and its
+	// S3 credentials (empty: from the environment).
+	Bind        string                 `json:"-"`
+	RankHint    int                    `json:"-"`
+	Index       int                    `json:"-"`
+	Credentials checkpoint.Credentials `json:"-"`
+	// This process: its logger (nil: none), its clock (nil: time.Now), and
+	// where its reports go (nil: nowhere). A launched worker's reports go
+	// to its launcher, which turns them into the job's events.
+	Logger  *zap.Logger      `json:"-"`
+	Now     func() time.Time `json:"-"`
+	Reports func(Report)     `json:"-"`
+}
+
+// SyncConfig chooses how a step waits for the workers.
+type SyncConfig struct {
+	// Mode is "bsp" (every step waits for every worker) or "hybrid" (a step
+	// closes when all are ready or at its deadline once a Quorum is; late
+	// workers' gradients are stale). Parameter-server jobs also take "asp"
+	// and "ssp".
+	Mode string `json:"mode"`
+	// Deadline is hybrid's fixed step deadline; 0 makes it adaptive:
+	// DeadlineFactor × the median of recent steps.
+	Deadline       time.Duration `json:"deadline"`
+	DeadlineFactor float64       `json:"deadline_factor"`
+	Quorum         float64       `json:"quorum"`
+	// Stale is what a late worker does with its gradients: "drop", or
+	// "decay" (add them, scaled by StaleDecay, to its next step's).
+	Stale      string  `json:"stale"`
+	StaleDecay float64 `json:"stale_decay"`
+	// A worker late in ExcludeAfter of its last ExcludeWindow steps is
+	// excluded (0/0: never) and readmitted once its own steps would have
+	// met the deadline ReadmitAfter times in a row.
+	ExcludeAfter  int `json:"exclude_after"`
+	ExcludeWindow int `json:"exclude_window"`
+	ReadmitAfter  int `json:"readmit_after"`
+	// Staleness bounds how many clocks a parameter-server worker may run
+	// ahead of the slowest ("ssp").
+	Staleness int `json:"staleness"`
+}
+
+// CheckpointConfig says where and how often a job checkpoints.
+type CheckpointConfig struct {
+	// Location is a directory or s3://bucket/prefix?endpoint=host:port
+	// (see checkpoint.ParseLocation); "" : no checkpoints. A job whose
+	// store holds checkpoints resumes from the newest that verifies.
+	Location   string        `json:"location,omitempty"`
+	EverySteps int64         `json:"every_steps"` // 0: not by steps
+	Every      time.Duration `json:"every"`       // 0: not by time
+	KeepLast   int           `json:"keep_last"`   // newest kept (0: all)
+	KeepEvery  int           `json:"keep_every"`  // also every this-many-th (0: none)
+	// Wait bounds how long training waits for the previous upload when the
+	// next checkpoint is due, and for the final one.
+	Wait time.Duration `json:"wait"`
+	// Resume requires a checkpoint to resume from.
+	Resume bool `json:"resume"`
+}
+
+// FaultConfig injects faults, for tests and benchmarks; workers need not
+// agree on it.
+type FaultConfig struct {
+	// FailWorker (an Index; -1: none) panics in its model code at FailStep,
+	// FailTimes times in a row; its supervisor restarts the rank actor.
+	FailWorker int   `json:"fail_worker"`
+	FailStep   int64 `json:"fail_step"`
+	FailTimes  int   `json:"fail_times"`
+	// Inject slows down or pauses ring ranks' model code.
+	Inject failure.Injection `json:"inject"`
+}
+
+// PSConfig configures a parameter-server job.
+type PSConfig struct {
+	Servers   int     `json:"servers"`   // server processes
+	Shards    int     `json:"shards"`    // 0: one per server
+	Replicas  int     `json:"replicas"`  // backups of each shard; -1: 1 with two servers or more
+	Partition string  `json:"partition"` // how keys split between shards: range or hash
+	Optimizer string  `json:"optimizer"` // the servers' optimizer: sgd, adagrad or adam
+	LR        float64 `json:"lr"`        // the servers' learning rate
+	// CacheRows are rows each worker caches (0: none), for CacheStaleness
+	// clocks after they were pulled.
+	CacheRows      int   `json:"cache_rows"`
+	CacheStaleness int64 `json:"cache_staleness"`
+	ReportEvery    int   `json:"report_every"` // steps between progress reports (0: a twentieth of the job)
+}
+
+// DefaultConfig is the configuration `phalanx train` starts from: 300
+// steps of a 256-sample global batch, momentum SGD at 0.05 with a cosine
+// schedule, BSP, no checkpoints.
+func DefaultConfig() Config {
+	return Config{
+		Steps:        300,
+		Batch:        256,
+		Optimizer:    nn.OptimizerConfig{Kind: "momentum", Momentum: 0.9},
+		Schedule:     nn.Schedule{Kind: "cosine", Base: 0.05, Warmup: 10, Every: 100, Gamma: 0.1},
+		MicroBatches: 1,
+		LocalSteps:   1,
+		CommitEvery:  1,
+		BucketBytes:  1 << 20,
+		Seed:         1,
+		OpTimeout:    30 * time.Second,
+		Rescale:      "batch",
+		Sync: SyncConfig{Mode: "bsp", DeadlineFactor: 2, Quorum: 0.75, Stale: "drop", StaleDecay: 0.5,
+			ExcludeAfter: 5, ExcludeWindow: 10, ReadmitAfter: 5, Staleness: 3},
+		Checkpoint:  CheckpointConfig{KeepLast: 3, Wait: 2 * time.Minute},
+		LeaseTTL:    5 * time.Second,
+		Unreachable: time.Minute,
+		Restarts:    actors.DefaultBudget(),
+		Faults:      FaultConfig{FailWorker: -1, FailTimes: 1},
+		PS: PSConfig{Servers: 2, Replicas: -1, Partition: "hash", Optimizer: "adagrad", LR: 0.2,
+			CacheStaleness: 1},
+		Bind:     "127.0.0.1:0",
+		RankHint: -1,
+		Index:    -1,
+	}
+}
+
+// ConfigError names a configuration field and its bad value.
+type ConfigError struct {
+	Field  string // as in Config, dotted: "Sync.Quorum"
+	Value  any
+	Reason string
+	Err    error // the cause, when there is one
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("phalanx: %s %v: %s", e.Field, e.Value, e.Reason)
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func bad(field string, value any, format string, args ...any) error {
+	return &ConfigError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validate checks a ring job's configuration; the first problem is
+// returned as a *ConfigError.
+func (c *Config) Validate() error {
+	if err := c.validateCommon(); err != nil {
+		return err
+	}
+	switch {
+	case c.Batch < 1:
+		return bad("Batch", c.Batch, "want at least 1")
+	case c.MicroBatches < 1:
+		return bad("MicroBatches", c.MicroBatches, "want at least 1")
+	case c.LocalSteps < 1:
+		return bad("LocalSteps", c.LocalSteps, "want at least 1")
+	case c.CommitEvery < 1:
+		return bad("CommitEvery", c.CommitEvery, "want at least 1")
+	case c.BucketBytes < 1:
+		return bad("BucketBytes", c.BucketBytes, "want a positive size")
+	case c.ClipNorm < 0:
+		return bad("ClipNorm", c.ClipNorm, "must not be negative")
+	case c.OpTimeout <= 0:
+		return bad("OpTimeout", c.OpTimeout, "must be positive")
+	case c.Rescale != "batch" && c.Rescale != "lr":
+		return bad("Rescale", c.Rescale, `want "batch" or "lr"`)
+	case c.ReferenceWorld < 0 || (c.Rescale == "lr" && c.ReferenceWorld > c.Batch):
+		return bad("ReferenceWorld", c.ReferenceWorld, "want 1..Batch")
+	case c.Restarts.MaxRestarts < 0:
+		return bad("Restarts.MaxRestarts", c.Restarts.MaxRestarts, "must not be negative")
+	case c.Restarts.Window <= 0:
+		return bad("Restarts.Window", c.Restarts.Window, "must be positive")
+	case c.Faults.FailWorker >= 0 && c.Faults.FailStep < 1:
+		return bad("Faults.FailStep", c.Faults.FailStep, "want a step from 1")
+	case c.Faults.FailTimes < 0:
+		return bad("Faults.FailTimes", c.Faults.FailTimes, "must not be negative")
+	}
+	if err := c.schedule().Validate(); err != nil {
+		return bad("Schedule", c.Schedule.Kind, "%v", err)
+	}
+	if _, err := nn.NewOptimizer(c.Optimizer, nil); err != nil {
+		return bad("Optimizer.Kind", c.Optimizer.Kind, "%v", err)
+	}
+	if c.Sync.Mode != "bsp" && c.Sync.Mode != "hybrid" {
+		return bad("Sync.Mode", c.Sync.Mode, `want "bsp" or "hybrid" (asp and ssp are for parameter-server jobs)`)
+	}
+	if c.Sync.Mode == "hybrid" {
+		if _, err := c.Sync.policy(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateCommon checks what every job kind has.
+func (c *Config) validateCommon() error {
+	switch {
+	case c.Job != "" && strings.ContainsAny(c.Job, "/\x00"):
+		return bad("Job", c.Job, "want a name without '/'")
+	case c.Model == "":
+		return bad("Model", `""`, "name the model")
+	case c.Steps < 1:
+		return bad("Steps", c.Steps, "want at least 1")
+	case c.LeaseTTL < time.Second:
+		return bad("LeaseTTL", c.LeaseTTL, "want at least 1s (etcd leases count whole seconds)")
+	case c.Unreachable <= 0:
+		return bad("Unreachable", c.Unreachable, "must be positive")
+	}
+	for _, e := range c.Etcd {
+		if strings.TrimSpace(e) == "" || strings.ContainsAny(e, ", ") {
+			return bad("Etcd", c.Etcd, "want a list of host:port endpoints")
+		}
+	}
+	return c.Checkpoint.validate()
+}
+
+func (k CheckpointConfig) validate() error {
+	switch {
+	case k.Location == "" && (k.EverySteps != 0 || k.Every != 0 || k.Resume):
+		return bad("Checkpoint.Location", `""`, "EverySteps, Every and Resume need a location")
+	case k.EverySteps < 0:
+		return bad("Checkpoint.EverySteps", k.EverySteps, "must not be negative")
+	case k.Every < 0:
+		return bad("Checkpoint.Every", k.Every, "must not be negative")
+	case k.KeepLast < 0:
+		return bad("Checkpoint.KeepLast", k.KeepLast, "must not be negative")
+	case k.KeepEvery < 0:
+		return bad("Checkpoint.KeepEvery", k.KeepEvery, "must not be negative")
+	case k.Wait <= 0:
+		return bad("Checkpoint.Wait", k.Wait, "must be positive")
+	}
+	if k.Location != "" {
+		if _, err := checkpoint.ParseLocation(k.Location); err != nil {
+			return bad("Checkpoint.Location", k.Location, "%v", err)
+		}
+	}
+	return nil
+}
+
+// policy is the hybrid decisions' configuration.
+func (s SyncConfig) policy() (hybrid.Policy, error) {
+	p := hybrid.Policy{AutoFactor: s.DeadlineFactor, Quorum: s.Quorum, ReadmitAfter: s.ReadmitAfter, MinWorkers: 1,
+		ExcludeAfter: s.ExcludeAfter, Window: s.ExcludeWindow}
+	switch {
+	case s.Deadline < 0:
+		return p, bad("Sync.Deadline", s.Deadline, "want a positive duration, or 0 for an adaptive one")
+	case s.Deadline == 0:
+		p.Auto, p.Deadline = true, 2*time.Second // until the first steps are timed
+	default:
+		p.Deadline = s.Deadline
+	}
+	switch {
+	case s.ExcludeAfter < 0 || s.ExcludeWindow < s.ExcludeAfter || (s.ExcludeAfter == 0) != (s.ExcludeWindow == 0):
+		return p, bad("Sync.ExcludeAfter", fmt.Sprintf("%d/%d", s.ExcludeAfter, s.ExcludeWindow), "want X/W with 1 <= X <= W, or 0/0 for never")
+	case s.Stale != "drop" && s.Stale != "decay":
+		return p, bad("Sync.Stale", s.Stale, `want "drop" or "decay"`)
+	case s.Stale == "decay" && !(s.StaleDecay > 0 && s.StaleDecay <= 1):
+		return p, bad("Sync.StaleDecay", s.StaleDecay, "want a factor in (0, 1]")
+	}
+	if err := p.Validate(); err != nil {
+		return p, bad("Sync", s.Mode, "%v", err)
+	}
+	return p, nil
+}
+
+// schedule is the learning-rate schedule with a cosine's end at Steps when
+// not given.
+func (c *Config) schedule() nn.Schedule {
+	s := c.Schedule
+	if s.Kind == "cosine" && s.Total == 0 {
+		s.Total = max(c.Steps, s.Warmup+1)
+	}
+	return s
+}

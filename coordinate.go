@@ -1,0 +1,96 @@
+package phalanx
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/coordinator"
+)
+
+// CoordinatorConfig configures a standalone coordinator of a job (Launch
+// runs one of its own): it campaigns in an etcd election and, while it
+// leads, decides the job's generations. Run several for standbys.
+type CoordinatorConfig struct {
+	Job string
+	// Etcd lists the job's etcd endpoints; none: an embedded etcd server
+	// with its data under JobDir/etcd.
+	Etcd   []string
+	JobDir string
+	// ID names this coordinator in the election (default host-pid).
+	ID                            string
+	MinWorkers, MaxWorkers        int
+	MinWorkersTimeout, JoinWindow time.Duration
+	LeaseTTL                      time.Duration // the leadership lease: a standby takes over within it
+	Logger                        *zap.Logger
+	// OnEndpoints, when set, is told the etcd endpoints once they serve.
+	OnEndpoints func([]string)
+}
+
+// RunCoordinator runs a coordinator until the job is done or ctx ends.
+func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
+	switch {
+	case cfg.Job == "":
+		return bad("Job", `""`, "name the job")
+	case cfg.MinWorkers < 1 || cfg.MaxWorkers < cfg.MinWorkers:
+		return bad("MinWorkers", fmt.Sprintf("%d (MaxWorkers %d)", cfg.MinWorkers, cfg.MaxWorkers), "want 1 <= min <= max")
+	case len(cfg.Etcd) == 0 && cfg.JobDir == "":
+		return bad("Etcd", "[]", "give the endpoints, or a JobDir for an embedded etcd")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	keys, err := coordinator.KeysFor(cfg.Job)
+	if err != nil {
+		return bad("Job", cfg.Job, "%v", err)
+	}
+	endpoints := cfg.Etcd
+	if len(endpoints) == 0 {
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(cfg.JobDir, "etcd"), Logger: log})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		endpoints = e.Endpoints()
+	}
+	if cfg.OnEndpoints != nil {
+		cfg.OnEndpoints(endpoints)
+	}
+	cli, err := coordinator.Connect(endpoints, log)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if cfg.ID == "" {
+		host, _ := os.Hostname()
+		cfg.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	c, err := coordinator.New(cli, keys, coordinator.Config{ID: cfg.ID, Rendezvous: coordinator.Rendezvous{MinWorkers: cfg.MinWorkers, MaxWorkers: cfg.MaxWorkers},
+		JoinWindow: cfg.JoinWindow, MinWorkersTimeout: cfg.MinWorkersTimeout, SessionTTL: cfg.LeaseTTL, Logger: log})
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx)
+}
+
+// Stop asks every worker of a running job to stop at the next step
+// boundary after a final checkpoint (a job without checkpoints ignores
+// it). Each worker then ends with a *StoppedError; the same configuration
+// resumes the job.
+func Stop(ctx context.Context, etcd []string, job, reason string) error {
+	keys, err := coordinator.KeysFor(job)
+	if err != nil {
+		return bad("Job", job, "%v", err)
+	}
+	cli, err := coordinator.Connect(etcd, nil)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	return coordinator.RequestStop(ctx, cli, keys, reason)
+}

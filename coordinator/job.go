@@ -1,0 +1,204 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// The job-wide records every worker reads or writes: the configuration
+// hash, the done mark, a stop request and the final-checkpoint claim; and
+// the watch of the generation record.
+
+// Connect is a client of the etcd cluster at endpoints; its own logs go to
+// log (named "etcd-client").
+func Connect(endpoints []string, log *zap.Logger) (*clientv3.Client, error) {
+	if len(endpoints) == 0 {
+		return nil, errors.New("coordinator: no etcd endpoints")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: etcd %v: %w", endpoints, err)
+	}
+	return cli, nil
+}
+
+// ClaimConfig records hash as the job's configuration when none is, and
+// returns the recorded one: the caller compares.
+func ClaimConfig(ctx context.Context, cli *clientv3.Client, keys Keys, hash string) (recorded string, err error) {
+	key := keys.Config()
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, hash)).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return "", fmt.Errorf("coordinator: recording the job configuration: %w", err)
+	}
+	if resp.Succeeded {
+		return hash, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) != 1 {
+		return "", fmt.Errorf("coordinator: %s vanished while read", key)
+	}
+	return string(kvs[0].Value), nil
+}
+
+// MarkDone records that the job finished in generation gen: the
+// coordinator stops deciding and waiting workers exit.
+func MarkDone(ctx context.Context, cli *clientv3.Client, keys Keys, gen uint64) error {
+	if _, err := cli.Put(ctx, keys.Done(), fmt.Sprintf("generation %d", gen)); err != nil {
+		return fmt.Errorf("coordinator: recording that the job is done: %w", err)
+	}
+	return nil
+}
+
+// ClaimFinalCheckpoint: of the survivors of a stopped job, the one whose
+// claim is first writes the final checkpoint. It reports whether owner won.
+func ClaimFinalCheckpoint(ctx context.Context, cli *clientv3.Client, keys Keys, owner string) (bool, error) {
+	key := keys.FinalCheckpoint()
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, owner)).Commit()
+	if err != nil {
+		return false, fmt.Errorf("coordinator: claiming the final checkpoint: %w", err)
+	}
+	return resp.Succeeded, nil
+}
+
+// RequestStop asks every worker of the job to stop at the next step
+// boundary after a final checkpoint.
+func RequestStop(ctx context.Context, cli *clientv3.Client, keys Keys, reason string) error {
+	if _, err := cli.Put(ctx, keys.Stop(), reason); err != nil {
+		return fmt.Errorf("coordinator: requesting a stop: %w", err)
+	}
+	return nil
+}
+
+// WaitStop returns the reason of the job's stop request once there is one.
+func WaitStop(ctx context.Context, cli *clientv3.Client, keys Keys) (string, error) {
+	for {
+		resp, err := cli.Get(ctx, keys.Stop())
+		if err != nil {
+			return "", fmt.Errorf("coordinator: reading %s: %w", keys.Stop(), err)
+		}
+		if len(resp.Kvs) == 1 {
+			return string(resp.Kvs[0].Value), nil
+		}
+		if err := awaitPut(ctx, cli, keys.Stop(), resp.Header.Revision); err != nil {
+			return "", err
+		}
+	}
+}
+
+// WatchJob calls f with the job's generation record (nil before the first)
+// and whether the job is done: first as they are, then at every change (g
+// nil: unchanged),
+// until f returns false or ctx ends. etcd trouble is retried (and logged);
+// a corrupt generation record ends the watch with its error.
+func WatchJob(ctx context.Context, cli *clientv3.Client, keys Keys, log *zap.Logger, f func(g *phalanxpb.Generation, done bool) bool) error {
+	for ctx.Err() == nil {
+		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.Generation()), clientv3.OpGet(keys.Done(), clientv3.WithCountOnly())).Commit()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("reading the generation", zap.Error(err))
+			}
+			pause(ctx, 200*time.Millisecond)
+			continue
+		}
+		g, err := decodeKV(keys, first(resp.Responses[0].GetResponseRange().Kvs))
+		if err != nil {
+			return err
+		}
+		if !f(g, resp.Responses[1].GetResponseRange().Count > 0) {
+			return nil
+		}
+		switch err := watchJobFrom(ctx, cli, keys, log, resp.Header.Revision+1, f); {
+		case errors.Is(err, errStopWatch):
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// errStopWatch ends watchJobFrom when f returns false.
+var errStopWatch = errors.New("stop")
+
+// watchJobFrom follows the job's keys from revision rev until the watch
+// breaks (nil: read again), f returns false or a record is corrupt.
+func watchJobFrom(ctx context.Context, cli *clientv3.Client, keys Keys, log *zap.Logger, rev int64, f func(*phalanxpb.Generation, bool) bool) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range cli.Watch(wctx, keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+		if err := wr.Err(); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("watching the generation", zap.Error(err))
+			}
+			return nil
+		}
+		for _, ev := range wr.Events {
+			if ev.Type != clientv3.EventTypePut {
+				continue
+			}
+			var g *phalanxpb.Generation
+			done := false
+			switch string(ev.Kv.Key) {
+			case keys.Generation():
+				var err error
+				if g, err = decodeKV(keys, ev.Kv); err != nil {
+					return err
+				}
+			case keys.Done():
+				done = true
+			default:
+				continue
+			}
+			if !f(g, done) {
+				return errStopWatch
+			}
+		}
+	}
+	return nil
+}
+
+func decodeKV(keys Keys, kv *mvccpb.KeyValue) (*phalanxpb.Generation, error) {
+	if kv == nil {
+		return nil, nil
+	}
+	return DecodeGeneration(keys.Generation(), kv.Value)
+}
+
+func first(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
+}
+
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// Leave records that worker id leaves the job on request (reason says
+// why): when its registration goes, the coordinator names it as left, not
+// lost. The worker withdraws its registration itself.
+func Leave(ctx context.Context, cli *clientv3.Client, keys Keys, id, reason string) error {
+	if _, err := cli.Put(ctx, keys.Departure(id), reason); err != nil {
+		return fmt.Errorf("coordinator: recording that %s leaves: %w", id, err)
+	}
+	return nil
+}

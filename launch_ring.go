@@ -1,0 +1,349 @@
+package phalanx
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"github.com/phalanx-rt/phalanx/internal/bytesize"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/elastic"
+	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// Launch runs a local job to its end: the job's etcd (embedded unless
+// Config.Etcd names a cluster), a coordinator, and Workers processes of
+// this program, which must call Main first thing. A ring model trains
+// data-parallel over elastic workers; a parameter-server model over
+// PSConfig.Servers servers and Workers workers. Progress goes to Output,
+// events to Events. Cancelling ctx stops the job: with checkpoints, at the
+// next step boundary after a final one (a *StoppedError: the same launch
+// resumes), otherwise at once.
+func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
+	spec, _, err := lc.validate()
+	if err != nil {
+		return nil, err
+	}
+	if spec.PS != nil {
+		return launchPS(ctx, &lc, spec)
+	}
+	if _, err := openStore(ctx, &lc.Config); err != nil {
+		return nil, err
+	}
+	if lc.Checkpoint.Location != "" {
+		fmt.Fprintf(orDiscard(lc.Output), "checkpoints: %s\n", lc.Checkpoint.Location)
+	}
+	// The caller's ctx ending does not end the job's own: with checkpoints
+	// it first asks the workers for a final one.
+	jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	j, err := openJob(jctx, &lc)
+	if err != nil {
+		return nil, err
+	}
+	r := &ringJob{jobEnv: j, start: time.Now(), every: max(1, lc.Steps/20), byPid: map[int64]int{}}
+	res, err := r.run(ctx, jctx, cancel)
+	j.close(err)
+	return res, err
+}
+
+// ringJob is a running ring job as its launcher sees it.
+type ringJob struct {
+	*jobEnv
+	start    time.Time
+	every    int64
+	first    uint64 // the first generation's number
+	byPid    map[int64]int
+	done     *Report
+	stopped  string // the coordinator's reason
+	stop     *Report
+	stepGen  uint64 // the generation of the latest step report
+	lastStep int64
+	failures map[int]string // a worker's last word, by index
+}
+
+func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
+	lc := r.lc
+	coordDone := make(chan error, 1)
+	followDone := make(chan struct{})
+	defer func() { // stop following before the client and etcd close
+		cancel()
+		<-followDone
+		if !lc.NoCoordinator {
+			<-coordDone
+		}
+	}()
+	if !lc.NoCoordinator {
+		host, _ := os.Hostname()
+		co, err := coordinator.New(r.cli, r.keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+			Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
+			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.log.Named("coordinator")})
+		if err != nil {
+			close(followDone)
+			lc.NoCoordinator = true
+			return nil, err
+		}
+		go func() { coordDone <- co.Run(ctx) }()
+	}
+	gens := make(chan *phalanxpb.Generation, 16)
+	go func() {
+		defer close(followDone)
+		elastic.Follow(ctx, r.cli, r.keys, r.log, func(g *phalanxpb.Generation) {
+			select {
+			case gens <- g:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	threads := threadsFor(lc.Threads, lc.Workers)
+	for i := range lc.Workers {
+		if err := r.spawn(ctx, processSpec{Role: "worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
+			return nil, err
+		}
+	}
+	spec := lc.Config
+	spec.Etcd, spec.Job = r.endpoints, lc.Job
+	r.ev.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", joinEndpoints(r.endpoints)),
+		events.F("workers", lc.Workers), events.F("model", lc.Model), events.F("worker_env", workerSpecEnv(spec, lc.Workers, lc.LogLevel)))
+	fmt.Fprintf(r.out, "phalanx: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
+		lc.Model, lc.Workers, lc.MinWorkers, lc.MaxWorkers, lc.Steps, lc.Batch, lc.Job, joinEndpoints(r.endpoints))
+
+	running := lc.Workers
+	var failed error
+	stopAsked := outer.Done()
+	var grace <-chan time.Time
+	for running > 0 {
+		select {
+		case <-stopAsked:
+			stopAsked = nil
+			if lc.Checkpoint.Location == "" {
+				return nil, context.Cause(outer)
+			}
+			fmt.Fprintln(r.out, "stopping: the workers take a final checkpoint at the next step boundary")
+			r.ev.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
+			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+			err := coordinator.RequestStop(sctx, r.cli, r.keys, context.Cause(outer).Error())
+			scancel()
+			if err != nil {
+				return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)
+			}
+			grace = time.After(lc.Checkpoint.Wait + time.Minute)
+		case <-grace:
+			return nil, fmt.Errorf("asked to stop, the workers did not within %v; killed", lc.Checkpoint.Wait+time.Minute)
+		case l := <-r.procs.Lines():
+			if err := r.handle(l); err != nil {
+				return nil, err
+			}
+		case g := <-gens:
+			r.generation(g)
+		case x := <-r.procs.Exits():
+			running--
+			r.exited(x)
+			if failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != exitStopped {
+				failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, cmp.Or(r.failures[x.Index], x.Err.Error()))
+				cancel() // one worker's own failure (not a kill) ends the job
+			}
+		case err := <-coordDone:
+			coordDone <- err // for the deferred wait
+			if err != nil && ctx.Err() == nil {
+				return nil, fmt.Errorf("coordinator: %w", err)
+			}
+			lc.NoCoordinator = true
+		case <-ctx.Done():
+			if failed != nil {
+				continue
+			}
+			return nil, ctx.Err()
+		}
+	}
+	for drained := false; !drained; {
+		select {
+		case l := <-r.procs.Lines():
+			if err := r.handle(l); err != nil {
+				return nil, err
+			}
+		default:
+			drained = true
+		}
+	}
+	switch {
+	case failed != nil:
+		return nil, failed
+	case r.done == nil && r.stop != nil:
+		fmt.Fprintf(r.out, "stopped at step %d after a final checkpoint; launch the same job again to resume\n", r.stop.Step)
+		return nil, &StoppedError{Step: r.stop.Step, Requested: true}
+	case r.done == nil && r.stopped != "":
+		return nil, &StoppedError{Reason: r.stopped}
+	case r.done == nil:
+		return nil, errors.New("phalanx: every worker ended and none reported the job done")
+	}
+	d := r.done
+	fmt.Fprintf(r.out, "done: %d steps in %s; held-out loss %.4f, accuracy %.2f%%\n",
+		d.Step, time.Since(r.start).Round(time.Millisecond), d.Loss, 100*d.Accuracy)
+	return &Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
+		ParametersIdentical: d.Identical != nil && *d.Identical}, nil
+}
+
+// exitStopped is a worker's exit status when the job stopped (below its
+// minimum of workers, or on request after a final checkpoint): not a
+// failure of its own.
+const exitStopped = 4
+
+// threadsFor is each of ranks local processes' GOMAXPROCS.
+func threadsFor(want, ranks int) int { return launch.ThreadsPerRank(want, ranks) }
+
+func orDiscard(w interface{ Write([]byte) (int, error) }) interface{ Write([]byte) (int, error) } {
+	if w == nil {
+		return discard{}
+	}
+	return w
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// checkpointEvent logs a worker's checkpoint event.
+func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
+	if e == nil {
+		return
+	}
+	switch e.Kind {
+	case "saved":
+		r.ev.Emit("checkpoint_saved", events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
+			events.F("url", e.URL), events.F("world", e.WorldAfter))
+		fmt.Fprintf(r.out, "checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, bytesize.Format(e.Bytes), e.Seconds)
+	case "failed":
+		r.ev.Emit("checkpoint_failed", events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err))
+		fmt.Fprintf(r.out, "checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
+	case "skipped":
+		r.ev.Emit("checkpoint_skipped", events.F("checkpoint", e.ID), events.F("error", e.Err))
+		fmt.Fprintf(r.out, "checkpoint %s skipped: %s\n", e.ID, e.Err)
+	case "restored":
+		r.ev.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
+			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes))
+		fmt.Fprintf(r.out, "resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
+	}
+}
+
+func (r *ringJob) exited(x launch.Exit) {
+	r.ev.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", exitText(x.Err)))
+	if x.Err != nil && r.done == nil {
+		fmt.Fprintf(r.out, "worker %d (pid %d) ended: %s\n", x.Index, x.Pid, exitText(x.Err))
+	}
+}
+
+// generation reports a new generation: who is in the ring, who was lost,
+// who left and who joined.
+func (r *ringJob) generation(g *phalanxpb.Generation) {
+	if r.first == 0 {
+		r.first = g.Number
+	}
+	if g.Stopped {
+		r.stopped = g.Reason
+		r.ev.Emit("generation", events.F("generation", g.Number), events.F("members", []any{}), events.F("world", 0), events.F("reason", g.Reason))
+		fmt.Fprintf(r.out, "generation %d: job stopped: %s\n", g.Number, g.Reason)
+		return
+	}
+	members := make([]map[string]any, len(g.Members))
+	pos := map[string]int{}
+	for i, m := range g.Members {
+		members[i] = map[string]any{"rank": i, "id": m.Id, "pid": m.Pid}
+		pos[m.Id] = i
+	}
+	r.ev.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)),
+		events.F("reason", g.Reason), events.F("decided_by", g.DecidedBy))
+	for _, l := range g.Lost {
+		kind := "worker_lost"
+		if l.Left {
+			kind = "worker_left"
+		}
+		r.ev.Emit(kind, events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
+	}
+	for _, x := range g.Excluded {
+		r.ev.Emit("straggler_excluded", events.F("generation", g.Number), events.F("rank", x.Rank), events.F("pid", x.Pid), events.F("id", x.Id),
+			events.F("late_in", x.LateIn), events.F("window", x.Window), events.F("step", x.Step))
+	}
+	for _, id := range g.Readmitted {
+		i := pos[id]
+		r.ev.Emit("straggler_readmitted", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+	}
+	for _, id := range g.Joined {
+		if g.Number == r.first {
+			break
+		}
+		i := pos[id]
+		r.ev.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+	}
+	fmt.Fprintf(r.out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
+}
+
+// handle takes one report line of a worker.
+func (r *ringJob) handle(l launch.Line) error {
+	var rep Report
+	if err := json.Unmarshal(l.Text, &rep); err != nil {
+		return fmt.Errorf("phalanx: worker %d printed %q, not a report: %w", l.Index, l.Text, err)
+	}
+	switch rep.Kind {
+	case "registered":
+		r.byPid[int64(rep.Pid)] = l.Index
+	case "restored":
+		if r.first != 0 && rep.Generation > r.first {
+			r.ev.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
+				events.F("steps_redone", rep.Redone), events.F("root", rep.Root))
+			fmt.Fprintf(r.out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", rep.Generation, rep.Step, rep.World, rep.Redone)
+		}
+	case "step":
+		if rep.Generation < r.stepGen || (rep.Replayed && rep.Step <= r.lastStep) {
+			return nil // from a rank 0 of a ring that steps no more, or already reported
+		}
+		r.stepGen, r.lastStep = rep.Generation, rep.Step
+		r.ev.Emit("step", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World),
+			events.F("loss", rep.Loss), events.F("samples_per_s", rep.SamplesPS),
+			events.F("step_s", rep.StepS), events.F("compute_s", rep.ComputeS), events.F("comm_s", rep.CommS),
+			events.F("epoch", rep.Epoch), events.F("offset", rep.Offset), events.F("fingerprint", rep.Fingerprint),
+			events.F("participants", cmp.Or(rep.Participants, rep.World)), events.F("stale", rep.Stale))
+		steps := r.lc.Steps
+		if rep.Step%r.every == 0 || rep.Step == steps {
+			elapsed := time.Since(r.start)
+			eta := time.Duration(float64(elapsed) / float64(rep.Step) * float64(steps-rep.Step))
+			fmt.Fprintf(r.out, "step %*d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s  %d workers  ETA %s\n",
+				len(strconv.FormatInt(steps, 10)), rep.Step, steps, rep.Loss, 100*rep.Accuracy, rep.SamplesPS, rep.World, eta.Round(time.Second))
+		}
+	case "restart":
+		r.ev.Emit("rank_restarted", events.F("rank", rep.Rank), events.F("committed_step", rep.Step),
+			events.F("reason", rep.Reason), events.F("restarts", rep.Restarts))
+		fmt.Fprintf(r.out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", rep.Rank, rep.Reason, rep.Step)
+	case "checkpoint":
+		r.checkpointEvent(rep.Checkpoint)
+	case "fed":
+		r.ev.Emit("straggler_fed", events.F("id", rep.ID), events.F("step", rep.Step))
+	case "left":
+		fmt.Fprintf(r.out, "worker %d (pid %d) left the job on request\n", l.Index, rep.Pid)
+	case "failed":
+		if r.failures == nil {
+			r.failures = map[int]string{}
+		}
+		r.failures[l.Index] = rep.Reason
+	case "stopped":
+		if r.stop == nil {
+			r.stop = &rep
+			r.ev.Emit("stopped", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
+		}
+	case "done":
+		if r.done == nil {
+			r.done = &rep
+			r.ev.Emit("done", events.F("step", rep.Step), events.F("accuracy", rep.Accuracy), events.F("loss", rep.Loss),
+				events.F("generation", rep.Generation), events.F("world", rep.World), events.F("parameters_identical", rep.Identical != nil && *rep.Identical))
+		}
+	}
+	return nil
+}

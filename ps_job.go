@@ -1,0 +1,462 @@
+package phalanx
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/ps"
+	"github.com/phalanx-rt/phalanx/ps/cluster"
+)
+
+// validatePS checks a parameter-server job's configuration.
+func (c *Config) validatePS() error {
+	if err := c.validateCommon(); err != nil {
+		return err
+	}
+	p := c.PS
+	switch {
+	case p.Servers < 1 || p.Servers > 64:
+		return bad("PS.Servers", p.Servers, "want 1..64")
+	case p.Shards < 0 || p.Shards > 4096:
+		return bad("PS.Shards", p.Shards, "want 1..4096, or 0 for one per server")
+	case p.Replicas >= p.Servers:
+		return bad("PS.Replicas", p.Replicas, "a shard's copies need as many servers; want below PS.Servers %d", p.Servers)
+	case p.CacheRows < 0:
+		return bad("PS.CacheRows", p.CacheRows, "must not be negative")
+	case p.CacheStaleness < 0:
+		return bad("PS.CacheStaleness", p.CacheStaleness, "must not be negative")
+	case p.ReportEvery < 0:
+		return bad("PS.ReportEvery", p.ReportEvery, "must not be negative")
+	case c.Checkpoint.Every != 0:
+		return bad("Checkpoint.Every", c.Checkpoint.Every, "a parameter-server job checkpoints by steps (EverySteps) and at the end")
+	case c.Batch < 1:
+		return bad("Batch", c.Batch, "want at least 1")
+	}
+	if _, err := ps.ParseMode(psMode(c.Sync.Mode)); err != nil {
+		return bad("Sync.Mode", c.Sync.Mode, "want bsp, asp (async), ssp or hybrid for a parameter-server job")
+	}
+	return nil
+}
+
+func psMode(m string) string {
+	if m == "async" {
+		return "asp"
+	}
+	return m
+}
+
+// psJobRecord is the job record a parameter-server launch writes in etcd
+// for its servers and workers.
+func psJobRecord(lc *LaunchConfig, spec ModelSpec, opts Options) (*phalanxpb.PSJob, error) {
+	c, p := &lc.Config, lc.PS
+	if p.Shards == 0 {
+		p.Shards = p.Servers
+	}
+	if p.Replicas < 0 {
+		p.Replicas = min(1, p.Servers-1)
+	}
+	if c.Batch < lc.Workers {
+		return nil, bad("Batch", c.Batch, "each of the %d workers needs at least one example per step", lc.Workers)
+	}
+	batch := c.Batch / lc.Workers
+	steps, err := spec.PS.Steps(opts, lc.Workers, batch)
+	if err != nil {
+		return nil, fmt.Errorf("phalanx: model %s: %w", spec.Name, err)
+	}
+	tables, err := spec.PS.Tables(opts, p.Optimizer, float32(p.LR))
+	if err != nil {
+		return nil, fmt.Errorf("phalanx: model %s: %w", spec.Name, err)
+	}
+	deadline := c.Sync.Deadline
+	if deadline == 0 {
+		deadline = 200 * time.Millisecond // parameter servers have no adaptive deadline
+	}
+	var decay float32
+	if c.Sync.Stale == "decay" {
+		decay = float32(c.Sync.StaleDecay)
+	}
+	j := &phalanxpb.PSJob{Shards: uint32(p.Shards), Replicas: uint32(p.Replicas), Partition: p.Partition, Servers: uint32(p.Servers),
+		Workers: uint32(lc.Workers), Consistency: psMode(c.Sync.Mode), CacheRows: uint32(p.CacheRows), CacheStaleness: p.CacheStaleness,
+		Staleness: int32(c.Sync.Staleness), Quorum: c.Sync.Quorum, DeadlineNanos: int64(deadline), Decay: decay, Tables: tables,
+		Model: spec.Name, Options: opts, Seed: c.Seed, Batch: uint32(batch), Steps: steps, ReportEvery: uint32(p.ReportEvery)}
+	if _, err := cluster.SpecOf(j); err != nil {
+		return nil, bad("PS", p.Partition, "%v", err)
+	}
+	return j, nil
+}
+
+// launchPS runs a parameter-server job: etcd, the shard-map writer, the
+// server processes and the worker processes, until every worker is done.
+func launchPS(ctx context.Context, lc *LaunchConfig, spec ModelSpec) (*Result, error) {
+	opts, err := spec.Resolve(lc.ModelOptions)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := psJobRecord(lc, spec, opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	j, err := openJob(context.WithoutCancel(ctx), lc)
+	if err != nil {
+		return nil, err
+	}
+	res, err := (&psLaunch{jobEnv: j, rec: rec}).run(ctx, cancel)
+	j.close(err)
+	return res, err
+}
+
+type psLaunch struct {
+	*jobEnv
+	rec *phalanxpb.PSJob
+}
+
+// restore points the job at the newest checkpoint that verifies, if any.
+func (p *psLaunch) restore(ctx context.Context) error {
+	c := &p.lc.Config
+	store, err := openStore(ctx, c)
+	if store == nil || err != nil {
+		return err
+	}
+	p.rec.Checkpoint, p.rec.CheckpointEvery = c.Checkpoint.Location, uint64(max(c.Checkpoint.EverySteps, 0))
+	m, _, err := cluster.Latest(ctx, store)
+	switch {
+	case errors.Is(err, checkpoint.ErrNoCheckpoint):
+		if c.Checkpoint.Resume {
+			return fmt.Errorf("phalanx: Checkpoint.Resume: %s holds no parameter-server checkpoint", store.Location())
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("phalanx: checkpoint store: %w (nothing was overwritten; remove the broken checkpoints with phalanx ckpt rm, or use another store)", err)
+	}
+	if m.Step > p.rec.Steps {
+		return fmt.Errorf("phalanx: the newest checkpoint is of step %d, beyond the job's %d steps (fewer epochs or examples than it was trained with?)", m.Step, p.rec.Steps)
+	}
+	p.rec.RestoreFrom, p.rec.RestoreStep = cluster.Prefix(m.Step), m.Step
+	p.ev.Emit("restored", events.F("step", m.Step), events.F("from_shards", m.Shards), events.F("shards", p.rec.Shards), events.F("checkpoint", p.rec.RestoreFrom))
+	fmt.Fprintf(p.out, "resuming from the checkpoint of step %d (%d shards) in %s, into %d shards\n", m.Step, m.Shards, store.Location(), p.rec.Shards)
+	return nil
+}
+
+func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result, error) {
+	lc, rec := p.lc, p.rec
+	if err := p.restore(ctx); err != nil {
+		return nil, err
+	}
+	if err := cluster.WriteJob(ctx, p.cli, p.keys, rec); err != nil {
+		return nil, err
+	}
+	maps := make(chan *phalanxpb.ShardMap, 16)
+	mapDone := make(chan error, 1)
+	host, _ := os.Hostname()
+	go func() {
+		mapDone <- coordinator.RunShardMap(ctx, p.cli, p.keys, coordinator.ShardMapConfig{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+			Shards: int(rec.Shards), Replicas: int(rec.Replicas), Servers: int(rec.Servers), SessionTTL: lc.LeaseTTL,
+			Logger: p.log.Named("shardmap"), OnMap: func(m *phalanxpb.ShardMap) {
+				select {
+				case maps <- m:
+				case <-ctx.Done():
+				}
+			}})
+	}()
+	defer func() { // the shard map's writer ends before the client and etcd close
+		cancel()
+		if mapDone != nil {
+			<-mapDone
+		}
+	}()
+	for i := range int(rec.Servers) {
+		if err := p.spawn(ctx, processSpec{Role: "ps-server", Config: lc.Config, Index: i}); err != nil {
+			return nil, err
+		}
+	}
+	threads := threadsFor(lc.Threads, lc.Workers+int(rec.Servers))
+	for i := range lc.Workers {
+		if err := p.spawn(ctx, processSpec{Role: "ps-worker", Config: lc.Config, Index: i, Threads: threads}); err != nil {
+			return nil, err
+		}
+	}
+	p.ev.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", joinEndpoints(p.endpoints)),
+		events.F("workers", lc.Workers), events.F("ps_servers", rec.Servers), events.F("ps_shards", rec.Shards), events.F("ps_replicas", rec.Replicas),
+		events.F("consistency", rec.Consistency), events.F("model", rec.Model))
+	fmt.Fprintf(p.out, "phalanx: %s on %d workers and %d parameter servers (%d shards, %d backups each, %s, %s); job %s, etcd %s\n",
+		rec.Model, lc.Workers, rec.Servers, rec.Shards, rec.Replicas, rec.Partition, rec.Consistency, lc.Job, joinEndpoints(p.endpoints))
+	start := time.Now()
+	running := lc.Workers
+	var done *Report
+	var failed error
+	failures := map[int]string{}
+	take := func(l launch.Line) {
+		if l.Role != "ps-worker" {
+			return
+		}
+		var r Report
+		if err := json.Unmarshal(l.Text, &r); err != nil {
+			fmt.Fprintf(p.out, "worker %d: %s\n", l.Index, l.Text)
+			return
+		}
+		switch r.Kind {
+		case "ps_step":
+			p.ev.Emit("step", events.F("step", r.Step), events.F("worker", r.Worker), events.F("epoch", r.Epoch), events.F("loss", r.Loss),
+				events.F("samples_per_s", r.SamplesPS), events.F("stale", r.Stale))
+			eta := time.Duration(float64(time.Since(start)) * float64(r.Steps-r.Step) / float64(max(r.Step, 1)))
+			fmt.Fprintf(p.out, "step %6d/%d  epoch %d  loss %.4f  %8.0f examples/s  ETA %s\n", r.Step, r.Steps, r.Epoch, r.Loss, r.SamplesPS, eta.Round(time.Second))
+		case "ps_checkpoint":
+			p.ev.Emit("checkpoint_saved", events.F("step", r.Step), events.F("shards", len(r.Shards)))
+			fmt.Fprintf(p.out, "checkpoint of step %d saved (%d shards)\n", r.Step, len(r.Shards))
+		case "ps_done":
+			done = &r
+		case "failed":
+			failures[l.Index] = r.Reason
+		}
+	}
+	for running > 0 {
+		select {
+		case m := <-maps:
+			p.shardMap(m)
+		case err := <-mapDone:
+			if err != nil && ctx.Err() == nil {
+				return nil, fmt.Errorf("phalanx: shard map: %w", err)
+			}
+			mapDone = nil
+		case l := <-p.procs.Lines():
+			take(l)
+		case x := <-p.procs.Exits():
+			role := "worker"
+			if x.Role == "ps-server" {
+				role = "ps"
+				if running > 0 && !launch.Signalled(x.Err) {
+					p.log.Warn("a parameter server ended", zap.Int("server", x.Index), zap.Int("pid", x.Pid), zap.Error(x.Err))
+				}
+			} else {
+				running--
+				if x.Err != nil && failed == nil {
+					why := failures[x.Index]
+					if why == "" {
+						why = x.Err.Error()
+					}
+					failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, why)
+					cancel()
+				}
+			}
+			p.ev.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("role", role), events.F("status", exitText(x.Err)))
+		case <-ctx.Done():
+			if failed != nil {
+				continue
+			}
+			return nil, context.Cause(ctx)
+		}
+	}
+	for drained := false; !drained; {
+		select {
+		case l := <-p.procs.Lines():
+			take(l)
+		default:
+			drained = true
+		}
+	}
+	if failed != nil {
+		return nil, failed
+	}
+	if done == nil {
+		return nil, errors.New("phalanx: every worker ended and none reported the job done")
+	}
+	fields := []events.Field{events.F("steps", done.Steps), events.F("shards", done.Shards)}
+	var names []string
+	for k := range done.Metrics {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, k := range names {
+		fields = append(fields, events.F(k, done.Metrics[k]))
+		parts = append(parts, fmt.Sprintf("%s %.4f", k, done.Metrics[k]))
+	}
+	p.ev.Emit("done", fields...)
+	fmt.Fprintf(p.out, "done: %d steps in %s; held-out %s\n", done.Steps, time.Since(start).Round(time.Millisecond), strings.Join(parts, ", "))
+	return &Result{Step: done.Steps, World: lc.Workers, Metrics: done.Metrics}, nil
+}
+
+// shardMap reports a new shard map and its failovers.
+func (p *psLaunch) shardMap(m *phalanxpb.ShardMap) {
+	var shards []map[string]any
+	for _, s := range m.Shards {
+		shards = append(shards, map[string]any{"shard": s.Shard, "primary": s.Primary, "backups": s.Backups})
+	}
+	var srv []map[string]any
+	for _, s := range m.Servers {
+		srv = append(srv, map[string]any{"id": s.Id, "pid": s.Pid, "addr": s.Addr})
+	}
+	p.ev.Emit("ps_shard_map", events.F("generation", m.Generation), events.F("shards", shards), events.F("servers", srv), events.F("reason", m.Reason))
+	fmt.Fprintf(p.out, "shard map %d: %s\n", m.Generation, m.Reason)
+	for _, f := range m.Failovers {
+		p.ev.Emit("ps_failover", events.F("generation", m.Generation), events.F("shard", f.Shard), events.F("old", f.Old), events.F("new", f.New))
+		fmt.Fprintf(p.out, "  shard %d: %s took over from %s\n", f.Shard, f.New, f.Old)
+	}
+}
+
+// RunPSServer runs one parameter server of a job (cfg.Job on cfg.Etcd)
+// until ctx ends: it reads the job's record, hosts every shard and serves
+// the role the shard map gives it. onReady, when set, is told its address.
+func RunPSServer(ctx context.Context, cfg Config, id string, onReady func(addr string)) error {
+	log, cli, keys, done, err := psProcess(&cfg)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if id == "" {
+		host, _ := os.Hostname()
+		id = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	listen := cfg.Bind
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	return cluster.Serve(ctx, cli, keys, cluster.NodeConfig{ID: id, Listen: listen, LeaseTTL: cfg.LeaseTTL,
+		Logger: log.With(zap.String("ps", id)), OnReady: onReady})
+}
+
+// runPSWorkerProcess is worker index of a parameter-server job: it reads
+// the job's record, follows the shard map, and runs the model's loop,
+// reporting progress and taking the checkpoints (worker 0).
+func runPSWorkerProcess(ctx context.Context, cfg Config, reg *Registry, index int) (*Result, error) {
+	log, cli, keys, done, err := psProcess(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	rep := &reporter{f: cfg.Reports}
+	job, err := cluster.ReadJob(ctx, cli, keys)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := cluster.SpecOf(job)
+	if err != nil {
+		return nil, err
+	}
+	model, err := reg.Lookup(job.Model)
+	if err != nil || model.PS == nil {
+		return nil, fmt.Errorf("phalanx: the job's model %q is not a parameter-server model here (%v)", job.Model, err)
+	}
+	if index < 0 || index >= int(job.Workers) {
+		return nil, bad("Index", index, "worker of a job of %d workers", job.Workers)
+	}
+	dir, err := cluster.NewDirectory(ctx, cli, keys)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := ps.NewClient(ps.ClientConfig{Worker: index, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
+		Sync: spec.Sync, Directory: dir, Logger: log.Named("ps-client"), CacheRows: int(job.CacheRows), CacheStaleness: job.CacheStaleness})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var saver *cluster.Saver
+	if job.Checkpoint != "" && index == 0 {
+		store, err := checkpoint.OpenURL(ctx, job.Checkpoint, cfg.Credentials)
+		if err != nil {
+			return nil, err
+		}
+		var tables []uint32
+		for _, t := range job.Tables {
+			tables = append(tables, t.Id)
+		}
+		saver = &cluster.Saver{Store: store, Client: cl, Tables: tables, Spec: spec}
+	}
+	if job.RestoreStep < 0 || job.RestoreStep > job.Steps {
+		return nil, fmt.Errorf("phalanx: the checkpoint's step %d is not within the job's %d steps", job.RestoreStep, job.Steps)
+	}
+	for _, t := range job.Tables {
+		if err := cl.SetClock(t.Id, job.RestoreStep); err != nil {
+			return nil, err
+		}
+	}
+	every := int64(job.ReportEvery)
+	if every <= 0 {
+		every = max(1, job.Steps/20)
+	}
+	n, b := int(job.Workers), int(job.Batch)
+	var lossSum float64
+	var stale, since int
+	t0 := cfg.Now
+	if t0 == nil {
+		t0 = time.Now
+	}
+	mark := t0()
+	w := &PSWorker{Client: cl, Options: Options(job.Options), Index: index, Workers: n, Batch: b, Seed: job.Seed,
+		From: job.RestoreStep, Steps: job.Steps}
+	w.Step = func(ctx context.Context, step int64, epoch int, loss float64, st int) error {
+		since++
+		lossSum += loss
+		stale += st
+		if index == 0 && (step%every == 0 || step == job.Steps) {
+			secs := t0().Sub(mark).Seconds()
+			rep.send(Report{Kind: "ps_step", Worker: index, Step: step, Steps: job.Steps, Epoch: int64(epoch), Loss: lossSum / float64(since),
+				SamplesPS: float64(since*b*n) / secs, Stale: stale})
+			lossSum, stale, since, mark = 0, 0, 0, t0()
+		}
+		if saver != nil && ((job.CheckpointEvery > 0 && step%int64(job.CheckpointEvery) == 0) || step == job.Steps) {
+			m, err := saver.Save(ctx, step, step) // every shard at clock step: exactly step steps under bsp
+			if err != nil {
+				return err
+			}
+			rep.send(Report{Kind: "ps_checkpoint", Worker: 0, Step: step, Steps: job.Steps, Shards: make([]ShardAccount, m.Shards)})
+		}
+		return nil
+	}
+	metrics, err := model.PS.Run(ctx, w)
+	if err != nil {
+		return nil, err
+	}
+	if index != 0 {
+		return &Result{Step: job.Steps, Metrics: metrics}, nil
+	}
+	r := Report{Kind: "ps_done", Worker: 0, Step: job.Steps, Steps: job.Steps, Metrics: metrics}
+	table := job.Tables[0].Id
+	for s := range spec.Shards {
+		info, err := cl.Info(ctx, table, s)
+		if err != nil {
+			return nil, fmt.Errorf("phalanx: shard %d's account: %w", s, err)
+		}
+		r.Shards = append(r.Shards, ShardAccount{Shard: s, Clock: info.Clock, Rows: info.Rows, Pushes: info.LastIDs})
+	}
+	rep.send(r)
+	return &Result{Step: job.Steps, Metrics: metrics}, nil
+}
+
+// psProcess is the common start of a parameter-server job's processes: a
+// logger and a client of the job's etcd; done closes them.
+func psProcess(cfg *Config) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
+	switch {
+	case cfg.Job == "":
+		return nil, nil, keys, nil, bad("Job", `""`, "a parameter-server process joins a named job")
+	case len(cfg.Etcd) == 0:
+		return nil, nil, keys, nil, bad("Etcd", "[]", "a parameter-server process needs the job's etcd endpoints")
+	}
+	if keys, err = coordinator.KeysFor(cfg.Job); err != nil {
+		return nil, nil, keys, nil, bad("Job", cfg.Job, "%v", err)
+	}
+	log = cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if cli, err = coordinator.Connect(cfg.Etcd, log); err != nil {
+		return nil, nil, keys, nil, err
+	}
+	return log, cli, keys, func() { cli.Close() }, nil
+}

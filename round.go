@@ -1,0 +1,365 @@
+package phalanx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/elastic"
+	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// errLeaving ends a round at a step boundary once the worker was asked to
+// leave.
+var errLeaving = errors.New("phalanx: leaving the job")
+
+// round trains in one generation: roll back to the last commit, move to the
+// new ring, restore from a checkpoint or resync from the newest commit, then
+// run the step protocol until the job's last step, the end of the round, or
+// a failure.
+func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
+	w.probeMu.Lock() // no probation step while in a ring
+	defer w.probeMu.Unlock()
+	g, gen := r.Group, r.Generation
+	var reached int64
+	t := w.currentTrainer()
+	if t == nil {
+		var err error
+		if t, err = w.setup(g); err != nil {
+			return err
+		}
+	} else {
+		reached = t.State().Step
+		if _, err := t.Rollback(); err != nil {
+			return err
+		}
+		if err := t.Rebind(g); err != nil {
+			return err
+		}
+	}
+	ck := w.checkpointer()
+	restored := false
+	if ck != nil {
+		ck.Bind(checkpoint.Ring{Group: g, Generation: gen.Number, Decided: gen.DecidedUnixNano})
+		var err error
+		if restored, err = w.restoreIfFresh(ctx, g, t, ck); err != nil {
+			return err
+		}
+	}
+	// After a restore every rank holds the same state (each rank restores
+	// when any does): nothing to resynchronise.
+	res := worker.Resynced{Step: t.State().Step}
+	if !restored {
+		var err error
+		if res, err = t.Resync(ctx, reached); err != nil {
+			return err
+		}
+	}
+	world := 0
+	if r.Rank == 0 {
+		world = g.Size()
+		w.rep.send(Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root})
+		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous reporter never saw it
+			w.rep.send(Report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen.Number, World: g.Size(), Loss: l.Loss,
+				Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint})
+		}
+	}
+	w.generation.Store(gen.Number)
+	ids := make([]string, len(gen.Members))
+	for i, m := range gen.Members {
+		ids[i] = m.Id
+	}
+	w.sys.Root.Send(w.group, &worker.GroupRound{Generation: gen.Number, World: world, Members: ids})
+
+	err := w.steps(ctx, r, t, ck)
+	stopped := errors.Is(err, worker.ErrStopped)
+	switch {
+	case stopped && w.leaving.Load() && !w.stopAsked.Load():
+		return errLeaving
+	case stopped:
+		w.stoppedAt.Store(t.State().Step)
+		if r.Rank == 0 {
+			w.rep.send(Report{Kind: "stopped", Step: t.State().Step, Generation: gen.Number, World: g.Size()})
+		}
+		w.sys.Quiet()
+		return nil // every rank stops at this boundary: the job is over for now
+	case err != nil:
+		return err
+	}
+	res2, err := w.finish(ctx, g)
+	if err != nil {
+		return err
+	}
+	res2.Step, res2.Generation = t.State().Step, gen.Number
+	if r.Rank == 0 {
+		same := res2.ParametersIdentical
+		w.rep.send(Report{Kind: "done", Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
+			Identical: &same})
+	}
+	w.mu.Lock()
+	w.result = res2
+	w.mu.Unlock()
+	w.sys.Quiet()         // peers' control planes go away from here on
+	return g.Barrier(ctx) // no worker leaves while another still evaluates
+}
+
+// steps runs this generation's rank actor until the job's last step, a
+// stop at a step boundary (worker.ErrStopped), or a failure.
+func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trainer, ck *checkpoint.Checkpointer) error {
+	g, gen, c := r.Group, r.Generation, &w.cfg
+	hybridMode := c.Sync.Mode == "hybrid"
+	finished := make(chan error, 1)
+	prev := c.Now()
+	props := worker.NewRankProps(worker.RankConfig{
+		Trainer: t, Rank: r.Rank, Generation: gen.Number, Steps: c.Steps, Context: ctx, Logger: w.log, Now: c.Now,
+		Hybrid: hybridMode,
+		Group:  actors.Ref(gen.Members[0].ControlAddr, "job/group"),
+		OnDone: func(err error) { finished <- err },
+		AfterStep: func(st worker.StepStats) (bool, error) {
+			var stop bool
+			var err error
+			if ck != nil { // on every rank at every boundary: its votes ride in the step's allreduce
+				stop, err = ck.AfterStep(ctx, checkpoint.Progress{Step: st.Step, Epoch: st.Position.Epoch, Offset: st.Position.Offset,
+					Loss: st.Loss, Accuracy: st.Accuracy, Samples: int64(st.Samples)}, st.Votes, st.Step >= c.Steps)
+			}
+			return stop || w.leaving.Load(), err
+		},
+		OnStep: func(st worker.StepStats) {
+			now := c.Now()
+			if r.Rank == 0 && hybridMode {
+				w.publishPace(ctx, st.Step)
+				w.serveFeeds(ctx, st.Step)
+			}
+			if r.Rank == 0 {
+				n := participants(st, g.Size())
+				w.rep.send(Report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
+					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
+					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds(),
+					Epoch: st.Position.Epoch, Offset: st.Position.Offset, Fingerprint: st.Fingerprint,
+					Participants: n, Stale: g.Size() - n})
+			}
+			prev = now
+		},
+	})
+	pid, err := w.sup.Spawn(ctx, actors.Child{Name: fmt.Sprintf("rank-g%d", gen.Number), Props: props})
+	if err != nil {
+		return err
+	}
+	select {
+	case err = <-finished:
+	case e := <-w.sup.GaveUp():
+		err = e
+	case <-g.Failed():
+		err = g.Err()
+	case <-ctx.Done():
+		err = context.Cause(ctx)
+	}
+	if err != nil && !errors.Is(err, worker.ErrStopped) {
+		g.Abort(err.Error())
+	}
+	if serr := w.sup.Stop(pid); serr != nil {
+		w.log.Warn("stopping the rank actor", zap.Error(serr))
+	}
+	return err
+}
+
+// finish scores the model on the held-out data and checks that every rank
+// holds the same parameters.
+func (w *ringWorker) finish(ctx context.Context, g *collective.Group) (*Result, error) {
+	res := &Result{World: g.Size()}
+	if ev, ok := w.task.Model.(worker.Evaluator); ok && w.task.Test != nil {
+		var err error
+		if res.Loss, res.Accuracy, err = evaluate(ctx, g, ev, w.task.Test); err != nil {
+			return nil, err
+		}
+	}
+	same, err := parametersAgree(ctx, g, w.params)
+	if err != nil {
+		return nil, err
+	}
+	res.ParametersIdentical = same
+	return res, nil
+}
+
+// publishPace writes the ring's step, deadline and overhead every five
+// steps: what excluded workers measure themselves against.
+func (w *ringWorker) publishPace(ctx context.Context, step int64) {
+	if step-w.progressAt.Load() < 5 {
+		return
+	}
+	w.progressAt.Store(step)
+	pace := &phalanxpb.Pace{Step: step, DeadlineNanos: w.paceDead.Load(), OverheadNanos: w.paceOver.Load()}
+	go func() { // not on the rank actor's goroutine
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := coordinator.WritePace(pctx, w.cli, w.keys, pace); err != nil && pctx.Err() == nil {
+			w.log.Warn("publishing the ring's pace", zap.Error(err))
+		}
+	}()
+}
+
+// setup builds the trainer (and checkpointer) in the first round this
+// worker trains, around the task's model wrapped in the injected faults.
+func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
+	c := &w.cfg
+	model := w.task.Model
+	var faulty *faultyModel
+	if c.Faults.FailWorker >= 0 && c.Faults.FailWorker == c.Index {
+		faulty = &faultyModel{Model: model, at: c.Faults.FailStep, times: c.Faults.FailTimes}
+		model = faulty
+	}
+	var inj *injectedModel
+	if in := c.Faults.Inject; len(in.Slow)+len(in.Pause) > 0 {
+		inj = &injectedModel{Model: model, in: in, paused: -1, probeStep: &w.probeStep}
+		model = inj
+	}
+	params := model.Params()
+	opt, err := nn.NewOptimizer(c.Optimizer, params)
+	if err != nil {
+		return nil, err
+	}
+	cfg := worker.Config{GlobalBatch: c.Batch, MicroBatches: c.MicroBatches, LocalSteps: c.LocalSteps, ClipNorm: c.ClipNorm,
+		CommitEvery: c.CommitEvery, BucketBytes: c.BucketBytes, Schedule: c.schedule(), Seed: c.Seed,
+		KeepRankBatch: c.Rescale == "lr", ReferenceWorld: c.ReferenceWorld, StaleDecay: c.Sync.StaleDecay}
+	if c.Sync.Stale == "decay" {
+		cfg.Stale = worker.StaleDecay
+	}
+	t, err := worker.NewTrainer(w.runCtx, g, model, w.task.Train, opt, cfg, w.log)
+	if err != nil {
+		return nil, err
+	}
+	if faulty != nil {
+		faulty.trainer = t
+	}
+	if inj != nil {
+		inj.trainer = t
+	}
+	t.State().Commit() // step 0: a candidate like any other, the same on every fresh worker
+	var ck *checkpoint.Checkpointer
+	if w.store != nil {
+		if ck, err = w.newCheckpointer(params, opt); err != nil {
+			return nil, err
+		}
+		t.SetVoter(ck.Votes)
+	}
+	w.mu.Lock()
+	w.trainer, w.params, w.ckpt = t, params, ck
+	w.mu.Unlock()
+	if ck != nil && w.stopAsked.Load() { // a request that came before ck was published
+		ck.RequestStop()
+	}
+	return t, nil
+}
+
+// newCheckpointer saves and restores the trainer's state: the parameters,
+// then the optimizer's slots, the order of worker.State.
+func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*checkpoint.Checkpointer, error) {
+	var tensors []checkpoint.Tensor
+	for _, p := range params {
+		tensors = append(tensors, checkpoint.Tensor{Name: p.Name, Shape: shape64(p.Shape), Role: "parameter", Data: p.Value})
+	}
+	slots := opt.Slots()
+	for _, s := range slots {
+		tensors = append(tensors, checkpoint.Tensor{Name: s.Name, Shape: shape64(s.Shape), Role: "optimizer", Data: s.Data})
+	}
+	c := &w.cfg
+	configHash, stateHash := c.checkpointHashes(params, slots)
+	k := c.Checkpoint
+	return checkpoint.New(checkpoint.Config{Store: w.store, Job: c.Job, ConfigHash: configHash, StateHash: stateHash,
+		Seed: c.Seed, EverySteps: k.EverySteps, Every: k.Every,
+		Retention: checkpoint.Retention{KeepLast: k.KeepLast, KeepEvery: k.KeepEvery}, Wait: k.Wait,
+		SingleWriter: c.LocalSteps > 1, Logger: w.log.Named("checkpoint"), Now: c.Now,
+		OnEvent: func(ev checkpoint.Event) { w.rep.send(Report{Kind: "checkpoint", Checkpoint: &ev}) }}, tensors)
+}
+
+// restoreIfFresh loads the newest checkpoint when no rank of the ring has
+// trained yet (a job started or restarted from storage); a ring with any
+// trained state resumes from memory instead, which is never older.
+func (w *ringWorker) restoreIfFresh(ctx context.Context, g *collective.Group, t *worker.Trainer, ck *checkpoint.Checkpointer) (bool, error) {
+	committed, _ := t.State().Committed()
+	v := []float64{float64(committed)}
+	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Max); err != nil {
+		return false, fmt.Errorf("checking for trained state: %w", err)
+	}
+	if v[0] > 0 {
+		return false, nil
+	}
+	res, err := ck.Restore(ctx, w.cfg.Checkpoint.Resume)
+	if err != nil || res == nil {
+		return false, err
+	}
+	m := res.Manifest
+	return true, t.Restored(m.Step, worker.Position{Epoch: m.Epoch, Offset: m.Offset})
+}
+
+// evaluate scores the model on every rank's share of data and combines
+// them.
+func evaluate(ctx context.Context, g *collective.Group, m worker.Evaluator, data worker.Dataset) (loss, acc float64, err error) {
+	lo, hi := collective.ShardRange(data.Len(), g.Size(), g.Rank())
+	var b worker.Batch
+	idx := make([]int, 0, 1000)
+	sums := make([]float64, 2)
+	for a := lo; a < hi; a += 1000 {
+		idx = idx[:0]
+		for i := a; i < min(a+1000, hi); i++ {
+			idx = append(idx, i)
+		}
+		if err := data.Fill(idx, &b); err != nil {
+			return 0, 0, err
+		}
+		r, err := m.Evaluate(&b)
+		if err != nil {
+			return 0, 0, err
+		}
+		sums[0] += r.LossSum
+		sums[1] += float64(r.Correct)
+	}
+	if err := g.AllReduce(ctx, collective.Float64s(sums), collective.Sum); err != nil {
+		return 0, 0, fmt.Errorf("evaluation: %w", err)
+	}
+	n := float64(max(data.Len(), 1))
+	return sums[0] / n, sums[1] / n, nil
+}
+
+// parametersAgree checks that every rank holds bitwise the same parameters:
+// a CRC32C of this rank's, and its negation, reduced with max, agree only if
+// every rank's checksum is the same.
+func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Param) (bool, error) {
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	for _, p := range params {
+		h.Write(collective.Float32s(p.Value).Raw())
+	}
+	sum := float64(h.Sum32())
+	v := []float64{sum, -sum}
+	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Max); err != nil {
+		return false, fmt.Errorf("comparing the ranks' parameters: %w", err)
+	}
+	return v[0] == -v[1], nil
+}
+
+// participants is how many ranks' gradients entered a step: all of them
+// but in a hybrid step that closed without some.
+func participants(st worker.StepStats, world int) int {
+	if st.Participants > 0 {
+		return st.Participants
+	}
+	return world
+}
+
+func shape64(s []int) []int64 {
+	out := make([]int64, len(s))
+	for i, d := range s {
+		out[i] = int64(d)
+	}
+	return out
+}
