@@ -72,6 +72,9 @@ type ringJob struct {
 
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
 	lc := r.lc
+	if err := coordinator.ClearEnd(ctx, r.cli, r.keys); err != nil {
+		return nil, err
+	}
 	coordDone := make(chan error, 1)
 	followDone := make(chan struct{})
 	defer func() { // stop following before the client and etcd close
@@ -229,8 +232,11 @@ func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
 		fmt.Fprintf(r.out, "checkpoint %s skipped: %s\n", e.ID, e.Err)
 	case "restored":
 		r.ev.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
-			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes))
+			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes), events.F("config_changed", e.ConfigChanged))
 		fmt.Fprintf(r.out, "resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
+		if e.ConfigChanged {
+			fmt.Fprintln(r.out, "warning: that checkpoint was written with other training settings (batch, optimizer, clipping or synchronisation)")
+		}
 	}
 }
 

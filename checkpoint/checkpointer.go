@@ -34,7 +34,7 @@ const (
 type Config struct {
 	Store      Store
 	Job        string
-	ConfigHash string // every training flag
+	ConfigHash string // the training settings; a resume under others is warned about
 	StateHash  string // the flags that give the state its meaning; a resume requires the same
 	Seed       uint64
 	EverySteps int64         // checkpoint every this many steps (0: not by steps)
@@ -69,6 +69,9 @@ type Event struct {
 	Err         string
 	WorldBefore int
 	WorldAfter  int
+	// ConfigChanged (restored): the checkpoint was written under other
+	// training settings (Config.ConfigHash): a warning, not a refusal.
+	ConfigChanged bool
 }
 
 // Ring is the group a Checkpointer saves from: one generation's ring.

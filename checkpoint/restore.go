@@ -131,13 +131,14 @@ func (c *Checkpointer) Restore(ctx context.Context, required bool) (*Restored, e
 			continue
 		}
 		c.seq, c.lastSaved, c.lastStart = m.Sequence, m.Step, c.cfg.Now()
-		if m.ConfigHash != c.cfg.ConfigHash && rank == 0 {
-			c.log.Warn("resuming a checkpoint written with other training flags (learning rate, steps, batch...)",
-				zap.String("checkpoint", m.Id), zap.String("its_flags", m.ConfigHash), zap.String("ours", c.cfg.ConfigHash))
+		changed := m.ConfigHash != c.cfg.ConfigHash
+		if changed && rank == 0 {
+			c.log.Warn("resuming a checkpoint written with other training settings (batch, optimizer, clipping, synchronisation...)",
+				zap.String("checkpoint", m.Id), zap.String("its_settings", m.ConfigHash), zap.String("ours", c.cfg.ConfigHash))
 		}
 		if rank == 0 {
 			c.cfg.OnEvent(Event{Kind: "restored", ID: m.Id, Step: m.Step, URL: CheckpointURL(c.cfg.Store, m.Id),
-				WorldBefore: int(m.World), WorldAfter: g.Size(), Bytes: int64(m.TotalBytes)})
+				WorldBefore: int(m.World), WorldAfter: g.Size(), Bytes: int64(m.TotalBytes), ConfigChanged: changed})
 		}
 		return &Restored{Manifest: m}, nil
 	}

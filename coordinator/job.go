@@ -202,3 +202,14 @@ func Leave(ctx context.Context, cli *clientv3.Client, keys Keys, id, reason stri
 	}
 	return nil
 }
+
+// ClearEnd removes a previous run's end of the job (its done mark, stop
+// request and final-checkpoint claim), so that a job started again under
+// the same name on the same etcd trains instead of ending at once.
+func ClearEnd(ctx context.Context, cli *clientv3.Client, keys Keys) error {
+	_, err := cli.Txn(ctx).Then(clientv3.OpDelete(keys.Done()), clientv3.OpDelete(keys.Stop()), clientv3.OpDelete(keys.FinalCheckpoint())).Commit()
+	if err != nil {
+		return fmt.Errorf("coordinator: clearing the job's previous end: %w", err)
+	}
+	return nil
+}

@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,18 +122,15 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	t.Logf("killing every worker after step %d", killAt)
 
 	a := startJob(t, append([]string{"--workers", "4", "--checkpoint", url}, ckptJobArgs...)...)
-	a.until(t, "a checkpoint saved", func(e map[string]any) bool { return e["event"] == "checkpoint_saved" })
-	a.until(t, "step "+strconv.Itoa(killAt), stepIn(4, killAt))
-	for _, pid := range a.workerPids() {
+	a.Until(t, "a checkpoint saved", func(e jobtest.Event) bool { return e["event"] == "checkpoint_saved" })
+	a.Until(t, "step "+strconv.Itoa(killAt), jobtest.StepIn(4, killAt))
+	for _, pid := range a.WorkerPids() {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 	}
-	a.cmd.Process.Kill()
-	<-a.exited
-	for e := range a.events {
-		a.seen = append(a.seen, e)
-	}
+	a.Cmd.Process.Kill()
+	a.End()
 	resumeFrom := newestComplete(t, store)
 	if resumeFrom.World != 4 || resumeFrom.Step > int64(killAt) || resumeFrom.Step < 10 {
 		t.Fatalf("newest complete checkpoint: step %d, world %d", resumeFrom.Step, resumeFrom.World)
@@ -138,26 +139,26 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	copyCheckpoint(t, store, s3Store(t, srv, refURL), resumeFrom.Id)
 
 	b := startJob(t, append([]string{"--workers", "3", "--checkpoint", url, "--resume"}, ckptJobArgs...)...)
-	evB := b.finish(t)
+	evB := b.Finish(t)
 	r := evB["checkpoint_restored"]
-	if len(r) != 1 || num(r[0], "step") != int(resumeFrom.Step) || num(r[0], "world_before") != 4 || num(r[0], "world_after") != 3 ||
+	if len(r) != 1 || jobtest.Num(r[0], "step") != int(resumeFrom.Step) || jobtest.Num(r[0], "world_before") != 4 || jobtest.Num(r[0], "world_after") != 3 ||
 		!strings.Contains(r[0]["url"].(string), "/"+resumeFrom.Id+"?endpoint=") {
 		t.Fatalf("checkpoint_restored events %v, want one of %s (step %d) from 4 workers to 3", r, resumeFrom.Id, resumeFrom.Step)
 	}
-	var steps []map[string]any
-	for _, e := range a.seen {
-		if e["event"] == "step" && num(e, "step") <= int(resumeFrom.Step) {
+	var steps []jobtest.Event
+	for _, e := range a.Seen {
+		if e["event"] == "step" && jobtest.Num(e, "step") <= int(resumeFrom.Step) {
 			steps = append(steps, e)
 		}
 	}
 	steps = append(steps, evB["step"]...)
-	checkSamples(t, steps, 120, 8000, 256, 5)
+	jobtest.CheckSamples(t, steps, 120, 8000, 256, 5)
 	finalB := newestComplete(t, store)
 	if finalB.Step != 120 || finalB.World != 3 {
 		t.Fatalf("final checkpoint of the resumed job: step %d world %d", finalB.Step, finalB.World)
 	}
 
-	ref := startJob(t, append([]string{"--workers", "3", "--checkpoint", refURL, "--resume"}, ckptJobArgs...)...).finish(t)
+	ref := startJob(t, append([]string{"--workers", "3", "--checkpoint", refURL, "--resume"}, ckptJobArgs...)...).Finish(t)
 	finalRef := newestComplete(t, s3Store(t, srv, refURL))
 	if !slices.Equal(tensorSums(finalB), tensorSums(finalRef)) || finalB.Step != finalRef.Step {
 		t.Fatalf("the resumed job's final state differs from the undisturbed resume's")
@@ -183,10 +184,10 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	if err := store.Put(ctx, obj, buf); err != nil {
 		t.Fatal(err)
 	}
-	c := startJob(t, append([]string{"--workers", "3", "--checkpoint", url}, ckptJobArgs...)...).finish(t)
+	c := startJob(t, append([]string{"--workers", "3", "--checkpoint", url}, ckptJobArgs...)...).Finish(t)
 	sk, rs := c["checkpoint_skipped"], c["checkpoint_restored"]
 	if len(sk) == 0 || sk[0]["checkpoint"] != finalB.Id || !strings.Contains(sk[0]["error"].(string), "checksum") ||
-		len(rs) != 1 || num(rs[0], "step") != 110 {
+		len(rs) != 1 || jobtest.Num(rs[0], "step") != 110 {
 		t.Fatalf("skipped %v, restored %v: want %s skipped for its checksum and step 110 restored", sk, rs, finalB.Id)
 	}
 	again := newestComplete(t, store)
@@ -206,37 +207,34 @@ func TestCheckpointSIGTERM(t *testing.T) {
 	args := append([]string{"--workers", "2", "--checkpoint", dir}, ckptJobArgs...)
 	args = append(args, "--checkpoint-every-steps", "0", "--steps", "100000")
 	j := startJob(t, args...)
-	j.until(t, "step 15", stepIn(2, 15))
-	if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	j.Until(t, "step 15", jobtest.StepIn(2, 15))
+	if err := j.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	stop := j.until(t, "the stopped event", func(e map[string]any) bool { return e["event"] == "stopped" })
-	for e := range j.events {
-		j.seen = append(j.seen, e)
-	}
-	err := <-j.exited
+	stop := j.Until(t, "the stopped event", jobtest.Kind("stopped"))
+	_, err := j.End()
 	if code := launch.ExitStatus(err); code != 3 {
 		t.Fatalf("launcher exit %v, want status 3", err)
 	}
-	var saved []map[string]any
-	for _, e := range j.seen {
+	var saved []jobtest.Event
+	for _, e := range j.Seen {
 		if e["event"] == "checkpoint_saved" {
 			saved = append(saved, e)
 		}
 	}
-	if len(saved) != 1 || num(saved[0], "step") != num(stop, "step") {
+	if len(saved) != 1 || jobtest.Num(saved[0], "step") != jobtest.Num(stop, "step") {
 		t.Fatalf("checkpoints saved %v, want one at the stop step %v", saved, stop["step"])
 	}
 	store, err := checkpoint.NewLocalStore(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := newestComplete(t, store); m.Step != int64(num(stop, "step")) {
+	if m := newestComplete(t, store); m.Step != int64(jobtest.Num(stop, "step")) {
 		t.Fatalf("newest checkpoint at step %d, want %v", m.Step, stop["step"])
 	}
-	args[len(args)-1] = strconv.Itoa(num(stop, "step") + 5)
-	ev := startJob(t, args...).finish(t)
-	if r := ev["checkpoint_restored"]; len(r) != 1 || num(r[0], "step") != num(stop, "step") || len(ev["step"]) != 5 {
+	args[len(args)-1] = strconv.Itoa(jobtest.Num(stop, "step") + 5)
+	ev := startJob(t, args...).Finish(t)
+	if r := ev["checkpoint_restored"]; len(r) != 1 || jobtest.Num(r[0], "step") != jobtest.Num(stop, "step") || len(ev["step"]) != 5 {
 		t.Fatalf("resume: restored %v, %d steps trained; want the stop step and 5", r, len(ev["step"]))
 	}
 }
@@ -264,7 +262,7 @@ func TestCkptCommand(t *testing.T) {
 	store, _ := checkpoint.NewLocalStore(dir)
 	newest := newestComplete(t, store)
 	js, err := ck("inspect", newest.Id, "--checkpoint", dir)
-	var shown map[string]any
+	var shown jobtest.Event
 	if err != nil || json.Unmarshal([]byte(js), &shown) != nil || shown["step"] != "6" || shown["blockCrc32c"] == nil {
 		t.Fatalf("inspect: %v\n%s", err, js)
 	}
@@ -293,6 +291,16 @@ func TestCkptCommand(t *testing.T) {
 	if ls, _ := ck("ls", "--checkpoint", dir); strings.Contains(ls, newest.Id) {
 		t.Fatalf("ls after rm still shows it:\n%s", ls)
 	}
+	missing := filepath.Join(t.TempDir(), "nothing-here")
+	if ls, err := ck("ls", "--checkpoint", missing); err != nil || !strings.Contains(ls, "nothing at "+missing) || strings.Contains(ls, "STEP") {
+		t.Errorf("ls of a missing directory: %v\n%s", err, ls)
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ls created %s: %v", missing, err)
+	}
+	if ls, err := ck("ls", "--checkpoint", t.TempDir()); err != nil || !strings.Contains(ls, "no checkpoints at") {
+		t.Errorf("ls of an empty directory: %v\n%s", err, ls)
+	}
 	for _, bad := range [][]string{{"ls"}, {"inspect", "--checkpoint", dir}, {"rm", "--checkpoint", dir}, {"frob"}, {"rm", "--checkpoint", dir, "--keep-every", "2"}} {
 		if _, err := ck(bad...); exitCode(err) != 2 {
 			t.Errorf("ckpt %v: %v, want a usage error", bad, err)
@@ -308,40 +316,67 @@ func TestCheckpointStoppedBelowMinimum(t *testing.T) {
 	args := append([]string{"--workers", "3", "--min-workers", "3", "--min-workers-timeout", "500ms", "--checkpoint", dir}, ckptJobArgs...)
 	args = append(args, "--checkpoint-every-steps", "0", "--steps", "100000")
 	j := startJob(t, args...)
-	j.until(t, "step 12", stepIn(3, 12))
-	if err := syscall.Kill(j.workerPids()[1], syscall.SIGKILL); err != nil {
+	j.Until(t, "step 12", jobtest.StepIn(3, 12))
+	if err := syscall.Kill(j.WorkerPids()[1], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	saved := j.until(t, "the final checkpoint", func(e map[string]any) bool { return e["event"] == "checkpoint_saved" })
-	for e := range j.events {
-		j.seen = append(j.seen, e)
-	}
-	if err := <-j.exited; err == nil || !strings.Contains(j.out.String(), "the coordinator stopped the job") {
+	saved := j.Until(t, "the final checkpoint", jobtest.Kind("checkpoint_saved"))
+	if _, err := j.End(); err == nil || !strings.Contains(j.Out.String(), "the coordinator stopped the job") {
 		t.Fatalf("launcher: %v, want the coordinator's stop reported", err)
 	}
 	last := 0
-	for _, e := range j.seen {
+	for _, e := range j.Seen {
 		if e["event"] == "step" {
-			last = max(last, num(e, "step"))
+			last = max(last, jobtest.Num(e, "step"))
 		}
 	}
 	// Rank 0 reported step 12 when its reduction ended; a survivor whose
 	// last bucket was still in flight when the ring broke committed step 11.
-	if num(saved, "world") != 1 || num(saved, "step") < 11 || num(saved, "step") > last {
+	if jobtest.Num(saved, "world") != 1 || jobtest.Num(saved, "step") < 11 || jobtest.Num(saved, "step") > last {
 		t.Fatalf("final checkpoint %v: want one of world 1 at the claimer's last commit (11..%d)", saved, last)
 	}
 	store, _ := checkpoint.NewLocalStore(dir)
 	m := newestComplete(t, store)
-	if err := checkpoint.Verify(context.Background(), store, m); err != nil || m.Step != int64(num(saved, "step")) {
+	if err := checkpoint.Verify(context.Background(), store, m); err != nil || m.Step != int64(jobtest.Num(saved, "step")) {
 		t.Fatalf("checkpoint %s step %d: %v", m.Id, m.Step, err)
 	}
 	var finals int
-	for _, e := range j.seen {
+	for _, e := range j.Seen {
 		if e["event"] == "checkpoint_saved" {
 			finals++
 		}
 	}
 	if finals != 1 {
 		t.Fatalf("%d checkpoints saved, want the one final", finals)
+	}
+}
+
+// TestCheckpointTrainLonger: resuming with more steps and another
+// learning-rate schedule trains on from the checkpoint without a warning;
+// another batch size is a real mismatch and is warned about.
+func TestCheckpointTrainLonger(t *testing.T) {
+	dir, evDir := t.TempDir(), t.TempDir()
+	job := func(name string, extra ...string) (map[string][]jobtest.Event, string) {
+		path := filepath.Join(evDir, name)
+		args := append([]string{"train", "--workers", "2", "--checkpoint", dir, "--samples", "1000", "--hidden", "16", "--batch", "64",
+			"--events", path}, extra...)
+		var out strings.Builder
+		if err := run(context.Background(), examples.Registry(), args, &out, &out); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out.String())
+		}
+		return readEvents(t, path), out.String()
+	}
+	job("first.jsonl", "--steps", "6")
+	ev, out := job("longer.jsonl", "--steps", "10", "--lr", "0.02", "--schedule", "step")
+	r := ev["checkpoint_restored"]
+	if len(r) != 1 || r[0]["step"] != 6.0 || r[0]["config_changed"] != false || strings.Contains(out, "warning") {
+		t.Fatalf("resumed with more steps and another schedule: %v\n%s", r, out)
+	}
+	if d := ev["done"]; len(d) != 1 || d[0]["step"] != 10.0 {
+		t.Fatalf("done %v, want step 10", d)
+	}
+	ev, out = job("batch.jsonl", "--steps", "12", "--batch", "32")
+	if r := ev["checkpoint_restored"]; len(r) != 1 || r[0]["step"] != 10.0 || r[0]["config_changed"] != true || !strings.Contains(out, "warning: that checkpoint was written with other training settings") {
+		t.Fatalf("resumed with another batch: %v\n%s", r, out)
 	}
 }

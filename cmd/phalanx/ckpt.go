@@ -81,8 +81,12 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usagef("ckpt rm: --keep must be positive, and --keep-every needs it")
 	}
 	octx, cancel := context.WithTimeout(ctx, time.Minute)
-	store, err := checkpoint.OpenURL(octx, url, s3.credentials())
+	store, err := checkpoint.OpenExisting(octx, url, s3.credentials())
 	cancel()
+	if errors.Is(err, checkpoint.ErrNoLocation) && sub == "ls" {
+		fmt.Fprintf(stdout, "nothing at %s: %v\n", url, err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -110,6 +114,10 @@ func ckptList(ctx context.Context, store checkpoint.Store, stdout io.Writer) err
 	infos, err := checkpoint.List(ctx, store)
 	if err != nil {
 		return err
+	}
+	if len(infos) == 0 {
+		fmt.Fprintf(stdout, "no checkpoints at %s\n", store.Location())
+		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTEP\tTIME\tSIZE\tWORLD\tSTATUS")

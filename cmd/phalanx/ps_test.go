@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"math"
 	"os"
 	"path/filepath"
@@ -15,7 +16,7 @@ var psJobArgs = []string{"--example", "sparse-lr", "--workers", "2", "--ps-serve
 
 // shardAccounts is the done event's account of each shard: its clock and
 // the pushes it applied from each worker.
-func shardAccounts(t *testing.T, done map[string]any) []any {
+func shardAccounts(t *testing.T, done jobtest.Event) []any {
 	t.Helper()
 	shards, ok := done["shards"].([]any)
 	if !ok || len(shards) == 0 {
@@ -23,7 +24,7 @@ func shardAccounts(t *testing.T, done map[string]any) []any {
 	}
 	steps := done["steps"].(float64)
 	for _, s := range shards {
-		m := s.(map[string]any)
+		m := s.(jobtest.Event)
 		if m["clock"].(float64) != steps {
 			t.Errorf("shard %v closed %v clocks, want %v", m["shard"], m["clock"], steps)
 		}
@@ -44,29 +45,29 @@ func shardAccounts(t *testing.T, done map[string]any) []any {
 // push applied exactly once on every shard (the same account as an
 // undisturbed run) and an AUC within 0.005 of it.
 func TestPSPrimaryKilled(t *testing.T) {
-	clean := startJob(t, psJobArgs...).finish(t)
+	clean := startJob(t, psJobArgs...).Finish(t)
 	j := startJob(t, psJobArgs...)
-	m := j.until(t, "the first shard map", func(e map[string]any) bool { return e["event"] == "ps_shard_map" })
+	m := j.Until(t, "the first shard map", func(e jobtest.Event) bool { return e["event"] == "ps_shard_map" })
 	var victim int
 	var victimID string
 	for _, s := range m["shards"].([]any) {
-		if p := s.(map[string]any); p["shard"].(float64) == 0 {
+		if p := s.(jobtest.Event); p["shard"].(float64) == 0 {
 			victimID = p["primary"].(string)
 		}
 	}
 	for _, s := range m["servers"].([]any) {
-		if p := s.(map[string]any); p["id"] == victimID {
+		if p := s.(jobtest.Event); p["id"] == victimID {
 			victim = int(p["pid"].(float64))
 		}
 	}
 	if victim == 0 {
 		t.Fatalf("no pid for shard 0's primary %q in %v", victimID, m)
 	}
-	j.until(t, "step 500", func(e map[string]any) bool { return e["event"] == "step" && e["step"].(float64) >= 500 })
+	j.Until(t, "step 500", func(e jobtest.Event) bool { return e["event"] == "step" && e["step"].(float64) >= 500 })
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	ev := j.finish(t)
+	ev := j.Finish(t)
 	fo := ev["ps_failover"]
 	if len(fo) == 0 || fo[0]["old"] != victimID || fo[0]["shard"].(float64) != 0 {
 		t.Fatalf("failovers %v, want shard 0 taken from %s", fo, victimID)
@@ -92,7 +93,7 @@ func TestPSPrimaryKilled(t *testing.T) {
 func TestPSResumeReshard(t *testing.T) {
 	dir := t.TempDir()
 	first := startJob(t, "--example", "sparse-lr", "--workers", "2", "--ps-servers", "2", "--epochs", "1",
-		"--checkpoint", dir, "--checkpoint-every-steps", "1000").finish(t)
+		"--checkpoint", dir, "--checkpoint-every-steps", "1000").Finish(t)
 	saved := first["checkpoint_saved"]
 	if len(saved) != 2 || saved[0]["step"].(float64) != 1000 || saved[1]["step"] != first["done"][0]["steps"] {
 		t.Fatalf("checkpoints %v, want steps 1000 and the last", saved)
@@ -110,7 +111,7 @@ func TestPSResumeReshard(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := startJob(t, "--example", "sparse-lr", "--workers", "2", "--ps-servers", "3", "--ps-shards", "3", "--epochs", "2",
-		"--checkpoint", dir).finish(t)
+		"--checkpoint", dir).Finish(t)
 	r := ev["restored"]
 	if len(r) != 1 || r[0]["step"].(float64) != 1000 || r[0]["from_shards"].(float64) != 2 || r[0]["shards"].(float64) != 3 {
 		t.Fatalf("restored %v, want step 1000 from 2 shards into 3 (the last checkpoint is corrupt)", r)

@@ -159,8 +159,8 @@ func TestTrainRestartBudget(t *testing.T) {
 // is lost.
 func TestInjectedStragglerBSP(t *testing.T) {
 	args := []string{"--workers", "3", "--steps", "40", "--samples", "4000", "--hidden", "32", "--threads", "1"}
-	clean := startJob(t, args...).finish(t)
-	slow := startJob(t, append(args, "--inject-slow", "rank=2,factor=3,from=5,to=30", "--inject-pause", "rank=1,at=20,for=300ms")...).finish(t)
+	clean := startJob(t, args...).Finish(t)
+	slow := startJob(t, append(args, "--inject-slow", "rank=2,factor=3,from=5,to=30", "--inject-pause", "rank=1,at=20,for=300ms")...).Finish(t)
 	if len(slow["worker_lost"]) != 0 || len(slow["generation"]) != 1 || len(slow["step"]) != 40 {
 		t.Fatalf("lost %v, %d generations, %d steps", slow["worker_lost"], len(slow["generation"]), len(slow["step"]))
 	}

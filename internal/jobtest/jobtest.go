@@ -1,0 +1,263 @@
+// Package jobtest runs Phalanx jobs as real OS processes in tests: a
+// launcher (the phalanx command, or a program embedding the runtime) whose
+// event log the test reads as it is written, through a pipe given as
+// --events /dev/fd/3, and helpers to wait for events, signal processes by
+// PID and check what a job trained. It is for tests only.
+package jobtest
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// Event is one event of a job's log.
+type Event = map[string]any
+
+// Buffer is a bytes.Buffer safe for a child's stdout and stderr.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// EventsFlag is the flag pair a launcher must be given for Start to read
+// its events.
+var EventsFlag = []string{"--events", "/dev/fd/3"}
+
+// Job is a launcher process whose events the test reads as they happen.
+type Job struct {
+	Cmd    *exec.Cmd
+	Out    *Buffer // its stdout and stderr
+	Seen   []Event // the events read so far
+	events chan Event
+	exited chan error
+}
+
+// Start starts cmd, which must write its events to /dev/fd/3 (EventsFlag),
+// and kills it when the test ends; its output is logged if the test failed.
+func Start(t testing.TB, cmd *exec.Cmd) *Job {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.ExtraFiles = []*os.File{w}
+	j := &Job{Cmd: cmd, Out: &Buffer{}, events: make(chan Event, 1<<16), exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = j.Out, j.Out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	go func() {
+		defer close(j.events)
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 0, 1<<16), 1<<22)
+		for sc.Scan() {
+			var e Event
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				e = Event{"event": "garbage", "line": sc.Text()}
+			}
+			j.events <- e
+		}
+	}()
+	go func() { j.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		for range j.events {
+		}
+		if t.Failed() {
+			t.Logf("launcher output:\n%s", LastLines(j.Out.String(), 80))
+		}
+	})
+	return j
+}
+
+// Until reads events until one satisfies pred, and returns it.
+func (j *Job) Until(t testing.TB, what string, pred func(Event) bool) Event {
+	t.Helper()
+	for e := range j.events {
+		j.Seen = append(j.Seen, e)
+		if pred(e) {
+			return e
+		}
+	}
+	t.Fatalf("the job ended before %s", what)
+	return nil
+}
+
+// End reads the remaining events and waits for the launcher's exit; it
+// returns every event by kind and the exit error.
+func (j *Job) End() (map[string][]Event, error) {
+	for e := range j.events {
+		j.Seen = append(j.Seen, e)
+	}
+	err := <-j.exited
+	j.exited <- err // for a second call
+	by := map[string][]Event{}
+	for _, e := range j.Seen {
+		k, _ := e["event"].(string)
+		by[k] = append(by[k], e)
+	}
+	return by, err
+}
+
+// Finish is End for a job that must succeed.
+func (j *Job) Finish(t testing.TB) map[string][]Event {
+	t.Helper()
+	by, err := j.End()
+	if err != nil {
+		t.Fatalf("the job failed: %v", err)
+	}
+	return by
+}
+
+// WorkerPids are the pids of the launcher's workers seen so far, by
+// launch index.
+func (j *Job) WorkerPids() map[int]int {
+	out := map[int]int{}
+	for _, e := range j.Seen {
+		if e["event"] == "worker_started" && (e["role"] == nil || e["role"] == "worker") {
+			out[Num(e, "worker")] = Num(e, "pid")
+		}
+	}
+	return out
+}
+
+// Started is the job_started event seen, or nil.
+func (j *Job) Started() Event {
+	for _, e := range j.Seen {
+		if e["event"] == "job_started" {
+			return e
+		}
+	}
+	return nil
+}
+
+// StepIn: a step from the given one on, trained by a ring of world
+// workers.
+func StepIn(world, step int) func(Event) bool {
+	return func(e Event) bool {
+		return e["event"] == "step" && e["world"].(float64) == float64(world) && e["step"].(float64) >= float64(step)
+	}
+}
+
+// WorldIs: a generation of n workers.
+func WorldIs(n int) func(Event) bool {
+	return func(e Event) bool { return e["event"] == "generation" && e["world"].(float64) == float64(n) }
+}
+
+// Kind: an event of kind k.
+func Kind(k string) func(Event) bool { return func(e Event) bool { return e["event"] == k } }
+
+// Num is field k of e as an integer.
+func Num(e Event, k string) int { return int(e[k].(float64)) }
+
+// LastLines is the last n lines of s.
+func LastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Process starts cmd as a helper process (a worker added by hand, a
+// coordinator, an etcd member), killed when the test ends; its output is
+// logged if the test failed. wait returns its exit error.
+func Process(t testing.TB, name string, cmd *exec.Cmd) (out *Buffer, wait func() error) {
+	t.Helper()
+	out = &Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var werr error
+	go func() { werr = cmd.Wait(); close(exited) }()
+	wait = func() error { <-exited; return werr }
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, LastLines(out.String(), 60))
+		}
+	})
+	return out, wait
+}
+
+// Freeze stops processes (SIGSTOP) until Thaw, or the test's end.
+func Freeze(t testing.TB, pids ...int) {
+	t.Helper()
+	for _, p := range pids {
+		if err := syscall.Kill(p, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { Thaw(pids...) })
+}
+
+// Thaw resumes frozen processes (SIGCONT).
+func Thaw(pids ...int) {
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGCONT)
+	}
+}
+
+// CheckSamples proves that a job trained every step once, in order, on
+// exactly the sampler's global batch: no sample of an epoch lost or
+// repeated, across every generation and resume. steps are its step events,
+// first to last.
+func CheckSamples(t testing.TB, steps []Event, total, samples, batch int, seed uint64) {
+	t.Helper()
+	s, err := worker.NewSampler(samples, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != total {
+		t.Fatalf("%d step events, want %d", len(steps), total)
+	}
+	var pos worker.Position
+	for i, e := range steps {
+		if Num(e, "step") != i+1 {
+			t.Fatalf("step event %d is of step %d", i+1, Num(e, "step"))
+		}
+		idx, _, next, err := s.Batch(pos, batch, 1, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := worker.FingerprintOf(idx)
+		var got worker.Fingerprint
+		for k, v := range e["fingerprint"].([]any) {
+			got[k] = v.(float64)
+		}
+		if got != want {
+			t.Fatalf("step %d (generation %v, world %v) trained on samples with fingerprint %v; the sampler's global batch has %v",
+				i+1, e["generation"], e["world"], got, want)
+		}
+		if int64(Num(e, "epoch")) != next.Epoch || int64(Num(e, "offset")) != next.Offset {
+			t.Fatalf("step %d ended at %v/%v, want %+v", i+1, e["epoch"], e["offset"], next)
+		}
+		pos = next
+	}
+}

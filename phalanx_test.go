@@ -1,0 +1,300 @@
+package phalanx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// TestMain makes the test binary a worker when a test's Launch re-executes
+// it.
+func TestMain(m *testing.M) {
+	phalanx.Main(registry())
+	os.Exit(m.Run())
+}
+
+// regression is a linear model of its own for these tests: y = w·x + b over
+// features inputs, squared error, its samples x and y in each row.
+type regression struct {
+	features int
+	w        *nn.Param
+}
+
+func (m *regression) Params() []*nn.Param { return []*nn.Param{m.w} }
+
+func (m *regression) Step(b *worker.Batch, scale float32, _ func(int)) (r worker.Result, _ error) {
+	f := m.features
+	if b.Features != f+1 {
+		return r, fmt.Errorf("regression: %d columns, want %d", b.Features, f+1)
+	}
+	for i := range b.N {
+		row := b.X[i*(f+1) : (i+1)*(f+1)]
+		e := m.w.Value[f] - row[f]
+		for k := range f {
+			e += m.w.Value[k] * row[k]
+		}
+		r.LossSum += float64(e * e)
+		if e*e < 0.01 {
+			r.Correct++
+		}
+		for k := range f {
+			m.w.Grad[k] += scale * 2 * e * row[k]
+		}
+		m.w.Grad[f] += scale * 2 * e
+	}
+	return r, nil
+}
+
+func (m *regression) Evaluate(b *worker.Batch) (worker.Result, error) { return m.Step(b, 0, nil) }
+
+// rows are n samples of y = Σ (k+1)·x_k + 0.5 with x uniform in [0, 1).
+type rows struct {
+	features int
+	x        []float32
+}
+
+func newRows(n, features int, seed uint64) *rows {
+	rng := rand.New(rand.NewPCG(seed, 9))
+	r := &rows{features: features, x: make([]float32, n*(features+1))}
+	for i := range n {
+		row := r.x[i*(features+1) : (i+1)*(features+1)]
+		y := float32(0.5)
+		for k := range features {
+			row[k] = rng.Float32()
+			y += float32(k+1) * row[k]
+		}
+		row[features] = y
+	}
+	return r
+}
+
+func (r *rows) Len() int { return len(r.x) / (r.features + 1) }
+
+func (r *rows) Fill(idx []int, b *worker.Batch) error {
+	w := r.features + 1
+	b.Reset(len(idx), w)
+	for k, i := range idx {
+		copy(b.X[k*w:(k+1)*w], r.x[i*w:(i+1)*w])
+	}
+	return nil
+}
+
+func registry() *phalanx.Registry {
+	return phalanx.NewRegistry(phalanx.ModelSpec{
+		Name:    "regression",
+		Options: []phalanx.Option{{Name: "features", Default: "4", Usage: "inputs"}},
+		Check: func(o phalanx.Options) error {
+			f, err := o.Int("features")
+			if err == nil && f < 1 {
+				err = fmt.Errorf("option features %d: want at least 1", f)
+			}
+			return err
+		},
+		New: func(o phalanx.Options, seed uint64) (phalanx.Task, error) {
+			f, err := o.Int("features")
+			if err != nil {
+				return phalanx.Task{}, err
+			}
+			return phalanx.Task{Model: &regression{features: f, w: nn.NewParam("w", f+1)}, Train: newRows(2000, f, seed), Test: newRows(200, f, seed+1)}, nil
+		},
+	})
+}
+
+func smallJob() phalanx.LaunchConfig {
+	lc := phalanx.DefaultLaunchConfig()
+	lc.Registry, lc.Model, lc.Workers = registry(), "regression", 2
+	lc.Steps, lc.Batch, lc.Schedule.Base = 150, 64, 0.1
+	return lc
+}
+
+// ExampleLaunch trains a model of this program's own on two worker
+// processes of the program itself.
+func ExampleLaunch() {
+	res, err := phalanx.Launch(context.Background(), smallJob())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%d steps on %d workers; parameters identical: %v; fit within 0.01: %v\n",
+		res.Step, res.World, res.ParametersIdentical, res.Loss < 0.01)
+	// Output: 150 steps on 2 workers; parameters identical: true; fit within 0.01: true
+}
+
+// ExampleConfig_Validate: a bad setting is named with its value.
+func ExampleConfig_Validate() {
+	cfg := phalanx.DefaultConfig()
+	cfg.Model = "regression"
+	cfg.Sync.Mode, cfg.Sync.Quorum = "hybrid", 1.5
+	err := cfg.Validate()
+	var ce *phalanx.ConfigError
+	fmt.Println(errors.As(err, &ce), ce.Field)
+	// Output: true Sync
+}
+
+func TestConfigValidate(t *testing.T) {
+	cases := []struct {
+		name  string
+		edit  func(*phalanx.Config)
+		field string
+	}{
+		{"defaults", func(*phalanx.Config) {}, ""},
+		{"no model", func(c *phalanx.Config) { c.Model = "" }, "Model"},
+		{"no steps", func(c *phalanx.Config) { c.Steps = 0 }, "Steps"},
+		{"no batch", func(c *phalanx.Config) { c.Batch = 0 }, "Batch"},
+		{"job with a slash", func(c *phalanx.Config) { c.Job = "a/b" }, "Job"},
+		{"negative clip", func(c *phalanx.Config) { c.ClipNorm = -1 }, "ClipNorm"},
+		{"unknown optimizer", func(c *phalanx.Config) { c.Optimizer.Kind = "lion" }, "Optimizer.Kind"},
+		{"unknown schedule", func(c *phalanx.Config) { c.Schedule.Kind = "exp" }, "Schedule"},
+		{"asp ring", func(c *phalanx.Config) { c.Sync.Mode = "asp" }, "Sync.Mode"},
+		{"bad exclusion", func(c *phalanx.Config) { c.Sync.Mode, c.Sync.ExcludeAfter = "hybrid", 20 }, "Sync.ExcludeAfter"},
+		{"bad stale", func(c *phalanx.Config) { c.Sync.Mode, c.Sync.Stale = "hybrid", "keep" }, "Sync.Stale"},
+		{"lease under a second", func(c *phalanx.Config) { c.LeaseTTL = 100e6 }, "LeaseTTL"},
+		{"period without a store", func(c *phalanx.Config) { c.Checkpoint.EverySteps = 5 }, "Checkpoint.Location"},
+		{"bad store", func(c *phalanx.Config) { c.Checkpoint.Location = "s3://" }, "Checkpoint.Location"},
+		{"bad rescale", func(c *phalanx.Config) { c.Rescale = "both" }, "Rescale"},
+		{"fail step", func(c *phalanx.Config) { c.Faults.FailWorker, c.Faults.FailStep = 1, 0 }, "Faults.FailStep"},
+		{"restart window", func(c *phalanx.Config) { c.Restarts.Window = 0 }, "Restarts.Window"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := phalanx.DefaultConfig()
+			c.Model = "regression"
+			tc.edit(&c)
+			err := c.Validate()
+			var ce *phalanx.ConfigError
+			switch {
+			case tc.field == "" && err != nil:
+				t.Fatalf("valid configuration refused: %v", err)
+			case tc.field != "" && (!errors.As(err, &ce) || ce.Field != tc.field):
+				t.Fatalf("got %v, want an error naming %s", err, tc.field)
+			case tc.field != "" && !strings.Contains(err.Error(), tc.field):
+				t.Fatalf("%v does not name %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestLaunchRefusesBadInput(t *testing.T) {
+	cases := []struct {
+		name  string
+		edit  func(*phalanx.LaunchConfig)
+		field string
+	}{
+		{"unknown model", func(lc *phalanx.LaunchConfig) { lc.Model = "gpt" }, "Model"},
+		{"unknown option", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"depth": "3"} }, "ModelOptions"},
+		{"option its check refuses", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"features": "0"} }, "ModelOptions"},
+		{"no workers", func(lc *phalanx.LaunchConfig) { lc.Workers = 0 }, "Workers"},
+		{"min above max", func(lc *phalanx.LaunchConfig) { lc.MinWorkers, lc.MaxWorkers = 3, 2 }, "MinWorkers"},
+		{"log level", func(lc *phalanx.LaunchConfig) { lc.LogLevel = "loud" }, "LogLevel"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lc := smallJob()
+			tc.edit(&lc)
+			_, err := phalanx.Launch(context.Background(), lc)
+			var ce *phalanx.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field {
+				t.Fatalf("got %v, want a ConfigError naming %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestRegistry(t *testing.T) {
+	reg := registry()
+	if got := reg.Names(); len(got) != 1 || got[0] != "regression" {
+		t.Fatalf("names %v", got)
+	}
+	spec, err := reg.Lookup("regression")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := spec.Resolve(map[string]string{"features": "7"})
+	if n, _ := o.Int("features"); err != nil || n != 7 {
+		t.Fatalf("resolved %v, %v", o, err)
+	}
+	if _, err := spec.Resolve(map[string]string{"width": "7"}); err == nil || !strings.Contains(err.Error(), "width") {
+		t.Fatalf("an unknown option: %v", err)
+	}
+	if _, err := reg.Lookup("gpt"); err == nil || !strings.Contains(err.Error(), "regression") {
+		t.Fatalf("an unknown model: %v (want the known ones named)", err)
+	}
+	for name, specs := range map[string][]phalanx.ModelSpec{
+		"nameless":   {{New: spec.New}},
+		"both kinds": {{Name: "x", New: spec.New, PS: &phalanx.PSModel{}}},
+		"twice":      {spec, spec},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: NewRegistry did not panic", name)
+				}
+			}()
+			phalanx.NewRegistry(specs...)
+		}()
+	}
+}
+
+// captured records a job's events for a test.
+type captured struct {
+	mu     sync.Mutex
+	events []string
+	onJob  func(endpoints, job string)
+}
+
+func (c *captured) Emit(event string, fields ...events.Field) error {
+	c.mu.Lock()
+	c.events = append(c.events, event)
+	c.mu.Unlock()
+	if event == "job_started" && c.onJob != nil {
+		var ep, job string
+		for _, f := range fields {
+			switch f.Key {
+			case "etcd_endpoints":
+				ep = f.Value.(string)
+			case "job":
+				job = f.Value.(string)
+			}
+		}
+		c.onJob(ep, job)
+	}
+	return nil
+}
+
+// TestStop: Stop, called from outside the job with its etcd and name,
+// stops every worker at one step boundary after a final checkpoint; the
+// launch ends with a requested *StoppedError, and launching again resumes
+// from that checkpoint and finishes.
+func TestStop(t *testing.T) {
+	dir := t.TempDir()
+	lc := smallJob()
+	lc.Steps, lc.Checkpoint.Location = 100000, dir
+	stopped := make(chan error, 1)
+	sink := &captured{onJob: func(ep, job string) {
+		go func() { stopped <- phalanx.Stop(context.Background(), strings.Split(ep, ","), job, "test") }()
+	}}
+	lc.Events = sink
+	_, err := phalanx.Launch(context.Background(), lc)
+	var se *phalanx.StoppedError
+	if !errors.As(err, &se) || !se.Requested || se.Step < 1 || se.Step >= lc.Steps {
+		t.Fatalf("Launch: %v, want a requested stop before the last step", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	lc.Steps, lc.Events = se.Step+5, nil
+	res, err := phalanx.Launch(context.Background(), lc)
+	if err != nil || res.Step != se.Step+5 {
+		t.Fatalf("resumed: %+v, %v; want step %d", res, err, se.Step+5)
+	}
+}
