@@ -188,10 +188,12 @@ type ConfigError struct {
 	Err    error // the cause, when there is one
 }
 
+// Error names the field, its value and the problem.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("phalanx: %s %v: %s", e.Field, e.Value, e.Reason)
 }
 
+// Unwrap is the cause.
 func (e *ConfigError) Unwrap() error { return e.Err }
 
 func bad(field string, value any, format string, args ...any) error {

@@ -40,6 +40,7 @@ type StoppedError struct {
 	Reason    string
 }
 
+// Error says why the job stopped.
 func (e *StoppedError) Error() string {
 	if e.Requested {
 		return fmt.Sprintf("phalanx: stopped on request at step %d, after a final checkpoint", e.Step)

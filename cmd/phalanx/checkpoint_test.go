@@ -19,7 +19,6 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/internal/miniotest"
-	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 var ckptJobArgs = []string{"--steps", "120", "--samples", "8000", "--batch", "256", "--hidden", "64", "--seed", "5",
@@ -37,67 +36,6 @@ func s3Store(t *testing.T, srv *miniotest.Server, url string) checkpoint.Store {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// copyCheckpoint copies checkpoint id from one store to another.
-func copyCheckpoint(t *testing.T, from, to checkpoint.Store, id string) {
-	t.Helper()
-	ctx := context.Background()
-	objs, err := from.List(ctx, id+"/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.SortFunc(objs, func(a, b checkpoint.ObjectInfo) int { // the manifest last
-		return boolInt(strings.HasSuffix(a.Name, checkpoint.ManifestName)) - boolInt(strings.HasSuffix(b.Name, checkpoint.ManifestName))
-	})
-	for _, o := range objs {
-		buf := make([]byte, o.Size)
-		if err := from.ReadAt(ctx, o.Name, buf, 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := to.Put(ctx, o.Name, buf); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// newestComplete is the newest complete checkpoint's manifest.
-func newestComplete(t *testing.T, s checkpoint.Store) *phalanxpb.Manifest {
-	t.Helper()
-	infos, err := checkpoint.List(context.Background(), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, in := range infos {
-		if in.Complete {
-			m, err := checkpoint.ReadManifest(context.Background(), s, in.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return m
-		}
-	}
-	t.Fatal("no complete checkpoint")
-	return nil
-}
-
-// tensorSums are the checksums of every tensor segment: equal sums of two
-// checkpoints of one world are equal states.
-func tensorSums(m *phalanxpb.Manifest) []uint32 {
-	var out []uint32
-	for _, tn := range m.Tensors {
-		for _, s := range tn.Segments {
-			out = append(out, s.Crc32C)
-		}
-	}
-	return out
 }
 
 // TestCheckpointKillAllResumeReshaped is the used-by scenario, end to end on
@@ -131,12 +69,12 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	}
 	a.Cmd.Process.Kill()
 	a.End()
-	resumeFrom := newestComplete(t, store)
+	resumeFrom := jobtest.NewestComplete(t, store)
 	if resumeFrom.World != 4 || resumeFrom.Step > int64(killAt) || resumeFrom.Step < 10 {
 		t.Fatalf("newest complete checkpoint: step %d, world %d", resumeFrom.Step, resumeFrom.World)
 	}
 	refURL := srv.URL("phalanx/reference")
-	copyCheckpoint(t, store, s3Store(t, srv, refURL), resumeFrom.Id)
+	jobtest.CopyCheckpoint(t, store, s3Store(t, srv, refURL), resumeFrom.Id)
 
 	b := startJob(t, append([]string{"--workers", "3", "--checkpoint", url, "--resume"}, ckptJobArgs...)...)
 	evB := b.Finish(t)
@@ -153,14 +91,14 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	}
 	steps = append(steps, evB["step"]...)
 	jobtest.CheckSamples(t, steps, 120, 8000, 256, 5)
-	finalB := newestComplete(t, store)
+	finalB := jobtest.NewestComplete(t, store)
 	if finalB.Step != 120 || finalB.World != 3 {
 		t.Fatalf("final checkpoint of the resumed job: step %d world %d", finalB.Step, finalB.World)
 	}
 
 	ref := startJob(t, append([]string{"--workers", "3", "--checkpoint", refURL, "--resume"}, ckptJobArgs...)...).Finish(t)
-	finalRef := newestComplete(t, s3Store(t, srv, refURL))
-	if !slices.Equal(tensorSums(finalB), tensorSums(finalRef)) || finalB.Step != finalRef.Step {
+	finalRef := jobtest.NewestComplete(t, s3Store(t, srv, refURL))
+	if !slices.Equal(jobtest.TensorSums(finalB), jobtest.TensorSums(finalRef)) || finalB.Step != finalRef.Step {
 		t.Fatalf("the resumed job's final state differs from the undisturbed resume's")
 	}
 	if evB["done"][0]["accuracy"] != ref["done"][0]["accuracy"] || evB["done"][0]["loss"] != ref["done"][0]["loss"] {
@@ -190,8 +128,8 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 		len(rs) != 1 || jobtest.Num(rs[0], "step") != 110 {
 		t.Fatalf("skipped %v, restored %v: want %s skipped for its checksum and step 110 restored", sk, rs, finalB.Id)
 	}
-	again := newestComplete(t, store)
-	if again.Id == finalB.Id || again.Step != 120 || !slices.Equal(tensorSums(again), tensorSums(finalB)) {
+	again := jobtest.NewestComplete(t, store)
+	if again.Id == finalB.Id || again.Step != 120 || !slices.Equal(jobtest.TensorSums(again), jobtest.TensorSums(finalB)) {
 		t.Fatalf("the retrained final checkpoint %s differs from %s", again.Id, finalB.Id)
 	}
 	if err := checkpoint.Verify(ctx, store, again); err != nil {
@@ -229,7 +167,7 @@ func TestCheckpointSIGTERM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := newestComplete(t, store); m.Step != int64(jobtest.Num(stop, "step")) {
+	if m := jobtest.NewestComplete(t, store); m.Step != int64(jobtest.Num(stop, "step")) {
 		t.Fatalf("newest checkpoint at step %d, want %v", m.Step, stop["step"])
 	}
 	args[len(args)-1] = strconv.Itoa(jobtest.Num(stop, "step") + 5)
@@ -260,7 +198,7 @@ func TestCkptCommand(t *testing.T) {
 		t.Fatalf("ls: %v\n%s", err, ls)
 	}
 	store, _ := checkpoint.NewLocalStore(dir)
-	newest := newestComplete(t, store)
+	newest := jobtest.NewestComplete(t, store)
 	js, err := ck("inspect", newest.Id, "--checkpoint", dir)
 	var shown jobtest.Event
 	if err != nil || json.Unmarshal([]byte(js), &shown) != nil || shown["step"] != "6" || shown["blockCrc32c"] == nil {
@@ -336,7 +274,7 @@ func TestCheckpointStoppedBelowMinimum(t *testing.T) {
 		t.Fatalf("final checkpoint %v: want one of world 1 at the claimer's last commit (11..%d)", saved, last)
 	}
 	store, _ := checkpoint.NewLocalStore(dir)
-	m := newestComplete(t, store)
+	m := jobtest.NewestComplete(t, store)
 	if err := checkpoint.Verify(context.Background(), store, m); err != nil || m.Step != int64(jobtest.Num(saved, "step")) {
 		t.Fatalf("checkpoint %s step %d: %v", m.Id, m.Step, err)
 	}

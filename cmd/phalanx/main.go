@@ -48,12 +48,22 @@ func main() {
 	os.Exit(runMain(reg, os.Args[1:]))
 }
 
-// runMain runs a command line: SIGINT and SIGTERM cancel its context; it
-// returns the exit code.
+// runMain runs a command line and returns the exit code. The first SIGINT
+// or SIGTERM cancels its context (a job stops after a final checkpoint, a
+// worker leaves its job); a second ends the process at once.
 func runMain(reg *phalanx.Registry, args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		cancel(fmt.Errorf("signal %v", s))
+		<-sigs
+		os.Exit(1)
+	}()
 	err := run(ctx, reg, args, os.Stdout, os.Stderr)
-	stop()
+	signal.Stop(sigs)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "phalanx:", err)
 	}

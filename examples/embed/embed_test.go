@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -13,7 +11,6 @@ import (
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
-	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // TestMain makes the test binary this program: a worker when its launcher
@@ -107,11 +104,12 @@ func TestEmbedResumeTwoWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	from := newestComplete(t, store)
+	from := jobtest.NewestComplete(t, store)
 	if from.World != 3 || from.Step < 20 || from.Step > 70 {
 		t.Fatalf("newest complete checkpoint: step %d of world %d", from.Step, from.World)
 	}
-	copyDir(t, filepath.Join(dir, from.Id), filepath.Join(ref, from.Id))
+	refStore := mustStore(t, ref)
+	jobtest.CopyCheckpoint(t, store, refStore, from.Id)
 
 	resumed := startEmbed(t, "--workers", "2", "--checkpoint", dir).Finish(t)
 	undisturbed := startEmbed(t, "--workers", "2", "--checkpoint", ref).Finish(t)
@@ -120,9 +118,9 @@ func TestEmbedResumeTwoWorkers(t *testing.T) {
 			t.Fatalf("%s: checkpoint_restored %v, want step %d into 2 workers", name, r, from.Step)
 		}
 	}
-	got, want := newestComplete(t, store), newestComplete(t, mustStore(t, ref))
-	if got.Step != 200 || want.Step != 200 || !slices.Equal(tensorSums(got), tensorSums(want)) {
-		t.Fatalf("final checkpoints differ: step %d %v, step %d %v", got.Step, tensorSums(got), want.Step, tensorSums(want))
+	got, want := jobtest.NewestComplete(t, store), jobtest.NewestComplete(t, refStore)
+	if got.Step != 200 || want.Step != 200 || !slices.Equal(jobtest.TensorSums(got), jobtest.TensorSums(want)) {
+		t.Fatalf("final checkpoints differ: step %d %v, step %d %v", got.Step, jobtest.TensorSums(got), want.Step, jobtest.TensorSums(want))
 	}
 	a2, b2 := resumed["done"][0], undisturbed["done"][0]
 	if a2["loss"] != b2["loss"] || a2["accuracy"] != b2["accuracy"] {
@@ -138,67 +136,4 @@ func mustStore(t *testing.T, dir string) checkpoint.Store {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// newestComplete is the newest complete checkpoint's manifest.
-func newestComplete(t *testing.T, s checkpoint.Store) *phalanxpb.Manifest {
-	t.Helper()
-	infos, err := checkpoint.List(context.Background(), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, in := range infos { // newest first
-		if in.Complete {
-			m, err := checkpoint.ReadManifest(context.Background(), s, in.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return m
-		}
-	}
-	t.Fatal("no complete checkpoint")
-	return nil
-}
-
-// tensorSums are the CRCs of every tensor segment: equal lists mean
-// bitwise equal states.
-func tensorSums(m *phalanxpb.Manifest) []uint32 {
-	var out []uint32
-	for _, tn := range m.Tensors {
-		for _, s := range tn.Segments {
-			out = append(out, s.Crc32C)
-		}
-	}
-	return out
-}
-
-// copyDir copies a checkpoint's directory (its manifest last).
-func copyDir(t *testing.T, from, to string) {
-	t.Helper()
-	entries, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(to, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	slices.SortFunc(entries, func(a, b os.DirEntry) int {
-		return boolInt(a.Name() == checkpoint.ManifestName) - boolInt(b.Name() == checkpoint.ManifestName)
-	})
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -8,14 +8,18 @@ package jobtest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -28,12 +32,14 @@ type Buffer struct {
 	b  bytes.Buffer
 }
 
+// Write appends p.
 func (s *Buffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
+// String is what was written.
 func (s *Buffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -259,5 +265,64 @@ func CheckSamples(t testing.TB, steps []Event, total, samples, batch int, seed u
 			t.Fatalf("step %d ended at %v/%v, want %+v", i+1, e["epoch"], e["offset"], next)
 		}
 		pos = next
+	}
+}
+
+// NewestComplete is the manifest of the newest complete checkpoint in s.
+func NewestComplete(t testing.TB, s checkpoint.Store) *phalanxpb.Manifest {
+	t.Helper()
+	infos, err := checkpoint.List(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range infos { // newest first
+		if in.Complete {
+			m, err := checkpoint.ReadManifest(context.Background(), s, in.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+	}
+	t.Fatal("no complete checkpoint")
+	return nil
+}
+
+// TensorSums are the checksums of every tensor segment of a checkpoint:
+// equal sums of two checkpoints of one world are bitwise equal states.
+func TensorSums(m *phalanxpb.Manifest) []uint32 {
+	var out []uint32
+	for _, tn := range m.Tensors {
+		for _, s := range tn.Segments {
+			out = append(out, s.Crc32C)
+		}
+	}
+	return out
+}
+
+// CopyCheckpoint copies checkpoint id from one store to another, its
+// manifest last.
+func CopyCheckpoint(t testing.TB, from, to checkpoint.Store, id string) {
+	t.Helper()
+	ctx := context.Background()
+	objs, err := from.List(ctx, id+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := func(o checkpoint.ObjectInfo) int {
+		if strings.HasSuffix(o.Name, checkpoint.ManifestName) {
+			return 1
+		}
+		return 0
+	}
+	slices.SortFunc(objs, func(a, b checkpoint.ObjectInfo) int { return last(a) - last(b) })
+	for _, o := range objs {
+		buf := make([]byte, o.Size)
+		if err := from.ReadAt(ctx, o.Name, buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := to.Put(ctx, o.Name, buf); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
