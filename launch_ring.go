@@ -75,25 +75,28 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 	if err := coordinator.ClearEnd(ctx, r.cli, r.keys); err != nil {
 		return nil, err
 	}
-	coordDone := make(chan error, 1)
-	followDone := make(chan struct{})
-	defer func() { // stop following before the client and etcd close
-		cancel()
-		<-followDone
-		if !lc.NoCoordinator {
-			<-coordDone
-		}
-	}()
+	var co *coordinator.Coordinator
 	if !lc.NoCoordinator {
 		host, _ := os.Hostname()
-		co, err := coordinator.New(r.cli, r.keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+		var err error
+		co, err = coordinator.New(r.cli, r.keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
 			Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
 			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.log.Named("coordinator")})
 		if err != nil {
-			close(followDone)
-			lc.NoCoordinator = true
 			return nil, err
 		}
+	}
+	var coordDone chan error // nil once the coordinator ended (or without one)
+	followDone := make(chan struct{})
+	defer func() { // stop following and deciding before the client and etcd close
+		cancel()
+		<-followDone
+		if coordDone != nil {
+			<-coordDone
+		}
+	}()
+	if co != nil {
+		coordDone = make(chan error, 1)
 		go func() { coordDone <- co.Run(ctx) }()
 	}
 	gens := make(chan *phalanxpb.Generation, 16)
@@ -155,11 +158,10 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 				cancel() // one worker's own failure (not a kill) ends the job
 			}
 		case err := <-coordDone:
-			coordDone <- err // for the deferred wait
+			coordDone = nil
 			if err != nil && ctx.Err() == nil {
 				return nil, fmt.Errorf("coordinator: %w", err)
 			}
-			lc.NoCoordinator = true
 		case <-ctx.Done():
 			if failed != nil {
 				continue
