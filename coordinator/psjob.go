@@ -33,6 +33,7 @@ func WritePSJob(ctx context.Context, cli *clientv3.Client, keys Keys, j *phalanx
 }
 
 // ReadPSJob waits until the job's configuration is recorded and returns it.
+// It only decodes the record: cluster.ReadJob checks it as well.
 func ReadPSJob(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.PSJob, error) {
 	for {
 		resp, err := cli.Get(ctx, keys.PSJob())
@@ -40,6 +41,10 @@ func ReadPSJob(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb
 			return nil, fmt.Errorf("coordinator: reading the parameter-server job: %w", err)
 		}
 		if len(resp.Kvs) == 1 {
+			// Every job has tables, so it never encodes to nothing.
+			if len(resp.Kvs[0].Value) == 0 {
+				return nil, fmt.Errorf("coordinator: %s is not a parameter-server job: the value is empty", keys.PSJob())
+			}
 			var j phalanxpb.PSJob
 			if err := proto.Unmarshal(resp.Kvs[0].Value, &j); err != nil {
 				return nil, fmt.Errorf("coordinator: %s is not a parameter-server job: %w", keys.PSJob(), err)

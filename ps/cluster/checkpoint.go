@@ -38,8 +38,42 @@ type Saver struct {
 
 // Save takes every shard's rows once every clock before clock is applied
 // (under bsp: exactly the first step steps) and writes them, then the
-// manifest.
+// manifest. A checkpoint of step that verifies is kept and its manifest
+// returned (a worker resumed from an earlier one reaches step again);
+// anything else under Prefix(step) is no checkpoint (Latest skips it) and is
+// removed first, since a store need not replace an object.
 func (s *Saver) Save(ctx context.Context, step, clock int64) (*Manifest, error) {
+	prefix := Prefix(step)
+	objs, err := s.Store.List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint of step %d: %w", step, err)
+	}
+	size := map[string]int64{}
+	for _, o := range objs {
+		size[o.Name] = o.Size
+	}
+	manifest := prefix + "manifest.json"
+	if _, ok := size[manifest]; ok {
+		m, _, err := load(ctx, s.Store, manifest, size)
+		if err == nil {
+			return m, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("checkpoint of step %d: verifying the one in %s: %w", step, prefix, err)
+		}
+		// The manifest goes first: whatever remains is then no checkpoint.
+		if err := s.Store.Delete(ctx, manifest); err != nil {
+			return nil, fmt.Errorf("checkpoint of step %d: removing %s, which does not verify: %w", step, manifest, err)
+		}
+	}
+	for _, o := range objs {
+		if o.Name == manifest {
+			continue
+		}
+		if err := s.Store.Delete(ctx, o.Name); err != nil {
+			return nil, fmt.Errorf("checkpoint of step %d: removing %s, left by a save cut short: %w", step, o.Name, err)
+		}
+	}
 	m := &Manifest{Format: 1, Step: step, Clock: clock, Shards: s.Spec.Shards, Partition: s.Spec.Partition.String()}
 	for sh := range s.Spec.Shards {
 		var snaps []ps.Snapshot
@@ -50,7 +84,7 @@ func (s *Saver) Save(ctx context.Context, step, clock int64) (*Manifest, error) 
 			}
 			snaps = append(snaps, sn)
 		}
-		name := fmt.Sprintf("%sshard-%04d.snap", Prefix(step), sh)
+		name := fmt.Sprintf("%sshard-%04d.snap", prefix, sh)
 		if err := s.Store.Put(ctx, name, ps.EncodeSnapshots(snaps)); err != nil {
 			return nil, fmt.Errorf("checkpoint of step %d: %w", step, err)
 		}
@@ -60,7 +94,7 @@ func (s *Saver) Save(ctx context.Context, step, clock int64) (*Manifest, error) 
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Store.Put(ctx, Prefix(step)+"manifest.json", val); err != nil {
+	if err := s.Store.Put(ctx, manifest, val); err != nil {
 		return nil, fmt.Errorf("checkpoint of step %d: %w", step, err)
 	}
 	return m, nil

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -58,7 +59,14 @@ func SpecOf(j *phalanxpb.PSJob) (Spec, error) {
 	case len(j.Tables) == 0:
 		return s, errors.New("cluster: a job without tables")
 	}
+	names := map[uint32]string{} // by id
 	for _, t := range j.Tables {
+		// Servers would refuse the job only when hosting its shards, and a
+		// client would keep one of the two.
+		if other, ok := names[t.Id]; ok {
+			return s, fmt.Errorf("cluster: table id %d given twice (tables %q and %q)", t.Id, other, t.Name)
+		}
+		names[t.Id] = t.Name
 		opt, err := ps.ParseOptimizer(t.Optimizer)
 		if err != nil {
 			return s, err
@@ -96,9 +104,17 @@ func WriteJob(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, 
 	return coordinator.WritePSJob(ctx, cli, keys, j)
 }
 
-// ReadJob waits until the job's configuration is recorded and returns it.
+// ReadJob waits until the job's configuration is recorded and returns it,
+// once it checks (SpecOf): another record at the key may decode as a job.
 func ReadJob(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) (*phalanxpb.PSJob, error) {
-	return coordinator.ReadPSJob(ctx, cli, keys)
+	j, err := coordinator.ReadPSJob(ctx, cli, keys)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := SpecOf(j); err != nil {
+		return nil, fmt.Errorf("cluster: %s is not a valid parameter-server job: %w", keys.PSJob(), err)
+	}
+	return j, nil
 }
 
 // NodeConfig configures a parameter server process.
@@ -160,7 +176,18 @@ func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg
 	if err != nil {
 		return err
 	}
-	defer lease.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Stop serving first: a worker must not reach this server as a
+		// primary once the next map (written when the registration goes)
+		// has promoted a backup.
+		srv.Close()
+		// etcd may be unreachable: the lease then expires by itself.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), revokeTimeout(cfg.LeaseTTL))
+		defer cancel()
+		if err := lease.Close(rctx); err != nil {
+			log.Warn("revoking the registration's lease: it goes when the lease expires", zap.Error(err))
+		}
+	}()
 	if cfg.OnReady != nil {
 		cfg.OnReady(srv.Addr())
 	}
@@ -178,19 +205,23 @@ func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg
 		}
 		cancel()
 	}()
-	var applied uint64
-	err = coordinator.WatchShardMap(mctx, cli, keys, func(m *phalanxpb.ShardMap) bool {
-		if m.Generation <= applied {
+	maps := make(chan *phalanxpb.ShardMap, 1) // the newest map not yet taken; closed when the watch ends
+	watched := make(chan error, 1)
+	go func() {
+		defer close(maps)
+		watched <- coordinator.WatchShardMap(mctx, cli, keys, func(m *phalanxpb.ShardMap) bool {
+			select { // this is the only sender: after the drain the send cannot block
+			case <-maps:
+			default:
+			}
+			maps <- m
 			return true
-		}
-		if err := apply(mctx, srv, cfg.ID, m); err != nil {
-			log.Error("taking the shard map's roles", zap.Uint64("generation", m.Generation), zap.Error(err))
-			return mctx.Err() == nil
-		}
-		applied = m.Generation
-		log.Info("shard map", zap.Uint64("generation", m.Generation), zap.String("reason", m.Reason))
-		return true
-	})
+		})
+	}()
+	takeRoles(mctx, maps, func(ctx context.Context, m *phalanxpb.ShardMap) error { return apply(ctx, srv, cfg.ID, m) },
+		retryAfter, log)
+	cancel()
+	err = <-watched
 	select {
 	case f := <-failed:
 		return f
@@ -202,37 +233,10 @@ func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg
 	return err
 }
 
-// apply gives each shard this server holds the role the map says:
-// backups first, so that a new primary's links find them.
-func apply(ctx context.Context, srv *ps.Server, id string, m *phalanxpb.ShardMap) error {
-	addr := map[string]string{}
-	for _, s := range m.Servers {
-		addr[s.Id] = s.Addr
-	}
-	for _, p := range m.Shards {
-		if p.Primary != id {
-			if err := srv.SetRole(ctx, p.Shard, false, nil, m.Generation); err != nil {
-				return err
-			}
-		}
-	}
-	for _, p := range m.Shards {
-		if p.Primary != id {
-			continue
-		}
-		var backups []string
-		for _, b := range p.Backups {
-			a, ok := addr[b]
-			if !ok {
-				return fmt.Errorf("cluster: shard %d's backup %s is not in the map's servers", p.Shard, b)
-			}
-			backups = append(backups, a)
-		}
-		if err := srv.SetRole(ctx, p.Shard, true, backups, m.Generation); err != nil {
-			return err
-		}
-	}
-	return nil
+// revokeTimeout bounds the revoke of a lease of ttl at shutdown: no longer
+// than the lease would live anyway, nor than a few seconds.
+func revokeTimeout(ttl time.Duration) time.Duration {
+	return min(max(ttl, time.Second), 5*time.Second)
 }
 
 // Directory is a ps.Directory that follows the job's shard map in etcd.
@@ -240,14 +244,17 @@ type Directory struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced with each new map
 	m       *phalanxpb.ShardMap
-	addr    map[string]string
+	shards  map[uint32]*phalanxpb.ShardPlacement // by shard: a map need not list them in order
+	addr    map[string]string                    // by server id
 	err     error
 }
 
-// NewDirectory follows the shard map until ctx ends; it waits for the first.
+// NewDirectory follows the shard map until ctx ends; it waits for the
+// first, and fails when following fails before it.
 func NewDirectory(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) (*Directory, error) {
 	d := &Directory{changed: make(chan struct{})}
 	first := make(chan struct{})
+	ended := make(chan struct{}) // d.err is set
 	go func() {
 		err := coordinator.WatchShardMap(ctx, cli, keys, func(m *phalanxpb.ShardMap) bool {
 			d.set(m)
@@ -258,15 +265,30 @@ func NewDirectory(ctx context.Context, cli *clientv3.Client, keys coordinator.Ke
 			}
 			return true
 		})
+		err = cmpErr(err, ctx.Err())
+		select {
+		case <-first:
+			err = fmt.Errorf("cluster: the shard map is no longer followed: %w", err)
+		default:
+			err = fmt.Errorf("cluster: following the shard map: %w", err)
+		}
 		d.mu.Lock()
-		d.err = fmt.Errorf("cluster: the shard map is no longer followed: %w", cmpErr(err, ctx.Err()))
+		d.err = err
 		close(d.changed)
 		d.changed = make(chan struct{})
 		d.mu.Unlock()
+		close(ended)
 	}()
 	select {
 	case <-first:
 		return d, nil
+	case <-ended:
+		select {
+		case <-first: // a map came before the end: the directory answers with d.err
+			return d, nil
+		default:
+		}
+		return nil, d.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -293,6 +315,10 @@ func (d *Directory) set(m *phalanxpb.ShardMap) {
 	for _, s := range m.Servers {
 		d.addr[s.Id] = s.Addr
 	}
+	d.shards = map[uint32]*phalanxpb.ShardPlacement{}
+	for _, p := range m.Shards {
+		d.shards[p.Shard] = p
+	}
 	close(d.changed)
 	d.changed = make(chan struct{})
 }
@@ -311,12 +337,16 @@ func (d *Directory) Primary(shard int) (string, uint64, error) {
 	if d.err != nil {
 		return "", 0, d.err
 	}
-	if shard < 0 || shard >= len(d.m.Shards) {
+	var p *phalanxpb.ShardPlacement
+	if shard >= 0 && int64(shard) <= math.MaxUint32 {
+		p = d.shards[uint32(shard)]
+	}
+	if p == nil {
 		return "", d.m.Generation, fmt.Errorf("cluster: no shard %d in a map of %d", shard, len(d.m.Shards))
 	}
-	a, ok := d.addr[d.m.Shards[shard].Primary]
+	a, ok := d.addr[p.Primary]
 	if !ok {
-		return "", d.m.Generation, fmt.Errorf("cluster: shard %d's primary %s has no address", shard, d.m.Shards[shard].Primary)
+		return "", d.m.Generation, fmt.Errorf("cluster: shard %d's primary %s has no address", shard, p.Primary)
 	}
 	return a, d.m.Generation, nil
 }
