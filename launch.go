@@ -289,7 +289,7 @@ func credentialsEnv(c checkpoint.Credentials) []string {
 	return env
 }
 
-// WorkerSpec is the environment variable (name=value) that makes this
+// workerSpecEnv is the environment variable (name=value) that makes this
 // program, started with it, one more worker of a running local job: the
 // job_started event carries it, so that a test or an operator can add a
 // worker by hand. index names the worker (for fault injection).

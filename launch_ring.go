@@ -38,8 +38,8 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	if _, err := openStore(ctx, &lc.Config); err != nil {
 		return nil, err
 	}
-	if lc.Checkpoint.Location != "" {
-		fmt.Fprintf(orDiscard(lc.Output), "checkpoints: %s\n", lc.Checkpoint.Location)
+	if lc.Checkpoint.Location != "" && lc.Output != nil {
+		fmt.Fprintf(lc.Output, "checkpoints: %s\n", lc.Checkpoint.Location)
 	}
 	// The caller's ctx ending does not end the job's own: with checkpoints
 	// it first asks the workers for a final one.
@@ -109,7 +109,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			}
 		})
 	}()
-	threads := threadsFor(lc.Threads, lc.Workers)
+	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers)
 	for i := range lc.Workers {
 		if err := r.spawn(ctx, processSpec{Role: "worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
 			return nil, err
@@ -201,20 +201,6 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 // minimum of workers, or on request after a final checkpoint): not a
 // failure of its own.
 const exitStopped = 4
-
-// threadsFor is each of ranks local processes' GOMAXPROCS.
-func threadsFor(want, ranks int) int { return launch.ThreadsPerRank(want, ranks) }
-
-func orDiscard(w interface{ Write([]byte) (int, error) }) interface{ Write([]byte) (int, error) } {
-	if w == nil {
-		return discard{}
-	}
-	return w
-}
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // checkpointEvent logs a worker's checkpoint event.
 func (r *ringJob) checkpointEvent(e *checkpoint.Event) {

@@ -185,7 +185,7 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 			return nil, err
 		}
 	}
-	threads := threadsFor(lc.Threads, lc.Workers+int(rec.Servers))
+	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers+int(rec.Servers))
 	for i := range lc.Workers {
 		if err := p.spawn(ctx, processSpec{Role: "ps-worker", Config: lc.Config, Index: i, Threads: threads}); err != nil {
 			return nil, err
