@@ -142,6 +142,16 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
 }
 
+// parseWithLogger defines --log-level on fs, parses args, and returns a
+// logger writing JSON to stderr at that level.
+func parseWithLogger(fs *flag.FlagSet, args []string, stderr io.Writer) (*zap.Logger, error) {
+	level := fs.String("log-level", "warn", "log level (logs go to stderr): debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	return newLogger(*level, stderr)
+}
+
 // newFlagSet returns a flag set whose --help prints the summary and the flags.
 func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)

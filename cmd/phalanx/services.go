@@ -29,11 +29,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.DurationVar(&c.MinWorkersTimeout, "min-workers-timeout", c.MinWorkersTimeout, "stop the job when it stays below --min-workers this long")
 	fs.DurationVar(&c.JoinWindow, "join-window", c.JoinWindow, "how long a newcomer waits so that newcomers arriving together enter one generation")
 	fs.StringVar(&c.JobDir, "job-dir", "", "with the embedded etcd: its data directory's parent (required then)")
-	logLevel := fs.String("log-level", "warn", "log level (logs go to stderr): debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	log, err := newLogger(*logLevel, stderr)
+	log, err := parseWithLogger(fs, args, stderr)
 	if err != nil {
 		return err
 	}
@@ -58,11 +54,7 @@ func runPS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f.registerMembership(fs)
 	id := fs.String("id", "", "this server's id (default: host-pid)")
 	fs.StringVar(&f.cfg.Bind, "listen", f.cfg.Bind, "the data plane's address")
-	logLevel := fs.String("log-level", "warn", "log level (logs go to stderr): debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	log, err := newLogger(*logLevel, stderr)
+	log, err := parseWithLogger(fs, args, stderr)
 	if err != nil {
 		return err
 	}

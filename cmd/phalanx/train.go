@@ -70,18 +70,14 @@ func runWorker(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 	fs.IntVar(&f.cfg.RankHint, "rank-hint", -1, "preferred place in the first ring (-1: none)")
 	fs.IntVar(&f.cfg.Index, "worker-index", -1, "this worker's index (for --fail-at; a parameter-server worker's place, 0..workers-1)")
 	threads := fs.Int("threads", 0, "OS threads running Go code (GOMAXPROCS); 0 = all cores")
-	logLevel := fs.String("log-level", "warn", "log level (logs go to stderr): debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := f.apply(); err != nil {
-		return err
-	}
-	log, err := newLogger(*logLevel, stderr)
+	log, err := parseWithLogger(fs, args, stderr)
 	if err != nil {
 		return err
 	}
 	defer log.Sync()
+	if err := f.apply(); err != nil {
+		return err
+	}
 	setThreads(*threads)
 	f.cfg.Logger, f.cfg.Reports = log, jsonLines(stdout)
 	_, err = phalanx.RunModel(ctx, f.cfg, reg)
