@@ -1,0 +1,211 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// shmRanks starts n ranks in this process, each with its own TCP transport
+// wrapped by NewTransport(kind), sharing dir; hosts (optional) is the
+// membership's Hosts.
+type shmRanks struct {
+	tcps []*TCPTransport
+	trs  []Transport
+	addr []string
+}
+
+func newShmRanks(t testing.TB, n int, kind TransportKind, dir string) *shmRanks {
+	t.Helper()
+	s := &shmRanks{}
+	for range n {
+		tcp, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tcp.Close() })
+		tr, err := NewTransport(kind, tcp, ShmOptions{Dir: dir, SlabBytes: 64 << 10, RingBytes: 16 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.tcps = append(s.tcps, tcp)
+		s.trs = append(s.trs, tr)
+		s.addr = append(s.addr, tcp.Addr())
+	}
+	return s
+}
+
+// join connects ranks (indices into s) as generation gen; hosts may be nil.
+func (s *shmRanks) join(t testing.TB, job string, gen uint64, ranks []int, hosts []string, opts Options) []*Group {
+	t.Helper()
+	peers := make([]string, len(ranks))
+	for i, r := range ranks {
+		peers[i] = s.addr[r]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	groups := make([]*Group, len(ranks))
+	errs := onEveryRank(groups, func(i int, _ *Group) error {
+		var err error
+		groups[i], err = Join(ctx, s.trs[ranks[i]], Membership{Job: job, Generation: gen, Rank: i, Peers: peers, Hosts: hosts}, opts)
+		return err
+	})
+	mustAll(t, errs)
+	t.Cleanup(func() { closeGroups(groups) })
+	return groups
+}
+
+func shmFiles(t testing.TB, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "phalanx-") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// TestShmAllReduceProperty: random sizes, dtypes, ops and algorithms over
+// shared memory (all ranks on one host, and a mixed group) agree bitwise on
+// every rank and equal a serial reference.
+func TestShmAllReduceProperty(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		kind  TransportKind
+		n     int
+		hosts []string
+	}{
+		{"shm-2", TransportShm, 2, nil},
+		{"shm-3", TransportShm, 3, nil},
+		{"shm-4", TransportShm, 4, nil},
+		{"auto-mixed-4", TransportAuto, 4, []string{"a", "a", "b", "b"}},
+		{"auto-one-host-3", TransportAuto, 3, []string{"h", "h", "h"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := newShmRanks(t, tc.n, tc.kind, dir)
+			ranks := make([]int, tc.n)
+			for i := range ranks {
+				ranks[i] = i
+			}
+			groups := s.join(t, "prop", 1, ranks, tc.hosts, Options{})
+			if files := shmFiles(t, dir); len(files) != 0 {
+				t.Fatalf("segment files left after connecting: %v", files)
+			}
+			rng := rand.New(rand.NewPCG(uint64(tc.n), 7))
+			for iter := range 40 {
+				count := rng.IntN(70000)
+				if iter%4 == 0 {
+					count = rng.IntN(40)
+				}
+				op := []ReduceOp{Sum, Avg, Min, Max}[rng.IntN(4)]
+				algo := []Algorithm{AlgoAuto, AlgoRing, AlgoRecursiveDoubling}[rng.IntN(3)]
+				f64 := rng.IntN(2) == 0
+				checkShmAllReduce(t, groups, rng, count, op, algo, f64)
+			}
+			closeGroups(groups)
+			if files := shmFiles(t, dir); len(files) != 0 {
+				t.Fatalf("segment files left after close: %v", files)
+			}
+		})
+	}
+}
+
+// checkShmAllReduce runs checkAllReduce with the dtype f64 picks.
+func checkShmAllReduce(t *testing.T, groups []*Group, rng *rand.Rand, count int, op ReduceOp, algo Algorithm, f64 bool) {
+	t.Helper()
+	if f64 {
+		checkAllReduce[float64](t, groups, count, op, algo, rng.Uint64())
+	} else {
+		checkAllReduce[float32](t, groups, count, op, algo, rng.Uint64())
+	}
+}
+
+// TestShmRejoinAndFailures: a rank that closes mid-job fails its peers'
+// next operation with ErrPeerLost; the survivors rebuild generation 2 over
+// the same transports and leave no files.
+func TestShmRejoin(t *testing.T) {
+	dir := t.TempDir()
+	s := newShmRanks(t, 3, TransportShm, dir)
+	g1 := s.join(t, "rejoin", 1, []int{0, 1, 2}, nil, Options{Timeout: 10 * time.Second})
+	rng := rand.New(rand.NewPCG(1, 2))
+	checkShmAllReduce(t, g1, rng, 1000, Sum, AlgoAuto, false)
+	g1[2].Close()
+	errs := onEveryRank(g1[:2], func(r int, g *Group) error {
+		return g.AllReduce(context.Background(), Float32s(make([]float32, 100)), Sum)
+	})
+	for r, err := range errs {
+		var oe *OpError
+		if !errors.Is(err, ErrPeerLost) || !errors.As(err, &oe) || oe.Rank != 2 {
+			t.Fatalf("rank %d: %v, want ErrPeerLost naming rank 2", r, err)
+		}
+	}
+	closeGroups(g1)
+	g2 := s.join(t, "rejoin", 2, []int{0, 1}, nil, Options{})
+	checkShmAllReduce(t, g2, rng, 5000, Max, AlgoAuto, true)
+	closeGroups(g2)
+	if files := shmFiles(t, dir); len(files) != 0 {
+		t.Fatalf("segment files left: %v", files)
+	}
+}
+
+func TestParseTransportKind(t *testing.T) {
+	for _, k := range []TransportKind{TransportAuto, TransportTCP, TransportShm} {
+		got, err := ParseTransportKind(k.String())
+		if err != nil || got != k {
+			t.Errorf("ParseTransportKind(%q) = %v, %v", k.String(), got, err)
+		}
+	}
+	_, err := ParseTransportKind("udp")
+	if err == nil || !strings.Contains(err.Error(), `"udp"`) || !strings.Contains(err.Error(), "shm") {
+		t.Errorf("ParseTransportKind(udp) = %v, want an error naming the value and the choices", err)
+	}
+}
+
+func TestHostIdentity(t *testing.T) {
+	a, err := HostIdentity()
+	if err != nil {
+		t.Skipf("no host identity here: %v", err)
+	}
+	b, _ := HostIdentity()
+	if a == "" || a != b {
+		t.Fatalf("HostIdentity() = %q then %q", a, b)
+	}
+}
+
+func TestMembershipHostsValidated(t *testing.T) {
+	m := Membership{Job: "j", Generation: 1, Peers: []string{"a", "b"}, Hosts: []string{"h"}}
+	if err := m.validate(); err == nil {
+		t.Fatal("one host for two peers accepted")
+	}
+	m.Hosts = []string{"h", ""}
+	if err := m.validate(); err == nil {
+		t.Fatal("an empty host accepted")
+	}
+	m.Hosts = []string{"h", "i"}
+	if err := m.validate(); err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	tr, err := NewTransport(TransportShm, tcp, ShmOptions{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Connect(context.Background(), m); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", "i")) {
+		t.Fatalf("shm across hosts: %v", err)
+	}
+}

@@ -1,0 +1,319 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// ShmOptions configure the shared-memory side of a transport. Zero values
+// take the defaults.
+//
+// Memory cost, per host with L ranks of one group: every pair of them shares
+// a segment of 8 KiB + 2×RingBytes, and every rank has one of 8 KiB +
+// 2×SlabBytes, so L(L−1)/2·(2·RingBytes) + L·(2·SlabBytes) + 8 KiB·(L(L+1)/2)
+// in all: 11 MiB for four ranks with the defaults. The files live in Dir
+// (tmpfs) only while the group is being connected; the memory is freed when
+// the last rank unmaps it.
+type ShmOptions struct {
+	// Dir holds the segment files while peers map them (default /dev/shm).
+	// Every rank of a host must use the same directory.
+	Dir string
+	// RingBytes is each direction's byte ring between two ranks (default
+	// 512 KiB; rounded up to a power of two, at least 4 KiB). The rings carry
+	// the operations other than the allreduce fast path, and heartbeats.
+	RingBytes int
+	// SlabBytes is the size of each of a rank's two fast-path slabs (default
+	// 1 MiB, at least 4 KiB, rounded up to 64 bytes): an allreduce larger
+	// than this is pipelined through the slabs in rounds.
+	SlabBytes int
+	// SmallBytes: fast-path rounds up to this size have every rank reduce the
+	// whole round, one synchronisation instead of two (default 16 KiB).
+	SmallBytes int
+	// Spin is how many times a waiter polls a shared word before sleeping on
+	// its futex (default 200; 0 keeps the default, negative means never spin).
+	Spin   int
+	Logger *zap.Logger
+}
+
+func (o *ShmOptions) setDefaults() {
+	if o.Dir == "" {
+		o.Dir = "/dev/shm"
+	}
+	if o.RingBytes <= 0 {
+		o.RingBytes = 512 << 10
+	}
+	ring := 4096
+	for ring < o.RingBytes {
+		ring *= 2
+	}
+	o.RingBytes = ring
+	if o.SlabBytes <= 0 {
+		o.SlabBytes = 1 << 20
+	}
+	o.SlabBytes = (max(o.SlabBytes, 4096) + 63) &^ 63
+	if o.SmallBytes <= 0 {
+		o.SmallBytes = 16 << 10
+	}
+	switch {
+	case o.Spin == 0:
+		o.Spin = 200
+	case o.Spin < 0:
+		o.Spin = 0
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+}
+
+// ShmTransport connects ranks of one host through shared memory and the
+// others through its TCP transport. It first connects every pair over TCP
+// (which checks job, generation and world), then upgrades the pairs on one
+// host: the two ranks map a pair segment of two byte rings and each other's
+// rank segment, and the TCP connection stays open, idle, as the liveness
+// signal. The upgraded connections are net.Conns, so framing, fencing,
+// heartbeats and every algorithm work unchanged; when every peer is on
+// shared memory, AllReduce takes a single-copy path through the rank
+// segments.
+type ShmTransport struct {
+	kind TransportKind
+	tcp  *TCPTransport
+	opts ShmOptions
+	log  *zap.Logger
+}
+
+// NewTransport returns the transport of kind over tcp, the rank's TCP
+// transport (whose address is what Membership.Peers holds): tcp itself for
+// TransportTCP, a *ShmTransport for TransportShm and TransportAuto.
+func NewTransport(kind TransportKind, tcp *TCPTransport, opts ShmOptions) (Transport, error) {
+	if tcp == nil {
+		return nil, errors.New("collective: NewTransport needs the rank's TCP transport")
+	}
+	switch kind {
+	case TransportTCP:
+		return tcp, nil
+	case TransportAuto, TransportShm:
+	default:
+		return nil, fmt.Errorf("collective: unknown transport kind %d", kind)
+	}
+	opts.setDefaults()
+	if st, err := os.Stat(opts.Dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("collective: shared-memory directory %s is not usable: %v", opts.Dir, err)
+	}
+	return &ShmTransport{kind: kind, tcp: tcp, opts: opts, log: opts.Logger}, nil
+}
+
+// Connect implements Transport.
+func (t *ShmTransport) Connect(ctx context.Context, m Membership) ([]net.Conn, error) {
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	local := make([]bool, m.World())
+	anyLocal := false
+	for j := range m.World() {
+		if j == m.Rank {
+			continue
+		}
+		if t.kind == TransportShm && len(m.Hosts) != 0 && !m.sameHost(m.Rank, j) {
+			return nil, fmt.Errorf("collective: transport shm: rank %d is on host %q, this rank (%d) on %q", j, m.Hosts[j], m.Rank, m.Hosts[m.Rank])
+		}
+		local[j] = t.kind == TransportShm || m.sameHost(m.Rank, j)
+		anyLocal = anyLocal || local[j]
+	}
+	if !anyLocal {
+		return t.tcp.Connect(ctx, m)
+	}
+	job := JobHash(m.Job)
+	t.sweep(job, m.Generation)
+	nonce := rand.Uint64() | 1
+	nodePath := filepath.Join(t.opts.Dir, rankSegName(job, m.Generation, m.Rank, nonce))
+	mem, err := createSegment(nodePath, rankSegmentSize(t.opts.SlabBytes))
+	if err != nil {
+		return nil, &OpError{Op: "connect", Rank: -1, ReportedBy: m.Rank, Kind: ErrAborted, Err: err}
+	}
+	hdr := segHeader{kind: segKindRank, job: job, gen: m.Generation, a: uint32(m.Rank), world: uint32(m.World()),
+		pid: uint32(os.Getpid()), ring: uint32(t.opts.RingBytes), slab: uint32(t.opts.SlabBytes), nonce: nonce}
+	hdr.encode(mem, segMagic)
+	node := &shmNode{mem: mem}
+	node.refs.Store(1) // Connect's own, dropped below
+	defer func() {
+		os.Remove(nodePath) // every peer has mapped it, or never will
+		node.release()
+	}()
+
+	conns, err := t.tcp.Connect(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		wg   sync.WaitGroup
+		errs = make([]error, m.World())
+	)
+	ups := make([]*shmConn, m.World())
+	for j := range m.World() {
+		if local[j] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ups[j], errs[j] = t.upgrade(ctx, m, j, conns[j], node, nonce)
+			}()
+		}
+	}
+	wg.Wait()
+	for j, u := range ups {
+		if u != nil {
+			conns[j] = u
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		closeAll(conns)
+		for _, e := range errs {
+			if e != nil {
+				return nil, e
+			}
+		}
+	}
+	return conns, nil
+}
+
+// sweep removes segment files of older generations of the job, left by a
+// rank that died while connecting.
+func (t *ShmTransport) sweep(job, gen uint64) {
+	prefix := fmt.Sprintf("phalanx-%016x-g", job)
+	entries, err := os.ReadDir(t.opts.Dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok {
+			continue
+		}
+		g, _, _ := strings.Cut(rest, "-")
+		if old, err := strconv.ParseUint(g, 10, 64); err == nil && old < gen {
+			if os.Remove(filepath.Join(t.opts.Dir, e.Name())) == nil {
+				t.log.Info("removed a stale shared-memory segment", zap.String("file", e.Name()))
+			}
+		}
+	}
+}
+
+// upgrade turns the TCP connection to local peer j into a shmConn: the lower
+// rank creates the pair segment, both exchange hellos naming their segments,
+// map the peer's, confirm, and the creator unlinks the pair segment.
+func (t *ShmTransport) upgrade(ctx context.Context, m Membership, j int, c net.Conn, node *shmNode, nonce uint64) (_ *shmConn, err error) {
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	fail := func(kind error, detail string, cause error) error {
+		return &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: kind,
+			Detail: fmt.Sprintf("shared memory with rank %d: %s", j, detail), Err: cause}
+	}
+	job, gen := JobHash(m.Job), m.Generation
+	lo, hi := min(m.Rank, j), max(m.Rank, j)
+	ring, slab := t.opts.RingBytes, t.opts.SlabBytes
+	var pair, peerSeg []byte
+	defer func() {
+		if err != nil {
+			unmap(pair)
+			unmap(peerSeg)
+		}
+	}()
+	if m.Rank == lo {
+		path := filepath.Join(t.opts.Dir, pairSegName(job, gen, lo, hi, nonce))
+		if pair, err = createSegment(path, pairSegmentSize(ring)); err != nil {
+			return nil, fail(ErrAborted, "creating the pair segment", err)
+		}
+		defer os.Remove(path) // mapped by the peer, or never will be
+		h := segHeader{kind: segKindPair, job: job, gen: gen, a: uint32(lo), b: uint32(hi), world: uint32(m.World()),
+			pid: uint32(os.Getpid()), ring: uint32(ring), slab: uint32(slab), nonce: nonce}
+		h.encode(pair, segMagic)
+	}
+	var buf [ctrlSize]byte
+	hello := segHeader{job: job, gen: gen, a: uint32(m.Rank), b: uint32(j), world: uint32(m.World()),
+		pid: uint32(os.Getpid()), ring: uint32(ring), slab: uint32(slab), nonce: nonce}
+	hello.encode(buf[:], helloMagic)
+	if _, err := c.Write(buf[:]); err != nil {
+		return nil, fail(ErrPeerLost, "sending the hello", err)
+	}
+	if _, err := io.ReadFull(c, buf[:]); err != nil {
+		return nil, fail(ErrPeerLost, "reading the hello", err)
+	}
+	got, err := decodeSegHeader(buf[:], helloMagic)
+	if err == nil {
+		err = got.expect(segHeader{job: job, gen: gen, a: uint32(j), b: uint32(m.Rank), world: uint32(m.World()),
+			ring: uint32(ring), slab: uint32(slab)})
+	}
+	if err != nil {
+		return nil, fail(ErrProtocol, "bad hello", err)
+	}
+	if m.Rank == hi {
+		path := filepath.Join(t.opts.Dir, pairSegName(job, gen, lo, hi, got.nonce))
+		if pair, err = openMatching(path, pairSegmentSize(ring), segHeader{kind: segKindPair, job: job, gen: gen,
+			a: uint32(lo), b: uint32(hi), world: uint32(m.World()), ring: uint32(ring), slab: uint32(slab), nonce: got.nonce}); err != nil {
+			return nil, fail(ErrProtocol, "the pair segment", err)
+		}
+	}
+	path := filepath.Join(t.opts.Dir, rankSegName(job, gen, j, got.nonce))
+	if peerSeg, err = openMatching(path, rankSegmentSize(slab), segHeader{kind: segKindRank, job: job, gen: gen,
+		a: uint32(j), world: uint32(m.World()), ring: uint32(ring), slab: uint32(slab), nonce: got.nonce}); err != nil {
+		return nil, fail(ErrProtocol, "the peer's segment", err)
+	}
+	// Both sides have mapped everything they need once each has heard the
+	// other's confirmation.
+	if _, err := c.Write([]byte{1}); err != nil {
+		return nil, fail(ErrPeerLost, "confirming", err)
+	}
+	if _, err := io.ReadFull(c, buf[:1]); err != nil || buf[0] != 1 {
+		return nil, fail(ErrPeerLost, "the peer did not confirm", err)
+	}
+	c.SetDeadline(time.Time{})
+	sc := &shmConn{
+		peer:     j,
+		spin:     t.opts.Spin,
+		pair:     pair,
+		peerSeg:  peerSeg,
+		node:     node,
+		tcp:      c,
+		local:    shmAddr(fmt.Sprintf("shm:rank %d", m.Rank)),
+		remote:   shmAddr(fmt.Sprintf("shm:rank %d (%s)", j, c.RemoteAddr())),
+		watching: make(chan struct{}),
+	}
+	up := ringAt(pair, shmPage, 2*shmPage, ring)                     // lo → hi
+	down := ringAt(pair, shmPage+ringCtrlSize, 2*shmPage+ring, ring) // hi → lo
+	if m.Rank == lo {
+		sc.tx, sc.rx = up, down
+	} else {
+		sc.tx, sc.rx = down, up
+	}
+	node.refs.Add(1)
+	go sc.watch()
+	return sc, nil
+}
+
+// openMatching maps a segment and checks its header against want.
+func openMatching(path string, size int, want segHeader) ([]byte, error) {
+	mem, err := openSegment(path, size)
+	if err != nil {
+		return nil, err
+	}
+	h, err := decodeSegHeader(mem, segMagic)
+	if err == nil {
+		err = h.expect(want)
+	}
+	if err != nil {
+		unmap(mem)
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return mem, nil
+}
