@@ -62,7 +62,7 @@ func (d *Dense) Forward(x Matrix) Matrix {
 		copy(y.Row(i), d.B.Value)
 	}
 	if x.Rows > 0 {
-		blas32.Gemm(blas.NoTrans, blas.NoTrans, 1, general(x), d.weights(), 1, general(y))
+		gemm(blas.NoTrans, blas.NoTrans, 1, general(x), d.weights(), 1, general(y))
 	}
 	return y
 }
@@ -71,7 +71,7 @@ func (d *Dense) Backward(dy Matrix) Matrix {
 	if dy.Rows == 0 {
 		return resize(&d.dx, 0, d.in)
 	}
-	blas32.Gemm(blas.Trans, blas.NoTrans, 1, general(d.x), general(dy), 1,
+	gemm(blas.Trans, blas.NoTrans, 1, general(d.x), general(dy), 1,
 		blas32.General{Rows: d.in, Cols: d.out, Stride: d.out, Data: d.W.Grad})
 	for i := range dy.Rows {
 		row, g := dy.Row(i), d.B.Grad
@@ -83,7 +83,7 @@ func (d *Dense) Backward(dy Matrix) Matrix {
 		return Matrix{}
 	}
 	dx := resize(&d.dx, dy.Rows, d.in)
-	blas32.Gemm(blas.NoTrans, blas.Trans, 1, general(dy), d.weights(), 0, general(dx))
+	gemm(blas.NoTrans, blas.Trans, 1, general(dy), d.weights(), 0, general(dx))
 	return dx
 }
 
@@ -205,6 +205,7 @@ func (s *SoftmaxCrossEntropy) Loss(logits Matrix, labels []int32, scale float32)
 type Sequential struct {
 	Layers []Layer
 	params []*Param
+	counts []int // len(Layers[i].Params()), which Backward needs without allocating
 }
 
 // NewSequential chains layers; a leading Dense skips its input gradient.
@@ -214,7 +215,9 @@ func NewSequential(layers ...Layer) *Sequential {
 		d.SkipInputGrad = true
 	}
 	for _, l := range layers {
-		s.params = append(s.params, l.Params()...)
+		ps := l.Params()
+		s.params = append(s.params, ps...)
+		s.counts = append(s.counts, len(ps))
 	}
 	return s
 }
@@ -235,9 +238,8 @@ func (s *Sequential) Forward(x Matrix) Matrix {
 func (s *Sequential) Backward(dy Matrix, ready func(param int)) Matrix {
 	end := len(s.params)
 	for i := len(s.Layers) - 1; i >= 0; i-- {
-		l := s.Layers[i]
-		dy = l.Backward(dy)
-		n := len(l.Params())
+		dy = s.Layers[i].Backward(dy)
+		n := s.counts[i]
 		if ready != nil {
 			for p := end - 1; p >= end-n; p-- {
 				ready(p)
