@@ -16,6 +16,11 @@ const DefaultBucketBytes = 25 << 20
 // reduced strictly in order, so every rank issues the same operations. A
 // tensor larger than a bucket is reduced in place, without a copy.
 //
+// With a 16-bit wire type (FuserOptions.Wire) each tensor is rounded into its
+// bucket's wire buffer when it is marked ready, the bucket is reduced in that
+// type (in float32 arithmetic, see reduceInto) at half the bytes, and the
+// result is widened back into the tensors when the bucket is waited for.
+//
 // Tensors must be marked ready in the same bucket order on every rank. A Fuser
 // is driven by one goroutine; buffers and channels are reused from round to
 // round, so a training step costs no allocation.
@@ -23,7 +28,9 @@ type Fuser[T Float] struct {
 	ctx     context.Context // of the background allreduces
 	g       *Group
 	op      ReduceOp
+	wire    DType // Float16 or BFloat16; 0: the tensors travel as they are
 	tensors [][]T
+	resid   [][]float32 // error feedback: each tensor's rounding residue
 	buckets []bucket[T]
 	where   []int // tensor → bucket
 	launch  chan int
@@ -37,33 +44,122 @@ type Fuser[T Float] struct {
 type bucket[T Float] struct {
 	first, last int // tensors [first, last)
 	fused       []T // nil when the bucket is one tensor reduced in place
+	wire        []uint16
 	offs        []int
+}
+
+// FuserOptions configures a Fuser (and AllReduceTensorsWith). The zero value
+// is NewFuser's behaviour with DefaultBucketBytes.
+type FuserOptions struct {
+	// BucketBytes bounds a bucket, counted in the tensors' own element size
+	// (so a compressed bucket holds the same tensors and puts half of this on
+	// the wire); 0 means DefaultBucketBytes.
+	BucketBytes int
+	// Wire is the element type the tensors travel and are reduced in: 0 (or
+	// the tensors' own type) for none, Float16 or BFloat16 to halve the bytes
+	// of float32 tensors. Reduction is in float32, rounding to Wire after each
+	// combining step; Avg divides in float32 after the reduction.
+	Wire DType
+	// ErrorFeedback, with a 16-bit Wire, keeps what rounding each element lost
+	// and adds it to the element's value in the next round, so the rounding
+	// errors do not add up over steps. The residues (4 bytes per element) are
+	// this rank's own and are lost with the Fuser.
+	ErrorFeedback bool
+	// Exact lists tensors that keep their own type whatever Wire says (counts,
+	// fingerprints, votes): each is reduced alone, in place, as a bucket of its
+	// own.
+	Exact []int
 }
 
 // NewFuser lays tensors out into buckets of at most bucketBytes (0 means
 // DefaultBucketBytes) and starts the Fuser's goroutine, whose allreduces run
 // under ctx; Close stops it.
 func NewFuser[T Float](ctx context.Context, g *Group, tensors [][]T, op ReduceOp, bucketBytes int) *Fuser[T] {
+	f, err := NewFuserWith(ctx, g, tensors, op, FuserOptions{BucketBytes: bucketBytes})
+	if err != nil { // no option that can be refused was given
+		panic(err)
+	}
+	return f
+}
+
+// NewFuserWith is NewFuser with options: a compressed wire type, error
+// feedback, tensors kept exact. It refuses a Wire other than 0, the tensors'
+// type, Float16 or BFloat16, a 16-bit Wire for float64 tensors, error
+// feedback without a 16-bit Wire, and an Exact index out of range.
+func NewFuserWith[T Float](ctx context.Context, g *Group, tensors [][]T, op ReduceOp, o FuserOptions) (*Fuser[T], error) {
+	bucketBytes := o.BucketBytes
 	if bucketBytes <= 0 {
 		bucketBytes = DefaultBucketBytes
 	}
 	var z T
 	es := len(bytesOf([]T{z}))
-	f := &Fuser[T]{ctx: ctx, g: g, op: op, tensors: tensors, where: make([]int, len(tensors)), launch: make(chan int, len(tensors)+1)}
+	own := Float32
+	if es == 8 {
+		own = Float64
+	}
+	wire := o.Wire
+	switch {
+	case wire == own:
+		wire = 0
+	case wire == 0:
+	case !wire.Half():
+		return nil, fmt.Errorf("collective fuser: wire type %s for %s tensors (want %s, float16 or bfloat16)", wire, own, own)
+	case own != Float32:
+		return nil, fmt.Errorf("collective fuser: wire type %s needs float32 tensors, not %s", wire, own)
+	}
+	if o.ErrorFeedback && wire == 0 {
+		return nil, fmt.Errorf("collective fuser: error feedback without a 16-bit wire type")
+	}
+	exact := make([]bool, len(tensors))
+	for _, i := range o.Exact {
+		if i < 0 || i >= len(tensors) {
+			return nil, fmt.Errorf("collective fuser: exact tensor %d outside 0..%d", i, len(tensors)-1)
+		}
+		exact[i] = true
+	}
+	f := &Fuser[T]{ctx: ctx, g: g, op: op, wire: wire, tensors: tensors, where: make([]int, len(tensors)), launch: make(chan int, len(tensors)+1)}
+	wireElems := 0
 	for i := 0; i < len(tensors); {
 		b := bucket[T]{first: i}
 		size := 0
-		for i < len(tensors) && (i == b.first || size+len(tensors[i])*es <= bucketBytes) {
+		for i < len(tensors) && (i == b.first || !exact[i] && !exact[b.first] && size+len(tensors[i])*es <= bucketBytes) {
 			b.offs = append(b.offs, size/es)
 			size += len(tensors[i]) * es
 			f.where[i] = len(f.buckets)
 			i++
 		}
 		b.last = i
-		if b.last-b.first > 1 {
+		switch {
+		case wire != 0 && !exact[b.first]:
+			wireElems += size / es
+		case b.last-b.first > 1:
 			b.fused = make([]T, size/es)
 		}
 		f.buckets = append(f.buckets, b)
+	}
+	if wire != 0 { // one slab for every bucket's wire buffer, one for residues
+		slab := make([]uint16, wireElems)
+		at := 0
+		for k := range f.buckets {
+			b := &f.buckets[k]
+			if exact[b.first] {
+				continue
+			}
+			n := b.offs[len(b.offs)-1] + len(tensors[b.last-1])
+			b.wire = slab[at : at+n : at+n]
+			at += n
+		}
+		if o.ErrorFeedback {
+			res := make([]float32, wireElems)
+			f.resid = make([][]float32, len(tensors))
+			at = 0
+			for i, x := range tensors {
+				if !exact[i] {
+					f.resid[i] = res[at : at+len(x) : at+len(x)]
+					at += len(x)
+				}
+			}
+		}
 	}
 	f.done = make([]chan error, len(f.buckets))
 	for k := range f.done {
@@ -75,7 +171,7 @@ func NewFuser[T Float](ctx context.Context, g *Group, tensors [][]T, op ReduceOp
 	f.errs = make([]error, len(f.buckets))
 	f.Reset()
 	go f.run()
-	return f
+	return f, nil
 }
 
 // Reset prepares the Fuser for another round (the next step). A bucket
@@ -96,9 +192,16 @@ func (f *Fuser[T]) run() {
 	for k := range f.launch {
 		b := &f.buckets[k]
 		var err error
-		if b.fused == nil {
+		switch {
+		case b.wire != nil:
+			op := f.op
+			if op == Avg { // divided in float32 by WaitBucket
+				op = Sum
+			}
+			err = f.g.allReduceWire(f.ctx, Buffer{b: bytesOf(b.wire), dt: f.wire}, op)
+		case b.fused == nil:
 			err = f.g.AllReduce(f.ctx, Of(f.tensors[b.first]), f.op)
-		} else {
+		default:
 			err = f.g.AllReduce(f.ctx, Of(b.fused), f.op)
 		}
 		f.done[k] <- err
@@ -118,7 +221,16 @@ func (f *Fuser[T]) MarkReady(i int) error {
 	f.ready[i] = true
 	k := f.where[i]
 	b := &f.buckets[k]
-	if b.fused != nil {
+	switch {
+	case b.wire != nil:
+		x := f32s(bytesOf(f.tensors[i]))
+		w := b.wire[b.offs[i-b.first]:][:len(x)]
+		if f.resid != nil {
+			encodeHalfFeedback(f.wire, w, x, f.resid[i])
+		} else {
+			encodeHalf(f.wire, w, x)
+		}
+	case b.fused != nil:
 		copy(b.fused[b.offs[i-b.first]:], f.tensors[i])
 	}
 	f.pending[k]--
@@ -155,7 +267,17 @@ func (f *Fuser[T]) WaitBucket(ctx context.Context, k int) error {
 		return ctx.Err()
 	}
 	b := &f.buckets[k]
-	if b.fused != nil {
+	switch {
+	case b.wire != nil:
+		div := float32(1)
+		if f.op == Avg {
+			div = float32(f.g.Size())
+		}
+		for i := b.first; i < b.last; i++ {
+			x := f32s(bytesOf(f.tensors[i]))
+			decodeHalf(f.wire, x, b.wire[b.offs[i-b.first]:][:len(x)], div)
+		}
+	case b.fused != nil:
 		for i := b.first; i < b.last; i++ {
 			copy(f.tensors[i], b.fused[b.offs[i-b.first]:])
 		}
@@ -185,7 +307,20 @@ func (f *Fuser[T]) Close() { close(f.launch) }
 // AllReduceTensors reduces every tensor in place, fused into buckets of
 // bucketBytes (0: DefaultBucketBytes).
 func AllReduceTensors[T Float](ctx context.Context, g *Group, tensors [][]T, op ReduceOp, bucketBytes int) error {
-	f := NewFuser(ctx, g, tensors, op, bucketBytes)
+	return AllReduceTensorsWith(ctx, g, tensors, op, FuserOptions{BucketBytes: bucketBytes})
+}
+
+// AllReduceTensorsWith is AllReduceTensors with a Fuser's options (a 16-bit
+// wire type, tensors kept exact). Error feedback needs residues kept from
+// call to call and is refused here: use a Fuser.
+func AllReduceTensorsWith[T Float](ctx context.Context, g *Group, tensors [][]T, op ReduceOp, o FuserOptions) error {
+	if o.ErrorFeedback {
+		return fmt.Errorf("collective: error feedback needs a Fuser kept from step to step, not AllReduceTensors")
+	}
+	f, err := NewFuserWith(ctx, g, tensors, op, o)
+	if err != nil {
+		return err
+	}
 	defer f.Close()
 	for i := range tensors {
 		if err := f.MarkReady(i); err != nil {

@@ -13,6 +13,14 @@ const (
 	Uint8 DType = iota + 1
 	Float32
 	Float64
+	// Float16 is IEEE 754 binary16 (1 sign, 5 exponent, 10 mantissa bits),
+	// carried as its uint16 bit pattern. It is a wire type for compressed
+	// gradients: reductions convert both operands to float32, combine them
+	// there and round the result back to nearest even.
+	Float16
+	// BFloat16 is the upper half of a float32 (1 sign, 8 exponent, 7 mantissa
+	// bits), carried as its uint16 bit pattern and reduced like Float16.
+	BFloat16
 )
 
 // Size is the element size in bytes.
@@ -24,6 +32,8 @@ func (d DType) Size() int {
 		return 4
 	case Float64:
 		return 8
+	case Float16, BFloat16:
+		return 2
 	}
 	return 0
 }
@@ -36,11 +46,37 @@ func (d DType) String() string {
 		return "float32"
 	case Float64:
 		return "float64"
+	case Float16:
+		return "float16"
+	case BFloat16:
+		return "bfloat16"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
 
-func (d DType) valid() bool { return d >= Uint8 && d <= Float64 }
+func (d DType) valid() bool { return d >= Uint8 && d <= BFloat16 }
+
+// Reducible says whether buffers of d can be reduced (every type but Uint8).
+func (d DType) Reducible() bool { return d >= Float32 && d <= BFloat16 }
+
+// Half says whether d is one of the 16-bit wire types, Float16 or BFloat16.
+func (d DType) Half() bool { return d == Float16 || d == BFloat16 }
+
+// ParseDType maps "float32", "float64", "float16" (or "fp16") and "bfloat16"
+// (or "bf16") to its DType.
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "float32", "fp32":
+		return Float32, nil
+	case "float64", "fp64":
+		return Float64, nil
+	case "float16", "fp16":
+		return Float16, nil
+	case "bfloat16", "bf16":
+		return BFloat16, nil
+	}
+	return 0, fmt.Errorf("collective: unknown dtype %q (want float32, float64, fp16 or bf16)", s)
+}
 
 // ReduceOp combines elements of the same index across ranks.
 type ReduceOp uint8
@@ -93,6 +129,12 @@ func Float32s(x []float32) Buffer { return Buffer{b: bytesOf(x), dt: Float32} }
 // Float64s views x as a Buffer.
 func Float64s(x []float64) Buffer { return Buffer{b: bytesOf(x), dt: Float64} }
 
+// Float16s views x, IEEE binary16 bit patterns, as a Buffer of Float16.
+func Float16s(x []uint16) Buffer { return Buffer{b: bytesOf(x), dt: Float16} }
+
+// BFloat16s views x, bfloat16 bit patterns, as a Buffer of BFloat16.
+func BFloat16s(x []uint16) Buffer { return Buffer{b: bytesOf(x), dt: BFloat16} }
+
 // Bytes views x as a Buffer of Uint8; it cannot be reduced.
 func Bytes(x []byte) Buffer { return Buffer{b: x, dt: Uint8} }
 
@@ -132,6 +174,13 @@ func f32s(b []byte) []float32 {
 		return nil
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+func u16s(b []byte) []uint16 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
 }
 
 func f64s(b []byte) []float64 {

@@ -11,6 +11,8 @@ func reduceInto(dt DType, op ReduceOp, dst, src []byte) {
 		reduceSlice(op, f32s(dst), f32s(src))
 	case Float64:
 		reduceSlice(op, f64s(dst), f64s(src))
+	case Float16, BFloat16:
+		reduceHalf(dt, op, u16s(dst), u16s(src))
 	}
 }
 
@@ -27,8 +29,62 @@ func scaleDiv(dt DType, b []byte, n int) {
 		for i := range x {
 			x[i] /= d
 		}
+	case Float16, BFloat16:
+		x, d := u16s(b), float32(n)
+		for i := range x {
+			x[i] = f32ToHalf(dt, halfToF32(dt, x[i])/d)
+		}
 	}
 }
+
+// reduceHalf is reduceInto for the 16-bit wire types: both operands are
+// widened to float32 (exactly), combined there as float32 elements are, and
+// the result is rounded back to nearest even. float32 carries more than twice
+// the wire types' precision plus two bits, so a sum rounded to float32 first
+// still rounds to the correctly rounded 16-bit sum. A NaN result is stored as
+// the canonical quiet NaN, so the kernel is commutative to the bit even where
+// the hardware's choice between two NaN payloads depends on operand order.
+func reduceHalf(dt DType, op ReduceOp, dst, src []uint16) {
+	src = src[:len(dst)]
+	switch {
+	case dt == Float16 && (op == Sum || op == Avg):
+		for i, b := range src {
+			s := math.Float32frombits(f16ToF32Bits(dst[i])) + math.Float32frombits(f16ToF32Bits(b))
+			if s != s {
+				s = math.Float32frombits(canonNaN32)
+			}
+			dst[i] = f32ToF16Bits(math.Float32bits(s))
+		}
+	case dt == BFloat16 && (op == Sum || op == Avg):
+		for i, b := range src {
+			s := math.Float32frombits(uint32(dst[i])<<16) + math.Float32frombits(uint32(b)<<16)
+			if s != s {
+				s = math.Float32frombits(canonNaN32)
+			}
+			dst[i] = f32ToBF16Bits(math.Float32bits(s))
+		}
+	case dt == Float16 && op == Min:
+		for i, b := range src {
+			dst[i] = f32ToF16Bits(math.Float32bits(minOf(math.Float32frombits(f16ToF32Bits(dst[i])), math.Float32frombits(f16ToF32Bits(b)))))
+		}
+	case dt == Float16 && op == Max:
+		for i, b := range src {
+			dst[i] = f32ToF16Bits(math.Float32bits(maxOf(math.Float32frombits(f16ToF32Bits(dst[i])), math.Float32frombits(f16ToF32Bits(b)))))
+		}
+	case op == Min:
+		for i, b := range src {
+			dst[i] = f32ToBF16Bits(math.Float32bits(minOf(math.Float32frombits(uint32(dst[i])<<16), math.Float32frombits(uint32(b)<<16))))
+		}
+	case op == Max:
+		for i, b := range src {
+			dst[i] = f32ToBF16Bits(math.Float32bits(maxOf(math.Float32frombits(uint32(dst[i])<<16), math.Float32frombits(uint32(b)<<16))))
+		}
+	}
+}
+
+// canonNaN32 is the float32 whose rounding gives the wire types' canonical
+// quiet NaN (0x7e00 in binary16, 0x7fc0 in bfloat16).
+const canonNaN32 = 0x7fc00000
 
 func reduceSlice[T float32 | float64](op ReduceOp, dst, src []T) {
 	src = src[:len(dst)]
