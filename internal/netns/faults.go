@@ -43,7 +43,11 @@ func (l *Lab) Shape(ctx context.Context, i int, s Shape) error {
 	h := l.hosts[i]
 	ends := [][2]string{{h.name, hostLink}, {l.sw, h.port()}}
 	for _, e := range ends {
-		if err := shapeDev(ctx, tc, e[0], e[1], s); err != nil {
+		err := shapeDev(ctx, tc, e[0], e[1], s)
+		if errors.Is(err, ErrNoNetem) {
+			return fmt.Errorf("%w: shaping host %d with %+v", ErrNoNetem, i, s)
+		}
+		if err != nil {
 			return fmt.Errorf("netns: shaping host %d: %w", i, err)
 		}
 	}
@@ -62,7 +66,7 @@ func shapeDev(ctx context.Context, tc, ns, dev string, s Shape) error {
 	args = append(args, qdiscArgs(s)...)
 	err := runCmd(ctx, tc, args...)
 	if err != nil && strings.Contains(err.Error(), "qdisc kind is unknown") {
-		return fmt.Errorf("%w: %v", ErrNoNetem, err)
+		return ErrNoNetem
 	}
 	return err
 }

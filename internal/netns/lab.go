@@ -153,7 +153,10 @@ func (l *Lab) batch(ctx context.Context, ns string, force bool, lines []string) 
 
 // run runs ip with args and wraps its output into the error.
 func (l *Lab) run(ctx context.Context, args ...string) error {
-	return runCmd(ctx, l.ip, args...)
+	if err := runCmd(ctx, l.ip, args...); err != nil {
+		return fmt.Errorf("netns: %w", err)
+	}
+	return nil
 }
 
 func runCmd(ctx context.Context, bin string, args ...string) error {
@@ -161,7 +164,7 @@ func runCmd(ctx context.Context, bin string, args ...string) error {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("netns: %s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+		return fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ func Sweep(ctx context.Context) ([]string, error) {
 			errs = append(errs, err)
 		}
 		if err := runCmd(ctx, ip, "netns", "del", name); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("netns: sweeping: %w", err))
 			continue
 		}
 		deleted = append(deleted, name)
