@@ -1,12 +1,27 @@
 #!/usr/bin/env python3
 """PyTorch 1.13 DDP/Gloo reference for `phalanx train`: MLP 784-512-512-10,
 global batch 256 split over N ranks, one thread per rank, SGD with momentum,
-random data. Prints one JSON line: median samples/s over the timed steps."""
+random data. Prints one JSON line: median samples/s over the timed steps.
+
+Run it with Debian's Python (/usr/bin/python3) after scripts/install-bench-deps,
+which points the libblas.so.3 that python3-torch loads at OpenBLAS and checks
+it; OpenBLAS runs one thread per rank (OPENBLAS_NUM_THREADS=1, set here before
+torch loads unless the environment sets it)."""
 import argparse, json, os, socket, statistics, time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+def blas_loaded():
+    """The BLAS libraries this process has mapped (symlinks resolved by the kernel)."""
+    with open("/proc/self/maps") as f:
+        libs = {l.split()[-1] for l in f if len(l.split()) >= 6 and ("libblas" in l or "openblas" in l)}
+    return ",".join(sorted("/".join(l.split("/")[-2:]) for l in libs)) or "none"
 
 
 def worker(rank, world, port, steps, warmup, batch, out):
@@ -33,7 +48,8 @@ def worker(rank, world, port, steps, warmup, batch, out):
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank == 0:
         out.put(dict(op="train", impl="pytorch-ddp-gloo", workers=world, batch=batch,
-                     samples_per_s=batch / statistics.median(t.tolist())))
+                     samples_per_s=batch / statistics.median(t.tolist()), blas=blas_loaded(),
+                     threads=torch.get_num_threads()))
     dist.destroy_process_group()
 
 
