@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 
 def parse_size(s):
-    for suf, m in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
+    for suf, m in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("B", 1)):
         if s.endswith(suf):
             return int(s[: -len(suf)]) * m
     return int(s)
