@@ -89,6 +89,10 @@ type Group struct {
 	work    []byte
 	ords    []int // ring: ordinal of each step's first send
 
+	fast     *shmFast  // the shared-memory allreduce, when every peer is on shared memory
+	deadline time.Time // the running operation's
+	stopCtx  func() bool
+
 	failMu  sync.Mutex
 	err     error
 	dead    chan struct{} // closed by fail
@@ -125,6 +129,7 @@ func newGroup(conns []net.Conn, m Membership, opts Options) *Group {
 		closing: make(chan struct{}),
 	}
 	g.timer.Stop()
+	g.fast = newShmFast(g, conns)
 	for j, c := range conns {
 		if c != nil {
 			g.links[j] = newLink(g, j, c)
@@ -182,6 +187,9 @@ func (g *Group) fail(err error) error {
 	}
 	g.err = err
 	close(g.dead)
+	if g.fast != nil {
+		g.fast.interrupt()
+	}
 	now := time.Now()
 	for _, l := range g.links {
 		if l != nil {
@@ -265,6 +273,10 @@ func (g *Group) begin(ctx context.Context, op opCode, dt DType, count int, arg u
 		timeout = min(timeout, time.Until(d))
 	}
 	g.timer.Reset(timeout)
+	g.deadline = time.Now().Add(timeout)
+	if g.fast != nil {
+		g.stopCtx = g.fast.watchContext(ctx)
+	}
 	for _, l := range g.links {
 		if l != nil {
 			l.sendIdx, l.recvIdx = 0, 0
@@ -281,6 +293,10 @@ func (g *Group) end(err error) error {
 		err = g.drain()
 	}
 	g.timer.Stop()
+	if g.stopCtx != nil {
+		g.stopCtx()
+		g.stopCtx = nil
+	}
 	if err != nil {
 		g.fail(err)
 		g.sendWG.Wait()

@@ -207,6 +207,9 @@ func (l *link) recvLoop() {
 		case kindHeartbeat:
 		case kindBye: // the peer's last frame
 			l.peerBye.Store(true)
+			if g.fast != nil {
+				g.fast.interrupt() // a fast-path wait on this peer must fail now
+			}
 			l.refuseAfterBye()
 			return
 		case kindAbort:

@@ -62,6 +62,9 @@ func nsegs(n, seg int) int { return max(1, (n+seg-1)/seg) }
 // Every chunk is reduced by walking the ring in one fixed order and then copied
 // verbatim, so all ranks end with the same bits.
 func (g *Group) ringSteps(data []byte, dt DType, op ReduceOp, ck chunking, from, to int) error {
+	if g.cur.op == opAllReduce && g.fast != nil && g.fast.handles(dt) {
+		return g.fast.allReduce(data, dt, op)
+	}
 	N, r, es := g.world, g.rank, dt.Size()
 	right, left := g.links[(r+1)%N], g.links[(r+N-1)%N]
 	seg := g.segElems(es, ck)

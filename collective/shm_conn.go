@@ -47,6 +47,7 @@ func (r *shmRing) spaceBell() bell { return bell{seq: r.spaceSeq, waiting: r.pro
 type shmConn struct {
 	peer     int
 	spin     int
+	small    int    // the fast path's ShmOptions.SmallBytes
 	pair     []byte // the pair segment
 	peerSeg  []byte // the peer's rank segment, for the allreduce fast path
 	node     *shmNode

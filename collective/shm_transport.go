@@ -281,6 +281,7 @@ func (t *ShmTransport) upgrade(ctx context.Context, m Membership, j int, c net.C
 	sc := &shmConn{
 		peer:     j,
 		spin:     t.opts.Spin,
+		small:    t.opts.SmallBytes,
 		pair:     pair,
 		peerSeg:  peerSeg,
 		node:     node,
