@@ -42,6 +42,17 @@ type Config struct {
 	BucketBytes  int                `json:"bucket_bytes"`  // gradient fusion bucket size
 	Seed         uint64             `json:"seed"`          // of the weights, the data and the shuffle
 	OpTimeout    time.Duration      `json:"op_timeout"`    // deadline of every collective operation
+	// Transport is the data plane between ranks: "auto" (shared memory
+	// between ranks on one host, TCP between hosts, hierarchical allreduce
+	// when every host has several ranks), "tcp" or "shm" (every rank on one
+	// host).
+	Transport string `json:"transport"`
+	// WireDType is the type gradients travel in: "float32" (exact), or
+	// "fp16" / "bf16" (half the bytes; reduced in float32). ErrorFeedback
+	// keeps each step's rounding residue and adds it to the next step's
+	// gradient.
+	WireDType     string `json:"wire_dtype"`
+	ErrorFeedback bool   `json:"error_feedback"`
 	// Rescale says what a change of world size keeps: "batch" (the global
 	// batch, re-split) or "lr" (each worker's share, Batch/ReferenceWorld,
 	// with the learning rate scaled by world/ReferenceWorld).
@@ -164,6 +175,8 @@ func DefaultConfig() Config {
 		BucketBytes:  1 << 20,
 		Seed:         1,
 		OpTimeout:    30 * time.Second,
+		Transport:    "auto",
+		WireDType:    "float32",
 		Rescale:      "batch",
 		Sync: SyncConfig{Mode: "bsp", DeadlineFactor: 2, Quorum: 0.75, Stale: "drop", StaleDecay: 0.5,
 			ExcludeAfter: 5, ExcludeWindow: 10, ReadmitAfter: 5, Staleness: 3},
@@ -221,6 +234,12 @@ func (c *Config) Validate() error {
 		return bad("ClipNorm", c.ClipNorm, "must not be negative")
 	case c.OpTimeout <= 0:
 		return bad("OpTimeout", c.OpTimeout, "must be positive")
+	case c.Transport != "auto" && c.Transport != "tcp" && c.Transport != "shm":
+		return bad("Transport", c.Transport, `want "auto", "tcp" or "shm"`)
+	case c.WireDType != "float32" && c.WireDType != "fp16" && c.WireDType != "bf16":
+		return bad("WireDType", c.WireDType, `want "float32", "fp16" or "bf16"`)
+	case c.ErrorFeedback && c.WireDType == "float32":
+		return bad("ErrorFeedback", c.ErrorFeedback, `needs a compressed WireDType ("fp16" or "bf16")`)
 	case c.Rescale != "batch" && c.Rescale != "lr":
 		return bad("Rescale", c.Rescale, `want "batch" or "lr"`)
 	case c.ReferenceWorld < 0 || (c.Rescale == "lr" && c.ReferenceWorld > c.Batch):

@@ -34,7 +34,9 @@ func (c *Config) checkpointHashes(params []*nn.Param, slots []nn.Tensor) (config
 		Rescale                         string
 		ReferenceWorld                  int
 		Sync                            SyncConfig
-	}{c.Batch, c.MicroBatches, c.LocalSteps, c.ClipNorm, c.Optimizer, c.Rescale, c.ReferenceWorld, c.Sync})
+		WireDType                       string `json:",omitempty"`
+		ErrorFeedback                   bool   `json:",omitempty"`
+	}{c.Batch, c.MicroBatches, c.LocalSteps, c.ClipNorm, c.Optimizer, c.Rescale, c.ReferenceWorld, c.Sync, wire(c.WireDType), c.ErrorFeedback})
 	var layout []string
 	for _, p := range params {
 		layout = append(layout, fmt.Sprintf("%s%v", p.Name, p.Shape))
@@ -51,6 +53,15 @@ func (c *Config) checkpointHashes(params []*nn.Param, slots []nn.Tensor) (config
 		Layout   []string
 	}{c.Model, c.ModelOptions, c.Optimizer.Kind, c.Optimizer.Nesterov, c.Seed, layout})
 	return config, state
+}
+
+// wire is the wire dtype as the checkpoint hash sees it: float32 (the
+// default, and what older checkpoints were trained with) hashes as absent.
+func wire(d string) string {
+	if d == "float32" {
+		return ""
+	}
+	return d
 }
 
 // hashOf is a short hash of v's JSON (struct fields in order, map keys

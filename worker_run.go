@@ -112,6 +112,7 @@ type ringWorker struct {
 	rep  *reporter
 
 	tr    *collective.TCPTransport
+	data  collective.Transport // the ring's: tr, or shared memory beside it
 	sys   *actors.System
 	cli   *clientv3.Client
 	keys  coordinator.Keys
@@ -154,6 +155,19 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	w.tr = tr
 	w.undo = append(w.undo, func() { tr.Close() })
+	kind, err := collective.ParseTransportKind(c.Transport)
+	if err != nil {
+		return bad("Transport", c.Transport, "%v", err)
+	}
+	if w.data, err = collective.NewTransport(kind, tr, collective.ShmOptions{Logger: w.log}); err != nil {
+		return fmt.Errorf("phalanx: data plane: %w", err)
+	}
+	hostID := ""
+	if kind != collective.TransportTCP {
+		if hostID, err = collective.HostIdentity(); err != nil {
+			return fmt.Errorf("phalanx: data plane: %w", err)
+		}
+	}
 	host, _, err := net.SplitHostPort(tr.Addr())
 	if err != nil {
 		return err
@@ -201,9 +215,9 @@ func (w *ringWorker) start(ctx context.Context) error {
 		return err
 	}
 	w.sup, w.group = sup, pids[0]
-	w.agent, err = elastic.New(elastic.Config{Client: w.cli, Keys: w.keys, Job: c.Job, Transport: tr,
-		Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
-		DataAddr:   tr.Addr(), ControlAddr: sys.Address(), RankHint: c.RankHint, ConfigHash: c.jobHash(),
+	w.agent, err = elastic.New(elastic.Config{Client: w.cli, Keys: w.keys, Job: c.Job, Transport: w.data,
+		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
+		DataAddr: tr.Addr(), ControlAddr: sys.Address(), RankHint: c.RankHint, ConfigHash: c.jobHash(),
 		Capabilities: []string{"allreduce", "model:" + c.Model},
 		LeaseTTL:     c.LeaseTTL, Unreachable: c.Unreachable, Logger: w.log, Now: c.Now})
 	if err != nil {

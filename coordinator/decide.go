@@ -194,5 +194,5 @@ func hint(r *phalanxpb.Registration) int32 {
 }
 
 func memberOf(r *phalanxpb.Registration) *phalanxpb.Member {
-	return &phalanxpb.Member{Id: r.Id, DataAddr: r.DataAddr, ControlAddr: r.ControlAddr, Pid: r.Pid}
+	return &phalanxpb.Member{Id: r.Id, DataAddr: r.DataAddr, ControlAddr: r.ControlAddr, Pid: r.Pid, HostIdentity: r.HostIdentity}
 }

@@ -29,8 +29,12 @@ type Config struct {
 	// address) and its control plane (the actor system's).
 	DataAddr, ControlAddr string
 	Host                  string
-	RankHint              int // preferred rank, -1 for none
-	Capabilities          []string
+	// HostIdentity says which workers share this host's memory
+	// (collective.HostIdentity); empty: none, every peer is reached over
+	// the network.
+	HostIdentity string
+	RankHint     int // preferred rank, -1 for none
+	Capabilities []string
 	// ConfigHash identifies the training configuration; a worker whose hash
 	// differs from the job's is refused before it registers.
 	ConfigHash string
@@ -188,6 +192,7 @@ func (a *Agent) ID() string { return a.id }
 func (a *Agent) registration() *phalanxpb.Registration {
 	return &phalanxpb.Registration{Id: a.id, DataAddr: a.cfg.DataAddr, ControlAddr: a.cfg.ControlAddr,
 		RankHint: int32(a.cfg.RankHint), Pid: int64(os.Getpid()), Host: a.cfg.Host,
+		HostIdentity: a.cfg.HostIdentity,
 		Capabilities: a.cfg.Capabilities, RegisteredUnixNano: a.cfg.Now().UnixNano()}
 }
 
@@ -422,11 +427,16 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 		}
 	}()
 
-	peers := make([]string, len(g.Members))
-	for i, m := range g.Members {
-		peers[i] = m.DataAddr
+	m := collective.Membership{Job: a.cfg.Job, Generation: g.Number, Rank: rank, Peers: make([]string, len(g.Members)),
+		Hosts: make([]string, len(g.Members))}
+	known := true
+	for i, mem := range g.Members {
+		m.Peers[i], m.Hosts[i] = mem.DataAddr, mem.HostIdentity
+		known = known && mem.HostIdentity != ""
 	}
-	m := collective.Membership{Job: a.cfg.Job, Generation: g.Number, Rank: rank, Peers: peers}
+	if !known {
+		m.Hosts = nil // a member that did not say: every pair over the network
+	}
 	jctx, jcancel := context.WithTimeout(rctx, a.cfg.JoinTimeout)
 	grp, err := collective.Join(jctx, a.cfg.Transport, m, a.cfg.Collective)
 	jcancel()

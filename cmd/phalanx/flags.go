@@ -49,6 +49,9 @@ func (f *configFlags) register(fs *flag.FlagSet, reg *phalanx.Registry) {
 	fs.StringVar(&f.bucket, "bucket", "1MiB", "gradient fusion bucket size")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the weights, the data and the shuffle")
 	fs.DurationVar(&c.OpTimeout, "timeout", c.OpTimeout, "deadline of every collective operation")
+	fs.StringVar(&c.Transport, "transport", c.Transport, "data plane between ranks: auto (shared memory between ranks on one host, TCP between hosts,\nhierarchical allreduce when every host has several ranks), tcp, or shm (every rank on one host)")
+	fs.StringVar(&c.WireDType, "wire-dtype", c.WireDType, "type gradients travel in: float32, or fp16 / bf16 (half the bytes, reduced in float32)")
+	fs.BoolVar(&c.ErrorFeedback, "error-feedback", false, "with --wire-dtype fp16|bf16: carry each step's rounding residue into the next step's gradient")
 	fs.StringVar(&c.Rescale, "rescale", c.Rescale, "when the world size changes: batch keeps the global batch and rescales each worker's\nshare; lr keeps each worker's share (--batch / --reference-world) and scales the learning rate")
 	fs.IntVar(&c.ReferenceWorld, "reference-world", 0, "with --rescale lr: the world size --batch and --lr are meant for (default: --workers)")
 	fs.StringVar(&f.failAt, "fail-at", "", "fault injection: WORKER:STEP makes that worker's model code panic once at that step;\nits supervisor restarts the rank actor, which resumes from its commit")
@@ -161,7 +164,7 @@ func (f *configFlags) apply() error {
 var flagOf = map[string]string{
 	"Model": "--example", "ModelOptions": "--example", "Steps": "--steps", "Batch": "--batch", "Schedule": "learning rate (--schedule, --lr, --warmup)",
 	"Optimizer.Kind": "--optimizer", "ClipNorm": "--clip", "MicroBatches": "--micro-batches", "LocalSteps": "--local-steps",
-	"CommitEvery": "--commit-every", "BucketBytes": "--bucket", "OpTimeout": "--timeout", "Rescale": "--rescale",
+	"CommitEvery": "--commit-every", "BucketBytes": "--bucket", "OpTimeout": "--timeout", "Transport": "--transport", "WireDType": "--wire-dtype", "ErrorFeedback": "--error-feedback", "Rescale": "--rescale",
 	"ReferenceWorld": "--reference-world", "LeaseTTL": "--lease-ttl", "Unreachable": "--unreachable", "Job": "--job", "Etcd": "--etcd-endpoints",
 	"Restarts.MaxRestarts": "--max-restarts", "Restarts.Window": "--restart-window", "Faults.FailStep": "--fail-at",
 	"Faults.FailTimes": "--fail-times", "Faults.FailWorker": "--fail-at",

@@ -35,8 +35,11 @@ type Registration struct {
 	Host               string                 `protobuf:"bytes,6,opt,name=host,proto3" json:"host,omitempty"`
 	Capabilities       []string               `protobuf:"bytes,7,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	RegisteredUnixNano int64                  `protobuf:"varint,8,opt,name=registered_unix_nano,json=registeredUnixNano,proto3" json:"registered_unix_nano,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// host_identity says which ranks share a host's memory (collective.HostIdentity):
+	// ranks with the same one may use the shared-memory data plane.
+	HostIdentity  string `protobuf:"bytes,9,opt,name=host_identity,json=hostIdentity,proto3" json:"host_identity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Registration) Reset() {
@@ -125,6 +128,13 @@ func (x *Registration) GetRegisteredUnixNano() int64 {
 	return 0
 }
 
+func (x *Registration) GetHostIdentity() string {
+	if x != nil {
+		return x.HostIdentity
+	}
+	return ""
+}
+
 // Member is one rank of a generation.
 type Member struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -132,6 +142,7 @@ type Member struct {
 	DataAddr      string                 `protobuf:"bytes,2,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
 	ControlAddr   string                 `protobuf:"bytes,3,opt,name=control_addr,json=controlAddr,proto3" json:"control_addr,omitempty"`
 	Pid           int64                  `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	HostIdentity  string                 `protobuf:"bytes,5,opt,name=host_identity,json=hostIdentity,proto3" json:"host_identity,omitempty"` // the registration's host_identity
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,6 +203,13 @@ func (x *Member) GetPid() int64 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *Member) GetHostIdentity() string {
+	if x != nil {
+		return x.HostIdentity
+	}
+	return ""
 }
 
 // Generation is the coordinator's decision: who trains, in which ring order.
@@ -736,7 +754,7 @@ var File_phalanx_v1_membership_proto protoreflect.FileDescriptor
 const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\n" +
 	"\x1bphalanx/v1/membership.proto\x12\n" +
-	"phalanx.v1\"\xf7\x01\n" +
+	"phalanx.v1\"\x9c\x02\n" +
 	"\fRegistration\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12!\n" +
@@ -745,12 +763,14 @@ const file_phalanx_v1_membership_proto_rawDesc = "" +
 	"\x03pid\x18\x05 \x01(\x03R\x03pid\x12\x12\n" +
 	"\x04host\x18\x06 \x01(\tR\x04host\x12\"\n" +
 	"\fcapabilities\x18\a \x03(\tR\fcapabilities\x120\n" +
-	"\x14registered_unix_nano\x18\b \x01(\x03R\x12registeredUnixNano\"j\n" +
+	"\x14registered_unix_nano\x18\b \x01(\x03R\x12registeredUnixNano\x12#\n" +
+	"\rhost_identity\x18\t \x01(\tR\fhostIdentity\"\x8f\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12!\n" +
 	"\fcontrol_addr\x18\x03 \x01(\tR\vcontrolAddr\x12\x10\n" +
-	"\x03pid\x18\x04 \x01(\x03R\x03pid\"\x86\x03\n" +
+	"\x03pid\x18\x04 \x01(\x03R\x03pid\x12#\n" +
+	"\rhost_identity\x18\x05 \x01(\tR\fhostIdentity\"\x86\x03\n" +
 	"\n" +
 	"Generation\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x04R\x06number\x12,\n" +
