@@ -65,9 +65,9 @@ type FuserOptions struct {
 	// errors do not add up over steps. The residues (4 bytes per element) are
 	// this rank's own and are lost with the Fuser.
 	ErrorFeedback bool
-	// Exact lists tensors that keep their own type whatever Wire says (counts,
-	// fingerprints, votes): each is reduced alone, in place, as a bucket of its
-	// own.
+	// Exact lists tensors that keep their own type when Wire is a 16-bit type
+	// (counts, fingerprints, votes): each is then reduced alone, in place, as
+	// a bucket of its own. Without a 16-bit Wire it changes nothing.
 	Exact []int
 }
 
@@ -115,7 +115,7 @@ func NewFuserWith[T Float](ctx context.Context, g *Group, tensors [][]T, op Redu
 		if i < 0 || i >= len(tensors) {
 			return nil, fmt.Errorf("collective fuser: exact tensor %d outside 0..%d", i, len(tensors)-1)
 		}
-		exact[i] = true
+		exact[i] = wire != 0
 	}
 	f := &Fuser[T]{ctx: ctx, g: g, op: op, wire: wire, tensors: tensors, where: make([]int, len(tensors)), launch: make(chan int, len(tensors)+1)}
 	wireElems := 0
@@ -296,6 +296,15 @@ func (f *Fuser[T]) Wait(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// ClearResidues forgets the error-feedback residues (a no-op without error
+// feedback): after a step is abandoned and redone, so the redone step does
+// not carry the rounding residue of gradients that were never applied.
+func (f *Fuser[T]) ClearResidues() {
+	for _, r := range f.resid {
+		clear(r)
+	}
 }
 
 // Buckets is the number of buckets.

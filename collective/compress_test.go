@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -419,6 +420,52 @@ func TestFuserOptionsRefused(t *testing.T) {
 		t.Fatalf("float64 wire for float64 tensors: %v", err)
 	}
 	f.Close()
+}
+
+// TestFuserWireState: Exact changes nothing without a 16-bit wire;
+// ClearResidues makes a Fuser with error feedback behave as a fresh one.
+func TestFuserWireState(t *testing.T) {
+	groups := inprocGroups(t, 1, 1, Options{})
+	ctx := context.Background()
+	ts := [][]float32{{1, 2}, {3}, {4, 5, 6}}
+	plain := NewFuser(ctx, groups[0], ts, Sum, 12)
+	defer plain.Close()
+	same, err := NewFuserWith(ctx, groups[0], ts, Sum, FuserOptions{BucketBytes: 12, Exact: []int{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer same.Close()
+	if plain.Buckets() != same.Buckets() {
+		t.Errorf("Exact without a wire: %d buckets, NewFuser makes %d", same.Buckets(), plain.Buckets())
+	}
+	x := []float32{0.1, 1.0 / 3, 1e-3}
+	ef, err := NewFuserWith(ctx, groups[0], [][]float32{x}, Sum, FuserOptions{Wire: Float16, ErrorFeedback: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ef.Close()
+	var first []float32
+	for round := range 3 {
+		copy(x, []float32{0.1, 1.0 / 3, 1e-3})
+		if round == 2 {
+			ef.ClearResidues()
+		}
+		if err := fuserRound(ctx, ef, 1); err != nil {
+			t.Fatal(err)
+		}
+		switch round {
+		case 0:
+			first = append([]float32(nil), x...)
+		case 1:
+			if slices.Equal(x, first) {
+				t.Errorf("round 1 gave round 0's %v: no residue carried", x)
+			}
+		case 2:
+			if !slices.Equal(x, first) {
+				t.Errorf("after ClearResidues got %v, a fresh Fuser gives %v", x, first)
+			}
+		}
+	}
 }
 
 // BenchmarkFuserWire: one Fuser round (reset, mark ready, wait) on 4
