@@ -7,7 +7,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 )
 
@@ -23,76 +22,72 @@ const (
 	StaleDecay
 )
 
-// hybridResult is a reduced step waiting to be applied.
+// hybridResult is a reduced step waiting to be applied: in the trainer's
+// gradient arena (a participant's, reduced in place) or in a spare arena (a
+// late rank's).
 type hybridResult struct {
 	step         int64
-	flat         []float32
+	spare        *spareArena // nil: the trainer's arena
 	participated bool
-}
-
-// layout of the statistics after the gradients in a hybrid step's buffer:
-// loss sum, correct, the fingerprint, the contributing samples and ranks,
-// the votes.
-const (
-	hybridCount = statsVotes
-	hybridRanks = statsVotes + 1
-	hybridTail  = statsVotes + 2 + len(checkpoint.Votes{})
-)
-
-func (t *Trainer) hybridLen() int {
-	n := 0
-	for _, p := range t.params {
-		n += len(p.Grad)
-	}
-	return n + hybridTail
 }
 
 // ReduceStep joins the allreduce of a hybrid-synchronous step, in the order
 // the ranks' steps close. A participant (its Compute of that step has
-// finished) contributes its gradients, statistics and sample count; a late
-// rank contributes zeros and may call ReduceStep while its Compute still
-// runs on another goroutine: nothing Compute reads or writes is touched. The
-// result waits for ApplyStep. Every rank calls ReduceStep once per closed
-// step, whether it took part or not.
+// finished) reduces its gradients, statistics and sample count in place, in
+// the same buckets as a synchronous step; a late rank contributes zeros from
+// a spare buffer and may call ReduceStep while its Compute still runs on
+// another goroutine: nothing Compute reads or writes is touched. The result
+// waits for ApplyStep. Every rank calls ReduceStep once per closed step,
+// whether it took part or not.
 func (t *Trainer) ReduceStep(ctx context.Context, step int64, participate bool) error {
-	var flat []float32
-	if n := len(t.hybridFree); n > 0 {
-		flat, t.hybridFree = t.hybridFree[n-1], t.hybridFree[:n-1]
-		clear(flat)
-	} else {
-		flat = make([]float32, t.hybridLen())
-	}
-	if participate {
-		if t.phase != phaseComputed || t.pend.step != step {
-			return fmt.Errorf("worker: rank takes part in step %d without its gradients (computed: step %d)", step, t.pend.step)
+	if !participate {
+		s, err := t.spare()
+		if err != nil {
+			return err
 		}
-		at := 0
-		for i, p := range t.params {
-			copy(flat[at:], p.Grad)
-			if t.staleGrads != nil {
-				for k, g := range t.staleGrads[i] {
-					flat[at+k] += g
-				}
-			}
-			at += len(p.Grad)
+		t.writeVotes(s.buf[len(s.buf)-statsLen:])
+		if err := reduceAll(ctx, s.fuser); err != nil {
+			t.hybridFree = append(t.hybridFree, s)
+			return fmt.Errorf("worker: step %d: hybrid allreduce: %w", step, err)
+		}
+		t.hybridQueue = append(t.hybridQueue, hybridResult{step: step, spare: s})
+		return nil
+	}
+	if t.phase != phaseComputed || t.pend.step != step || t.pend.sealed {
+		return fmt.Errorf("worker: rank takes part in step %d without its gradients (computed: step %d)", step, t.pend.step)
+	}
+	if len(t.hybridQueue) > 0 {
+		return fmt.Errorf("worker: rank takes part in step %d with %d reduced steps not applied", step, len(t.hybridQueue))
+	}
+	if t.staleGrads != nil {
+		for k, g := range t.staleGrads {
+			t.grads.buf[k] += g
 		}
 		t.staleGrads = nil
-		st := flat[at:]
-		st[0], st[1] = float32(t.pend.sum), float32(t.pend.correct)
-		for i, v := range t.pend.fp {
-			st[2+i] = float32(v)
+	}
+	t.pend.sealed = true
+	t.writeStats()
+	for k := range t.marked {
+		if err := t.mark(k); err != nil {
+			return err
 		}
-		st[hybridCount], st[hybridRanks] = float32(len(t.idx)), 1
 	}
-	if t.voter != nil {
-		v := t.voter()
-		copy(flat[len(flat)-len(v):], v[:])
-	}
-	if err := t.g.AllReduce(ctx, collective.Float32s(flat), collective.Sum); err != nil {
+	if err := t.fuser.Wait(ctx); err != nil {
 		return fmt.Errorf("worker: step %d: hybrid allreduce: %w", step, err)
 	}
-	t.hybridQueue = append(t.hybridQueue, hybridResult{step: step, flat: flat, participated: participate})
+	t.hybridQueue = append(t.hybridQueue, hybridResult{step: step, participated: true})
 	return nil
+}
+
+// reduceAll reduces every chunk of a Fuser's round.
+func reduceAll(ctx context.Context, f *collective.Fuser[float32]) error {
+	f.Reset()
+	for k := range f.Buckets() {
+		if err := f.MarkReady(k); err != nil {
+			return err
+		}
+	}
+	return f.Wait(ctx)
 }
 
 // Pending is the number of reduced steps waiting for ApplyStep.
@@ -110,9 +105,11 @@ func (t *Trainer) ApplyStep(ctx context.Context) (_ StepStats, err error) {
 		return StepStats{}, fmt.Errorf("worker: no reduced step to apply")
 	}
 	r := t.hybridQueue[0]
-	t.hybridQueue = t.hybridQueue[1:]
+	t.hybridQueue = t.hybridQueue[:copy(t.hybridQueue, t.hybridQueue[1:])]
 	defer func() {
-		t.hybridFree = append(t.hybridFree, r.flat)
+		if r.spare != nil {
+			t.hybridFree = append(t.hybridFree, r.spare)
+		}
 		if v := recover(); v != nil { // Recover repairs the step (see rankActor.resume)
 			err = &PanicError{Step: r.step, Value: v, Stack: debug.Stack()}
 		}
@@ -130,35 +127,31 @@ func (t *Trainer) ApplyStep(ctx context.Context) (_ StepStats, err error) {
 		}
 		*p = pending{step: r.step, size: size, next: next, start: time.Now()}
 	} else if !r.participated && t.cfg.Stale == StaleDecay {
+		own := t.grads.grads()
 		if t.staleGrads == nil {
-			t.staleGrads = make([][]float32, len(t.params))
-			for i, q := range t.params {
-				t.staleGrads[i] = make([]float32, len(q.Grad))
-			}
+			t.staleGrads = make([]float32, len(own))
 		}
-		for i, q := range t.params {
-			for k, g := range q.Grad {
-				t.staleGrads[i][k] = g * float32(t.cfg.StaleDecay)
-			}
+		for k, g := range own {
+			t.staleGrads[k] = g * float32(t.cfg.StaleDecay)
 		}
 	}
-	st := r.flat[len(r.flat)-hybridTail:]
-	count := st[hybridCount]
+	flat := t.grads.buf
+	if r.spare != nil {
+		flat = r.spare.buf
+	}
+	st := flat[len(flat)-statsLen:]
+	count := st[statsCount]
 	if count <= 0 {
 		return StepStats{}, fmt.Errorf("worker: step %d: no rank contributed samples", r.step)
 	}
 	// Each rank scaled its gradients by 1/size of the global batch; the
 	// average is over the samples that contributed.
 	scale := float32(p.size) / count
-	at := 0
-	for _, q := range t.params {
-		for k := range q.Grad {
-			q.Grad[k] = r.flat[at+k] * scale
-		}
-		at += len(q.Grad)
+	own := t.grads.grads()
+	for k, g := range flat[:len(own)] {
+		own[k] = g * scale
 	}
-	copy(t.stats, st[:statsVotes])
-	copy(t.stats[statsVotes:], st[hybridRanks+1:])
+	copy(t.stats, st)
 	p.size = int(count)
 	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
 		return StepStats{}, &NonFiniteError{Step: r.step}
@@ -168,6 +161,6 @@ func (t *Trainer) ApplyStep(ctx context.Context) (_ StepStats, err error) {
 	}
 	p.clipped = false
 	stats, err := t.update(ctx, StepStats{})
-	stats.Participated, stats.Participants = r.participated, int(st[hybridRanks])
+	stats.Participated, stats.Participants = r.participated, int(st[statsRanks])
 	return stats, err
 }

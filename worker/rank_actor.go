@@ -33,6 +33,12 @@ type RankConfig struct {
 	// actor's policy). The rank computes on a goroutine of its own, so that
 	// it can join a step's allreduce while still computing it.
 	Hybrid bool
+	// NoOverlap makes a bulk-synchronous rank reduce its gradients only
+	// once the step's decision came (Trainer.Compute, then Finish) rather
+	// than while its backward pass runs (Trainer.ComputeOverlapped). A model
+	// failure then never involves the other ranks, at the price of
+	// communication the backward pass no longer hides.
+	NoOverlap bool
 	// Context bounds the collective operations.
 	Context context.Context
 	Logger  *zap.Logger
@@ -63,9 +69,10 @@ type computeDone struct {
 }
 
 // NewRankProps returns the props of a rank actor. It drives its Trainer
-// through the control-plane step protocol: compute the step's gradients,
-// tell the group actor (StepReady), and on its decision (StepGo) reduce,
-// apply and commit. A panic in model or optimizer code fails the actor; its
+// through the control-plane step protocol: compute the step's gradients
+// (sending each bucket to be reduced as the backward pass fills it, unless
+// NoOverlap), tell the group actor (StepReady), and on its decision (StepGo)
+// finish the reduction, apply and commit. A panic in model or optimizer code fails the actor; its
 // supervisor restarts it, the new instance repairs the trainer from the last
 // in-memory commit (Trainer.Recover) and rejoins at the step the others are
 // on, who see one slow step.
@@ -139,7 +146,11 @@ func (a *rankActor) compute(ctx actor.Context) {
 		return
 	}
 	start := st.cfg.Now()
-	if err := t.Compute(st.cfg.Context); err != nil {
+	compute := t.ComputeOverlapped
+	if st.cfg.NoOverlap {
+		compute = t.Compute
+	}
+	if err := compute(st.cfg.Context); err != nil {
 		a.fail(err)
 		return
 	}

@@ -27,6 +27,8 @@ type Sampler struct {
 	seed  uint64
 	epoch int64
 	perm  []int32
+	pcg   rand.PCG   // reseeded for every epoch's permutation
+	rng   *rand.Rand // over pcg
 }
 
 // NewSampler is a sampler over n samples.
@@ -34,7 +36,9 @@ func NewSampler(n int, seed uint64) (*Sampler, error) {
 	if n <= 0 || n > 1<<31-1 {
 		return nil, fmt.Errorf("worker: sampler over %d samples: want 1..2^31-1", n)
 	}
-	return &Sampler{n: n, seed: seed, epoch: -1}, nil
+	s := &Sampler{n: n, seed: seed, epoch: -1}
+	s.rng = rand.New(&s.pcg)
+	return s, nil
 }
 
 // Len is the number of samples per epoch.
@@ -50,8 +54,8 @@ func (s *Sampler) permutation(epoch int64) []int32 {
 	for i := range s.perm {
 		s.perm[i] = int32(i)
 	}
-	rng := rand.New(rand.NewPCG(s.seed, uint64(epoch)))
-	rng.Shuffle(s.n, func(i, j int) { s.perm[i], s.perm[j] = s.perm[j], s.perm[i] })
+	s.pcg.Seed(s.seed, uint64(epoch))
+	s.rng.Shuffle(s.n, func(i, j int) { s.perm[i], s.perm[j] = s.perm[j], s.perm[i] })
 	s.epoch = epoch
 	return s.perm
 }

@@ -37,6 +37,13 @@ type Config struct {
 	// does with its gradients, and the factor StaleDecay scales them by.
 	Stale      Stale
 	StaleDecay float64
+	// Wire is the type gradients travel and are reduced in: 0 (their own,
+	// float32), collective.Float16 or collective.BFloat16 (half the bytes;
+	// the statistics stay exact). ErrorFeedback keeps each gradient
+	// element's rounding residue for the next step (see
+	// collective.FuserOptions).
+	Wire          collective.DType
+	ErrorFeedback bool
 }
 
 func (c *Config) validate() error {
@@ -113,10 +120,16 @@ func addFingerprint(f *Fingerprint, i int) {
 	f[4] += float64(h >> 24)
 }
 
-// statsVotes is where the votes sit in the statistics vector: they travel in
-// the step's own allreduce, so ranks agree on decisions (a checkpoint now, a
-// stop) at the same step boundary for free.
-const statsVotes = 2 + len(Fingerprint{})
+// The statistics that travel in the step's own allreduce, after the
+// gradients: the loss sum, the correct count, the fingerprint, the samples
+// and ranks that contributed (hybrid steps), and the votes — so ranks agree
+// on decisions (a checkpoint now, a stop) at the same step boundary for free.
+const (
+	statsCount = 2 + len(Fingerprint{})
+	statsRanks = statsCount + 1
+	statsVotes = statsRanks + 1
+	statsLen   = statsVotes + len(checkpoint.Votes{})
+)
 
 // NonFiniteError is a NaN or infinite gradient or loss.
 type NonFiniteError struct {
@@ -156,13 +169,14 @@ type Trainer struct {
 	state   *State
 
 	fuser   *collective.Fuser[float32]
-	order   []int     // fuser tensor k is parameter order[k]; the last is stats
-	slot    []int     // parameter → fuser tensor
-	marked  []bool    // fuser tensors marked this step
-	stats   []float32 // loss sum, correct, the batch fingerprint
+	grads   gradArena
+	marked  []bool    // chunks marked ready this step
+	left    []int     // parameters of each chunk not ready yet this step
+	pready  []bool    // parameters ready this step
+	stats   []float32 // the arena's tail: statistics travelling with the gradients (see statsLen)
 	fctx    context.Context
-	tensors [][]float32 // the fuser's tensors
 	values  [][]float32 // parameter values, for local SGD averaging
+	onReady func(int)   // the backward pass's readiness callback, built once
 	idx     []int
 	batch   Batch
 	phase   phase
@@ -171,8 +185,8 @@ type Trainer struct {
 	busy         sync.Mutex // held by Compute
 	voter        func() checkpoint.Votes
 	hybridQueue  []hybridResult   // reduced hybrid steps not yet applied
-	hybridFree   [][]float32      // their buffers, for reuse
-	staleGrads   [][]float32      // StaleDecay: a late step's gradients, scaled, for the next
+	hybridFree   []*spareArena    // buffers of late steps' reductions, for reuse
+	staleGrads   []float32        // StaleDecay: a late step's gradients (arena layout), scaled, for the next
 	beforeUpdate func(step int64) // test hook: runs inside the update phase
 	committed    StepStats        // the statistics of the last committed step
 	lastBuf      []float64
@@ -191,28 +205,40 @@ func NewTrainer(ctx context.Context, g *collective.Group, m Model, data Dataset,
 	if err != nil {
 		return nil, err
 	}
-	t := &Trainer{g: g, model: m, params: m.Params(), data: data, opt: opt, cfg: cfg, log: log, sampler: sampler,
-		stats: make([]float32, statsVotes+len(checkpoint.Votes{})), fctx: ctx}
+	t := &Trainer{g: g, model: m, params: m.Params(), data: data, opt: opt, cfg: cfg, log: log, sampler: sampler, fctx: ctx}
 	t.state = NewState(t.params, opt)
-	// Backward produces the last layers' gradients first: fuse them in reverse
-	// order so the first bucket fills, and is reduced, earliest.
-	tensors := make([][]float32, 0, len(t.params)+1)
-	t.slot = make([]int, len(t.params))
+	t.grads = newGradArena(t.params, cfg.BucketBytes, cfg.Wire.Half())
+	t.stats = t.grads.tail()
 	for i := len(t.params) - 1; i >= 0; i-- {
-		t.slot[i] = len(tensors)
-		t.order = append(t.order, i)
-		tensors = append(tensors, t.params[i].Grad)
 		t.values = append(t.values, t.params[i].Value)
 	}
-	tensors = append(tensors, t.stats)
-	t.tensors = tensors
-	t.marked = make([]bool, len(tensors))
-	t.fuser = collective.NewFuser(ctx, g, tensors, collective.Sum, cfg.BucketBytes)
+	t.marked = make([]bool, len(t.grads.chunks))
+	t.left = make([]int, len(t.grads.chunks))
+	t.pready = make([]bool, len(t.params))
+	t.onReady = t.paramReady
+	if t.fuser, err = t.newFuser(g, t.grads.chunks); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
 	return t, nil
 }
 
+// newFuser reduces chunks of a gradient arena, each in place in a bucket of
+// its own (no copy in or out; with a 16-bit wire type, each is rounded into
+// its wire buffer and back). Every Fuser of the trainer is built here, with
+// the same options, so every rank issues the same operations.
+func (t *Trainer) newFuser(g *collective.Group, chunks [][]float32) (*collective.Fuser[float32], error) {
+	o := collective.FuserOptions{BucketBytes: 1, Wire: t.cfg.Wire, ErrorFeedback: t.cfg.ErrorFeedback}
+	if t.cfg.Wire.Half() {
+		o.Exact = []int{len(chunks) - 1} // the statistics, in a chunk of their own
+	}
+	return collective.NewFuserWith(t.fctx, g, chunks, collective.Sum, o)
+}
+
 // Close stops the trainer's background allreduces.
-func (t *Trainer) Close() { t.fuser.Close() }
+func (t *Trainer) Close() {
+	t.fuser.Close()
+	t.dropSpares()
+}
 
 // Group is the collective group the trainer reduces in.
 func (t *Trainer) Group() *collective.Group { return t.g }
@@ -223,6 +249,11 @@ func (t *Trainer) Group() *collective.Group { return t.g }
 func (t *Trainer) Rollback() (redone int64, err error) {
 	t.busy.Lock() // wait for a Compute still running on its own goroutine
 	defer t.busy.Unlock()
+	for _, r := range t.hybridQueue {
+		if r.spare != nil {
+			t.hybridFree = append(t.hybridFree, r.spare)
+		}
+	}
 	t.hybridQueue = t.hybridQueue[:0]
 	t.staleGrads = nil
 	s := t.state
@@ -247,9 +278,13 @@ func (t *Trainer) Rebind(g *collective.Group) error {
 	if t.phase != phaseIdle {
 		return fmt.Errorf("worker: rebind in the middle of step %d", t.pend.step)
 	}
+	f, err := t.newFuser(g, t.grads.chunks)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	t.fuser.Close()
-	t.g = g
-	t.fuser = collective.NewFuser(t.fctx, g, t.tensors, collective.Sum, t.cfg.BucketBytes)
+	t.dropSpares()
+	t.g, t.fuser = g, f
 	return nil
 }
 
@@ -286,12 +321,37 @@ func (t *Trainer) State() *State { return t.state }
 // Sampler is the trainer's sampler.
 func (t *Trainer) Sampler() *Sampler { return t.sampler }
 
+// mark launches chunk k's allreduce (once the chunks before it are
+// launched): from here on the step's collective operations are under way.
 func (t *Trainer) mark(k int) error {
 	if t.marked[k] {
 		return nil
 	}
 	t.marked[k] = true
 	return t.fuser.MarkReady(k)
+}
+
+// paramReady is the backward pass's callback: parameter i's gradient is
+// final. A chunk whose parameters are all final is reduced at once, but the
+// last, which carries the statistics, waits for seal.
+func (t *Trainer) paramReady(i int) {
+	if i < 0 || i >= len(t.params) || t.pready[i] || t.pend.markErr != nil {
+		return
+	}
+	t.pready[i] = true
+	k := t.grads.chunkOf[i]
+	if t.left[k]--; t.left[k] == 0 && k < len(t.grads.chunks)-1 { // the last holds the statistics
+		t.pend.launched = true
+		t.pend.markErr = t.mark(k)
+	}
+}
+
+// resetMarks prepares the chunks' readiness for a step.
+func (t *Trainer) resetMarks() {
+	t.fuser.Reset()
+	clear(t.marked)
+	clear(t.pready)
+	copy(t.left, t.grads.params)
 }
 
 // phase is where a trainer is in its step, so Recover knows what a failure
@@ -317,6 +377,11 @@ type pending struct {
 	compute time.Duration
 	clipped bool // clipping already scaled the gradients (a retried update must not again)
 	fp      Fingerprint
+	// launched: some of the step's allreduces were issued (overlap); a
+	// failure from here on has involved the other ranks.
+	launched bool
+	sealed   bool  // statistics written and every chunk marked
+	markErr  error // of a chunk launched from the backward pass
 }
 
 // Step runs one training step: every rank's share of the global batch, with
@@ -333,6 +398,16 @@ func (t *Trainer) Step(ctx context.Context) (StepStats, error) {
 // issues no collective operation, so a failure in model code leaves the other
 // ranks untouched: Recover, then Compute again. Finish completes the step.
 func (t *Trainer) Compute(ctx context.Context) error { return t.compute(ctx, false) }
+
+// ComputeOverlapped is Compute with each gradient bucket's allreduce started
+// as soon as the backward pass has filled it, and the last (with the step's
+// statistics and votes) at its end: the reductions run while the rank computes
+// and waits for the step's decision; Finish waits for them. A failure in model
+// code before the first bucket is sent is repaired like one in Compute; after
+// it, the other ranks are part-way through the step's reductions, and Recover
+// reports ErrUnrecoverable (the group must be rebuilt, as after a failure in
+// Finish).
+func (t *Trainer) ComputeOverlapped(ctx context.Context) error { return t.compute(ctx, true) }
 
 // NextStep is the step Compute works on, counted from 1.
 func (t *Trainer) NextStep() int64 { return t.state.Step + 1 }
@@ -362,16 +437,11 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 	if local {
 		scale = float32(1) / float32(max(len(idx), 1))
 	}
-	nn.ZeroGrads(t.params)
-	t.fuser.Reset()
-	clear(t.marked)
+	clear(t.grads.grads())
+	t.resetMarks()
 	var ready func(int)
 	if overlap && !local {
-		ready = func(i int) {
-			if i >= 0 && i < len(t.slot) && err == nil {
-				err = t.mark(t.slot[i])
-			}
-		}
+		ready = t.onReady
 	}
 	mb := t.cfg.MicroBatches
 	for m := range mb {
@@ -390,15 +460,60 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 		if merr != nil {
 			return fmt.Errorf("worker: step %d: model: %w", p.step, merr)
 		}
-		if err != nil {
-			return err
+		if p.markErr != nil {
+			return p.markErr
 		}
 		p.sum += res.LossSum
 		p.correct += res.Correct
 	}
 	p.compute = time.Since(p.start)
 	t.phase = phaseComputed
+	if overlap && !local {
+		return t.seal()
+	}
 	return nil
+}
+
+// seal writes the step's statistics and votes into the arena's tail and
+// launches every chunk not launched yet.
+func (t *Trainer) seal() error {
+	p := &t.pend
+	if p.sealed {
+		return nil
+	}
+	p.sealed = true
+	t.writeStats()
+	if t.cfg.LocalSteps > 1 {
+		return nil
+	}
+	p.launched = true
+	for k := range t.marked {
+		if err := t.mark(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeStats fills the statistics tail with this rank's figures of the
+// computed step.
+func (t *Trainer) writeStats() {
+	p, st := &t.pend, t.stats
+	st[0], st[1] = float32(p.sum), float32(p.correct)
+	for i, v := range p.fp {
+		st[2+i] = float32(v)
+	}
+	st[statsCount], st[statsRanks] = float32(len(t.idx)), 1
+	t.writeVotes(st)
+}
+
+// writeVotes puts this rank's votes into a statistics tail.
+func (t *Trainer) writeVotes(st []float32) {
+	var votes checkpoint.Votes
+	if t.voter != nil {
+		votes = t.voter()
+	}
+	copy(st[statsVotes:], votes[:])
 }
 
 // Finish reduces the gradients computed by Compute (or, in local SGD, the
@@ -415,28 +530,15 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 		}
 	}()
 	t.phase = phaseReducing
-	t.stats[0], t.stats[1] = float32(p.sum), float32(p.correct)
-	for i, v := range p.fp {
-		t.stats[2+i] = float32(v)
+	if err := t.seal(); err != nil {
+		return st, err
 	}
-	var votes checkpoint.Votes
-	if t.voter != nil {
-		votes = t.voter()
-	}
-	copy(t.stats[statsVotes:], votes[:])
 	if t.cfg.LocalSteps > 1 {
 		if err := t.g.AllReduce(ctx, collective.Float32s(t.stats), collective.Sum); err != nil {
 			return st, fmt.Errorf("worker: step %d: %w", p.step, err)
 		}
-	} else {
-		for k := range t.marked {
-			if err := t.mark(k); err != nil {
-				return st, err
-			}
-		}
-		if err := t.fuser.Wait(ctx); err != nil {
-			return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", p.step, err)
-		}
+	} else if err := t.fuser.Wait(ctx); err != nil {
+		return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", p.step, err)
 	}
 	st.Comm = time.Since(p.start) - p.compute
 	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
@@ -508,6 +610,9 @@ func (t *Trainer) Recover(ctx context.Context) (done bool, st StepStats, err err
 	case phaseIdle:
 		return false, st, nil
 	case phaseComputing, phaseComputed:
+		if t.pend.launched {
+			return false, st, fmt.Errorf("%w: step %d failed after its first gradients were sent to be reduced", ErrUnrecoverable, t.pend.step)
+		}
 		if atStart {
 			if err := s.Restore(); err != nil {
 				return false, st, err
