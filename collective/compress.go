@@ -27,6 +27,17 @@ func encodeHalf(dt DType, dst []uint16, src []float32) {
 // overflow does not poison the rounds after it.
 func encodeHalfFeedback(dt DType, dst []uint16, src, res []float32) {
 	dst, res = dst[:len(src)], res[:len(src)]
+	var n int
+	if dt == Float16 {
+		n = feedbackF16Asm(dst, src, res)
+	} else {
+		n = feedbackBF16Asm(dst, src, res)
+	}
+	encodeHalfFeedbackGo(dt, dst[n:], src[n:], res[n:])
+}
+
+func encodeHalfFeedbackGo(dt DType, dst []uint16, src, res []float32) {
+	dst, res = dst[:len(src)], res[:len(src)]
 	if dt == Float16 {
 		for i, g := range src {
 			v := g + res[i]
@@ -53,14 +64,20 @@ func encodeHalfFeedback(dt DType, dst []uint16, src, res []float32) {
 // decodeHalf widens the wire buffer src of type dt into dst, dividing every
 // element by div when div is not 1 (the last step of Avg, done in float32).
 func decodeHalf(dt DType, dst []float32, src []uint16, div float32) {
-	if dt == Float16 {
-		FromFloat16(dst, src)
-	} else {
-		FromBFloat16(dst, src)
+	dst = dst[:len(src)]
+	if div == 1 {
+		div = 0 // the assembly kernels' "no division"
 	}
-	if div != 1 {
-		dst = dst[:len(src)]
-		for i := range dst {
+	var n int
+	if dt == Float16 {
+		n = f16ToF32Asm(dst, src, div)
+		fromFloat16Go(dst[n:], src[n:])
+	} else {
+		n = bf16ToF32Asm(dst, src, div)
+		fromBFloat16Go(dst[n:], src[n:])
+	}
+	if div != 0 {
+		for i := n; i < len(dst); i++ {
 			dst[i] /= div
 		}
 	}

@@ -12,9 +12,10 @@ import "math"
 // results are rounded correctly, binary16 overflow gives ±Inf (bfloat16 has
 // float32's range, so only values within half an ulp of MaxFloat32 round up
 // to Inf), ±Inf stays ±Inf, and a NaN stays a NaN of the same sign with the
-// top bits of its payload and the quiet bit set. Widening is exact, so a
-// round trip through float32 gives back every 16-bit pattern except that a
-// signalling NaN comes back quiet.
+// top bits of its payload and the quiet bit set. Widening is exact; a binary16
+// NaN widens quiet (as the F16C instructions do), a bfloat16 one unchanged.
+// So a round trip through float32 gives back every 16-bit pattern except
+// that a signalling NaN comes back quiet.
 
 const (
 	f16Inf   = 0x7c00
@@ -59,19 +60,17 @@ func f32ToF16Bits(b uint32) uint16 {
 // f16ToF32Bits widens a binary16, exactly, to float32 bits.
 func f16ToF32Bits(h uint16) uint32 {
 	x := uint32(h)
-	sign := x & 0x8000 << 16
 	o := x & 0x7fff << 13 // exponent and mantissa, in float32's places
-	e := o & 0x0f800000   // the exponent alone
 	r := o + (127-15)<<23 // a normal: rebias
-	if e == 0x0f800000 {  // Inf or NaN: exponent all ones
-		r += (128 - 16) << 23
-	}
 	// Zero or subnormal: m·2^-24 is (2^-14 + m·2^-24) − 2^-14, both exact.
 	sub := math.Float32bits(math.Float32frombits(o+f16MinNormal) - math.Float32frombits(f16MinNormal))
-	if e == 0 {
+	if o < 1<<23 { // exponent zero
 		r = sub
 	}
-	return r | sign
+	if o >= 0x0f800000 { // exponent all ones: Inf, or a NaN made quiet as F16C does
+		r = o + (255-31)<<23 | (o&0x7fffff+0x7fffff)>>23<<22
+	}
+	return r | x&0x8000<<16
 }
 
 // f32ToBF16Bits rounds a float32, given as its bits, to bfloat16.
@@ -86,29 +85,56 @@ func f32ToBF16Bits(b uint32) uint16 {
 // ToFloat16 rounds src to binary16 into dst, which must be at least as long.
 func ToFloat16(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
+	n := f32ToF16Asm(dst, src)
+	toFloat16Go(dst[n:], src[n:])
+}
+
+// FromFloat16 widens binary16 src into dst, which must be at least as long.
+func FromFloat16(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	n := f16ToF32Asm(dst, src, 0)
+	fromFloat16Go(dst[n:], src[n:])
+}
+
+// ToBFloat16 rounds src to bfloat16 into dst, which must be at least as long.
+func ToBFloat16(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	n := f32ToBF16Asm(dst, src)
+	toBFloat16Go(dst[n:], src[n:])
+}
+
+// FromBFloat16 widens bfloat16 src into dst, which must be at least as long.
+func FromBFloat16(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	n := bf16ToF32Asm(dst, src, 0)
+	fromBFloat16Go(dst[n:], src[n:])
+}
+
+// The Go kernels, for the elements the assembly ones leave (all of them on
+// other CPUs).
+
+func toFloat16Go(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
 	for i, x := range src {
 		dst[i] = f32ToF16Bits(math.Float32bits(x))
 	}
 }
 
-// FromFloat16 widens binary16 src into dst, which must be at least as long.
-func FromFloat16(dst []float32, src []uint16) {
+func fromFloat16Go(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
 	for i, h := range src {
 		dst[i] = math.Float32frombits(f16ToF32Bits(h))
 	}
 }
 
-// ToBFloat16 rounds src to bfloat16 into dst, which must be at least as long.
-func ToBFloat16(dst []uint16, src []float32) {
+func toBFloat16Go(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	for i, x := range src {
 		dst[i] = f32ToBF16Bits(math.Float32bits(x))
 	}
 }
 
-// FromBFloat16 widens bfloat16 src into dst, which must be at least as long.
-func FromBFloat16(dst []float32, src []uint16) {
+func fromBFloat16Go(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
 	for i, h := range src {
 		dst[i] = math.Float32frombits(uint32(h) << 16)

@@ -15,25 +15,43 @@ type halfFormat struct {
 	bias      int  // exponent bias
 	toHalf    func(dst []uint16, src []float32)
 	fromHalf  func(dst []float32, src []uint16)
+	toGo      func(dst []uint16, src []float32) // the Go kernels alone
+	fromGo    func(dst []float32, src []uint16)
 	quietMask uint16 // the quiet bit of a NaN
 }
 
+// halfImpl is one implementation of a format's conversions: the exported
+// functions (the assembly kernels where the CPU has them) or the Go ones.
+type halfImpl struct {
+	name     string
+	toHalf   func(dst []uint16, src []float32)
+	fromHalf func(dst []float32, src []uint16)
+}
+
+func (f halfFormat) impls() []halfImpl {
+	return []halfImpl{{"exported", f.toHalf, f.fromHalf}, {"go", f.toGo, f.fromGo}}
+}
+
 var (
-	fp16Format = halfFormat{dt: Float16, expBits: 5, mantBits: 10, bias: 15, toHalf: ToFloat16, fromHalf: FromFloat16, quietMask: 0x200}
-	bf16Format = halfFormat{dt: BFloat16, expBits: 8, mantBits: 7, bias: 127, toHalf: ToBFloat16, fromHalf: FromBFloat16, quietMask: 0x40}
+	fp16Format = halfFormat{dt: Float16, expBits: 5, mantBits: 10, bias: 15, toHalf: ToFloat16, fromHalf: FromFloat16, toGo: toFloat16Go, fromGo: fromFloat16Go, quietMask: 0x200}
+	bf16Format = halfFormat{dt: BFloat16, expBits: 8, mantBits: 7, bias: 127, toHalf: ToBFloat16, fromHalf: FromBFloat16, toGo: toBFloat16Go, fromGo: fromBFloat16Go, quietMask: 0x40}
 )
 
 func (f halfFormat) expMax() uint16 { return 1<<f.expBits - 1 }
 
 // refWiden is the value of bit pattern h by the definition: (−1)^s ·
 // 2^(e−bias) · 1.m for a normal, (−1)^s · 2^(1−bias) · 0.m for a subnormal,
-// ±Inf, and a NaN of the same sign whose payload is m in float32's top bits.
+// ±Inf, and a NaN of the same sign whose payload is m in float32's top bits
+// (quiet for binary16).
 func (f halfFormat) refWiden(h uint16) uint32 {
 	s := h >> 15
 	e := h >> f.mantBits & f.expMax()
 	m := h & (1<<f.mantBits - 1)
 	if e == f.expMax() {
 		bits := uint32(s)<<31 | 0xff<<23 | uint32(m)<<(23-f.mantBits)
+		if m != 0 && f.dt == Float16 { // a binary16 NaN widens quiet
+			bits |= 1 << 22
+		}
 		return bits
 	}
 	var v float64
@@ -93,31 +111,33 @@ func (f halfFormat) refRound(b uint32) uint16 {
 // signalling NaN comes back quiet).
 func TestHalfWidenExhaustive(t *testing.T) {
 	for _, f := range []halfFormat{fp16Format, bf16Format} {
-		t.Run(f.dt.String(), func(t *testing.T) {
-			all := make([]uint16, 1<<16)
-			for i := range all {
-				all[i] = uint16(i)
-			}
-			wide := make([]float32, len(all))
-			back := make([]uint16, len(all))
-			f.fromHalf(wide, all)
-			f.toHalf(back, wide)
-			for i, h := range all {
-				if got, want := math.Float32bits(wide[i]), f.refWiden(h); got != want {
-					t.Fatalf("widen %#04x = %#08x, want %#08x", h, got, want)
+		for _, impl := range f.impls() {
+			t.Run(f.dt.String()+"/"+impl.name, func(t *testing.T) {
+				all := make([]uint16, 1<<16)
+				for i := range all {
+					all[i] = uint16(i)
 				}
-				if got := math.Float32bits(halfToF32(f.dt, h)); got != f.refWiden(h) {
-					t.Fatalf("scalar widen %#04x = %#08x", h, got)
+				wide := make([]float32, len(all))
+				back := make([]uint16, len(all))
+				impl.fromHalf(wide, all)
+				impl.toHalf(back, wide)
+				for i, h := range all {
+					if got, want := math.Float32bits(wide[i]), f.refWiden(h); got != want {
+						t.Fatalf("widen %#04x = %#08x, want %#08x", h, got, want)
+					}
+					if got := math.Float32bits(halfToF32(f.dt, h)); got != f.refWiden(h) {
+						t.Fatalf("scalar widen %#04x = %#08x", h, got)
+					}
+					want := h
+					if h&0x7fff>>f.mantBits == f.expMax() && h&(1<<f.mantBits-1) != 0 {
+						want |= f.quietMask
+					}
+					if back[i] != want {
+						t.Fatalf("round trip of %#04x gave %#04x, want %#04x", h, back[i], want)
+					}
 				}
-				want := h
-				if h&0x7fff>>f.mantBits == f.expMax() && h&(1<<f.mantBits-1) != 0 {
-					want |= f.quietMask
-				}
-				if back[i] != want {
-					t.Fatalf("round trip of %#04x gave %#04x, want %#04x", h, back[i], want)
-				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -165,12 +185,14 @@ func TestHalfRound(t *testing.T) {
 			for i, b := range in {
 				src[i] = math.Float32frombits(b)
 			}
-			for _, n := range []int{len(src), 3, 1} { // the 4-wide loop and its tail
-				got := make([]uint16, n)
-				f.toHalf(got, src[:n])
-				for i := range n {
-					if want := f.refRound(in[i]); got[i] != want {
-						t.Fatalf("round %#08x (%g) = %#04x, want %#04x", in[i], src[i], got[i], want)
+			for _, impl := range f.impls() {
+				for _, n := range []int{len(src), len(src) - 5, 11, 3, 1} { // vector loops and their tails
+					got := make([]uint16, n)
+					impl.toHalf(got, src[:n])
+					for i := range n {
+						if want := f.refRound(in[i]); got[i] != want {
+							t.Fatalf("%s: round %#08x (%g) = %#04x, want %#04x", impl.name, in[i], src[i], got[i], want)
+						}
 					}
 				}
 			}
@@ -240,7 +262,12 @@ func TestReduceHalf(t *testing.T) {
 				ab, ba := append([]uint16(nil), a...), append([]uint16(nil), b...)
 				reduceInto(f.dt, op, bytesOf(ab), bytesOf(b))
 				reduceInto(f.dt, op, bytesOf(ba), bytesOf(a))
+				abGo := append([]uint16(nil), a...)
+				reduceHalfGo(f.dt, op, abGo, b)
 				for i := range a {
+					if ab[i] != abGo[i] {
+						t.Fatalf("%#04x %s %#04x = %#04x, the Go kernel gives %#04x", a[i], op, b[i], ab[i], abGo[i])
+					}
 					if ab[i] != ba[i] {
 						t.Fatalf("%#04x %s %#04x = %#04x one way, %#04x the other", a[i], op, b[i], ab[i], ba[i])
 					}
@@ -276,6 +303,62 @@ func TestReduceHalf(t *testing.T) {
 	}
 }
 
+// TestHalfFeedbackKernels: the error-feedback and dividing kernels give the
+// Go kernels' bits (assembly and Go paths agree), the residue is exactly what
+// rounding lost, and a value that overflows leaves a zero residue.
+func TestHalfFeedbackKernels(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const n = 1<<12 + 5
+	for _, f := range []halfFormat{fp16Format, bf16Format} {
+		t.Run(f.dt.String(), func(t *testing.T) {
+			src, res := make([]float32, n), make([]float32, n)
+			for i := range src {
+				src[i] = float32(rng.NormFloat64() * math.Ldexp(1, int(rng.IntN(40))-30))
+				res[i] = float32(rng.NormFloat64() * 1e-6)
+			}
+			src[0], src[1], src[2], src[3] = 1e6, float32(math.Inf(-1)), float32(math.NaN()), math.MaxFloat32
+			resGo := append([]float32(nil), res...)
+			dst, dstGo := make([]uint16, n), make([]uint16, n)
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = src[i] + res[i]
+			}
+			encodeHalfFeedback(f.dt, dst, src, res)
+			encodeHalfFeedbackGo(f.dt, dstGo, src, resGo)
+			for i := range src {
+				if dst[i] != dstGo[i] || math.Float32bits(res[i]) != math.Float32bits(resGo[i]) {
+					t.Fatalf("element %d (%g): %#04x residue %g, the Go kernel %#04x residue %g", i, src[i], dst[i], res[i], dstGo[i], resGo[i])
+				}
+				if dst[i] != f.refRound(math.Float32bits(v[i])) {
+					t.Fatalf("element %d: %#04x, want %#04x", i, dst[i], f.refRound(math.Float32bits(v[i])))
+				}
+				w := float64(math.Float32frombits(f.refWiden(dst[i])))
+				want := float32(float64(v[i]) - w)
+				if math.IsInf(w, 0) || math.IsNaN(w) {
+					want = 0
+				}
+				if res[i] != want {
+					t.Fatalf("element %d (%g): residue %g, want %g", i, v[i], res[i], want)
+				}
+			}
+			if f.dt == Float16 && res[0] != 0 {
+				t.Errorf("1e6 overflows binary16 and left residue %g", res[0])
+			}
+			for _, div := range []float32{1, 3} {
+				out, outGo := make([]float32, n), make([]float32, n)
+				decodeHalf(f.dt, out, dst, div)
+				f.fromGo(outGo, dst)
+				for i := range outGo {
+					outGo[i] /= div
+					if math.Float32bits(out[i]) != math.Float32bits(outGo[i]) && !(out[i] != out[i] && outGo[i] != outGo[i]) {
+						t.Fatalf("decode /%g element %d: %g, want %g", div, i, out[i], outGo[i])
+					}
+				}
+			}
+		})
+	}
+}
+
 func benchConvert(b *testing.B, n int, f func(dst16 []uint16, dst32, src []float32)) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	src := make([]float32, n)
@@ -283,15 +366,17 @@ func benchConvert(b *testing.B, n int, f func(dst16 []uint16, dst32, src []float
 		src[i] = float32(rng.NormFloat64() * 1e-3) // gradient-like: many fp16 subnormals
 	}
 	dst16, dst32 := make([]uint16, n), make([]float32, n)
-	b.SetBytes(int64(n) * 4) // float32 bytes converted per op
+	b.SetBytes(int64(n) * 4)
 	b.ResetTimer()
 	for b.Loop() {
 		f(dst16, dst32, src)
 	}
 }
 
-// BenchmarkHalfConvert measures the conversion kernels; MB/s counts float32
-// bytes (4 per element) converted per second.
+// BenchmarkHalfConvert measures the conversion and reduction kernels, the
+// exported ones (AVX2 and F16C where the CPU has them) and the Go ones, on
+// 2^20 gradient-like elements; MB/s counts 4 bytes per element (the float32
+// gradient bytes handled), whatever the kernel reads and writes.
 func BenchmarkHalfConvert(b *testing.B) {
 	const n = 1 << 20
 	b.Run("ToFloat16", func(b *testing.B) { benchConvert(b, n, func(d16 []uint16, _, s []float32) { ToFloat16(d16, s) }) })
@@ -307,6 +392,25 @@ func BenchmarkHalfConvert(b *testing.B) {
 	})
 	b.Run("ReduceBFloat16", func(b *testing.B) {
 		benchConvert(b, n, func(d16 []uint16, _, _ []float32) { reduceHalf(BFloat16, Sum, d16, d16) })
+	})
+	b.Run("ToFloat16Go", func(b *testing.B) { benchConvert(b, n, func(d16 []uint16, _, s []float32) { toFloat16Go(d16, s) }) })
+	b.Run("FromFloat16Go", func(b *testing.B) {
+		benchConvert(b, n, func(d16 []uint16, d32, _ []float32) { fromFloat16Go(d32, d16) })
+	})
+	b.Run("ToBFloat16Go", func(b *testing.B) { benchConvert(b, n, func(d16 []uint16, _, s []float32) { toBFloat16Go(d16, s) }) })
+	b.Run("ReduceFloat16Go", func(b *testing.B) {
+		benchConvert(b, n, func(d16 []uint16, _, _ []float32) { reduceHalfGo(Float16, Sum, d16, d16) })
+	})
+	b.Run("ReduceBFloat16Go", func(b *testing.B) {
+		benchConvert(b, n, func(d16 []uint16, _, _ []float32) { reduceHalfGo(BFloat16, Sum, d16, d16) })
+	})
+	b.Run("FeedbackFloat16", func(b *testing.B) {
+		res := make([]float32, n)
+		benchConvert(b, n, func(d16 []uint16, _, s []float32) { encodeHalfFeedback(Float16, d16, s, res) })
+	})
+	b.Run("FeedbackBFloat16", func(b *testing.B) {
+		res := make([]float32, n)
+		benchConvert(b, n, func(d16 []uint16, _, s []float32) { encodeHalfFeedback(BFloat16, d16, s, res) })
 	})
 	b.Run("ReduceFloat32", func(b *testing.B) {
 		benchConvert(b, n, func(_ []uint16, d32, s []float32) { reduceSlice(Sum, d32, s) })

@@ -46,6 +46,20 @@ func scaleDiv(dt DType, b []byte, n int) {
 // the hardware's choice between two NaN payloads depends on operand order.
 func reduceHalf(dt DType, op ReduceOp, dst, src []uint16) {
 	src = src[:len(dst)]
+	n := 0
+	switch {
+	case op != Sum && op != Avg:
+	case dt == Float16:
+		n = sumF16Asm(dst, src)
+	default:
+		n = sumBF16Asm(dst, src)
+	}
+	reduceHalfGo(dt, op, dst[n:], src[n:])
+}
+
+// reduceHalfGo is reduceHalf in Go, for what the assembly kernels leave.
+func reduceHalfGo(dt DType, op ReduceOp, dst, src []uint16) {
+	src = src[:len(dst)]
 	switch {
 	case dt == Float16 && (op == Sum || op == Avg):
 		for i, b := range src {
