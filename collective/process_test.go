@@ -25,6 +25,9 @@ import (
 //	loop <n>                  allreduces until one fails; answers "looping" after the first, then "err <kind> <rank>"
 //	rejoin <gen> <rank> <peers,...>  closes the group and joins a new generation on the same port; answers "joined"
 //
+// PHALANX_TEST_TRANSPORT picks the transport (tcp, shm or auto, default tcp)
+// and PHALANX_TEST_SHM_DIR the shared-memory directory.
+//
 // Failures answer "err <kind> <rank> <message>".
 
 func TestMain(m *testing.M) {
@@ -43,6 +46,18 @@ func childMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	kind := TransportTCP
+	if k := os.Getenv("PHALANX_TEST_TRANSPORT"); k != "" {
+		if kind, err = ParseTransportKind(k); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	transport, err := NewTransport(kind, tr, ShmOptions{Dir: os.Getenv("PHALANX_TEST_SHM_DIR")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	in := bufio.NewReader(os.Stdin)
 	peers, err := launch.Announce(os.Stdout, in, tr.Addr())
 	if err != nil {
@@ -50,7 +65,7 @@ func childMain() int {
 		return 1
 	}
 	ctx := context.Background()
-	g, err := Join(ctx, tr, Membership{Job: "proc-test", Generation: 1, Rank: rank, Peers: peers}, opts)
+	g, err := Join(ctx, transport, Membership{Job: "proc-test", Generation: 1, Rank: rank, Peers: peers}, opts)
 	if err != nil {
 		fmt.Printf("err %s\n", describe(err))
 		return 1
@@ -94,7 +109,7 @@ func childMain() int {
 			gen, _ := strconv.ParseUint(f[1], 10, 64)
 			r, _ := strconv.Atoi(f[2])
 			g.Close()
-			g, err = Join(ctx, tr, Membership{Job: "proc-test", Generation: gen, Rank: r, Peers: strings.Split(f[3], ",")}, opts)
+			g, err = Join(ctx, transport, Membership{Job: "proc-test", Generation: gen, Rank: r, Peers: strings.Split(f[3], ",")}, opts)
 			if err != nil {
 				fmt.Printf("err %s\n", describe(err))
 				continue
@@ -123,8 +138,18 @@ func describe(err error) string {
 	return fmt.Sprintf("%s %d %s", kind, oe.Rank, strings.ReplaceAll(err.Error(), "\n", " "))
 }
 
-// startRanks starts n child ranks joined as generation 1.
+// startRanks starts n child ranks joined as generation 1 over TCP.
 func startRanks(t *testing.T, n int, timeout time.Duration) []*launch.Proc {
+	t.Helper()
+	return startRanksOn(t, n, timeout, procTransport{})
+}
+
+// procTransport is the children's transport: kind "" is TCP; dir is the
+// shared-memory directory.
+type procTransport struct{ kind, dir string }
+
+// startRanksOn starts n child ranks joined as generation 1 over tr.
+func startRanksOn(t *testing.T, n int, timeout time.Duration, tr procTransport) []*launch.Proc {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -134,7 +159,8 @@ func startRanks(t *testing.T, n int, timeout time.Duration) []*launch.Proc {
 	defer cancel()
 	procs, err := launch.Start(ctx, n, func(rank int) *exec.Cmd {
 		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT="+timeout.String())
+		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT="+timeout.String(),
+			"PHALANX_TEST_TRANSPORT="+tr.kind, "PHALANX_TEST_SHM_DIR="+tr.dir)
 		cmd.Stderr = os.Stderr
 		return cmd
 	})
@@ -214,7 +240,13 @@ func TestProcessesAllReduce(t *testing.T) {
 // victim. It returns the victim and the survivors in rank order.
 func signalMidLoop(t *testing.T, timeout time.Duration, n, victim int, sig syscall.Signal, kind string) (*launch.Proc, []*launch.Proc) {
 	t.Helper()
-	procs := startRanks(t, 4, timeout)
+	return signalMidLoopOn(t, timeout, n, victim, sig, kind, procTransport{})
+}
+
+// signalMidLoopOn is signalMidLoop over tr.
+func signalMidLoopOn(t *testing.T, timeout time.Duration, n, victim int, sig syscall.Signal, kind string, tr procTransport) (*launch.Proc, []*launch.Proc) {
+	t.Helper()
+	procs := startRanksOn(t, 4, timeout, tr)
 	tell(t, procs, fmt.Sprintf("loop %d", n))
 	for _, p := range procs {
 		expect(t, p, "looping")
@@ -288,5 +320,76 @@ func rebuild(t *testing.T, survivors []*launch.Proc) {
 	h := sha256.Sum256(bytesOf(want))
 	if got := strings.Fields(first)[1]; got != hex.EncodeToString(h[:8]) {
 		t.Errorf("generation 2 allreduce differs from the sum")
+	}
+}
+
+// TestShmProcessesAllReduce: four OS processes over shared memory (the
+// single-copy path, sizes below, at and above a slab) and over auto with no
+// host identities (TCP) agree bit for bit and match the sum; no segment file
+// outlives the connection.
+func TestShmProcessesAllReduce(t *testing.T) {
+	sizes := []int{0, 1, 13, 4099, 1<<18 + 1, 1<<20 + 3}
+	var sizeArgs []string
+	for _, n := range sizes {
+		sizeArgs = append(sizeArgs, strconv.Itoa(n))
+	}
+	dir := t.TempDir()
+	procs := startRanksOn(t, 4, 30*time.Second, procTransport{kind: "shm", dir: dir})
+	for _, algo := range []string{"ring", "rd", "auto"} {
+		tell(t, procs, "allreduce "+algo+" "+strings.Join(sizeArgs, " "))
+		var first string
+		for _, p := range procs {
+			line := expect(t, p, "ok")
+			if first == "" {
+				first = line
+			} else if line != first {
+				t.Fatalf("%s: rank %d got %q, rank 0 %q", algo, p.Rank, line, first)
+			}
+		}
+		for i, size := range sizes {
+			want := make([]float32, size)
+			for r := range 4 {
+				for j, v := range childInput(r, size) {
+					want[j] += v
+				}
+			}
+			h := sha256.Sum256(bytesOf(want))
+			if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
+				t.Errorf("%s size %d: result differs from the sum", algo, size)
+			}
+		}
+	}
+	if files := shmFiles(t, dir); len(files) != 0 {
+		t.Fatalf("segment files left: %v", files)
+	}
+}
+
+// TestShmProcessKilledMidOperation: SIGKILL one of four ranks looping on the
+// shared-memory allreduce; every survivor gets ErrPeerLost naming it; the
+// survivors rebuild generation 2 and no segment file is left.
+func TestShmProcessKilledMidOperation(t *testing.T) {
+	dir := t.TempDir()
+	tr := procTransport{kind: "shm", dir: dir}
+	_, survivors := signalMidLoopOn(t, 30*time.Second, 262144, 2, syscall.SIGKILL, "peer-lost", tr)
+	rebuild(t, survivors)
+	if files := shmFiles(t, dir); len(files) != 0 {
+		t.Fatalf("segment files left: %v", files)
+	}
+}
+
+// TestShmProcessStoppedMidOperation: SIGSTOP one rank; every survivor gets
+// ErrTimeout naming it; generation 2 without it works; continued, the
+// stopped rank fails.
+func TestShmProcessStoppedMidOperation(t *testing.T) {
+	dir := t.TempDir()
+	tr := procTransport{kind: "shm", dir: dir}
+	victim, survivors := signalMidLoopOn(t, 2*time.Second, 65536, 1, syscall.SIGSTOP, "timeout", tr)
+	rebuild(t, survivors)
+	if err := victim.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, victim, "err")
+	if files := shmFiles(t, dir); len(files) != 0 {
+		t.Fatalf("segment files left: %v", files)
 	}
 }

@@ -34,7 +34,8 @@ type shmFast struct {
 	segs                 [][]byte // every rank's segment, by rank
 	posted, done, readTo []*atomic.Uint64
 	bells                []bell
-	slab, small, spin    int
+	slab, small          int
+	spin, yield          int
 	step                 uint64 // the last step this rank started
 }
 
@@ -59,7 +60,7 @@ func newShmFast(g *Group, conns []net.Conn) *shmFast {
 		segs[j] = sc.peerSeg
 	}
 	segs[g.rank] = node.mem
-	f := &shmFast{g: g, segs: segs, slab: (len(node.mem) - 2*shmPage) / 2, small: first.small, spin: first.spin}
+	f := &shmFast{g: g, segs: segs, slab: (len(node.mem) - 2*shmPage) / 2, small: first.small, spin: first.spin, yield: first.yield}
 	for _, s := range segs {
 		f.posted = append(f.posted, u64At(s, shmPage+rankPosted))
 		f.done = append(f.done, u64At(s, shmPage+rankDone))
@@ -107,6 +108,17 @@ func (f *shmFast) waitFor(q int, w *atomic.Uint64, target uint64) error {
 		}
 	}
 	g := f.g
+	for range f.yield {
+		if w.Load() >= target {
+			return nil
+		}
+		select {
+		case <-g.dead:
+			return g.failure()
+		default:
+		}
+		schedYield()
+	}
 	me := f.bells[g.rank]
 	for {
 		if w.Load() >= target {

@@ -14,8 +14,8 @@ import (
 // the producer owns head, the consumer tail.
 type shmRing struct {
 	head, tail             *atomic.Uint64
-	dataSeq, consWaiting   *atomic.Uint32
-	spaceSeq, prodWaiting  *atomic.Uint32
+	consWaiting            *atomic.Uint32 // the consumer sleeps until head moves
+	prodWaiting            *atomic.Uint32 // the producer sleeps until tail moves
 	prodClosed, consClosed *atomic.Uint32
 	data                   []byte
 	size                   uint64
@@ -25,9 +25,7 @@ func ringAt(mem []byte, ctrl, data, size int) shmRing {
 	return shmRing{
 		head:        u64At(mem, ctrl+ringHead),
 		tail:        u64At(mem, ctrl+ringTail),
-		dataSeq:     u32At(mem, ctrl+ringDataSeq),
 		consWaiting: u32At(mem, ctrl+ringConsWaiting),
-		spaceSeq:    u32At(mem, ctrl+ringSpaceSeq),
 		prodWaiting: u32At(mem, ctrl+ringProdWaiting),
 		prodClosed:  u32At(mem, ctrl+ringProdClosed),
 		consClosed:  u32At(mem, ctrl+ringConsClosed),
@@ -36,33 +34,75 @@ func ringAt(mem []byte, ctrl, data, size int) shmRing {
 	}
 }
 
-func (r *shmRing) dataBell() bell  { return bell{seq: r.dataSeq, waiting: r.consWaiting} }
-func (r *shmRing) spaceBell() bell { return bell{seq: r.spaceSeq, waiting: r.prodWaiting} }
+// Wake-up bytes sent over the pair's TCP connection.
+const (
+	wakeData  = 'd' // the ring you read has bytes (or ended)
+	wakeSpace = 's' // the ring you write has room (or its reader left)
+)
 
 // shmConn is a net.Conn over a pair segment: it writes into one ring and
 // reads from the other. The TCP connection the pair was upgraded from stays
-// open, silent, as the liveness signal: the kernel closes it when the peer's
-// process dies, which wakes every waiter here (ErrPeerLost upstream), while a
-// stopped peer keeps it open (ErrTimeout upstream).
+// open as the pair's doorbell and liveness signal. A side about to sleep
+// raises its waiting word and parks its goroutine on a channel; the other
+// side, seeing the word, sends one wake-up byte, which this side's watcher
+// turns into a channel send. Sleeping in Go's network poller rather than in
+// a futex keeps the Go scheduler free: a goroutine blocked in a futex
+// syscall holds its P, and with one or two Ps per rank every other goroutine
+// of the rank would wait for the runtime to take it back (up to 10 ms). The
+// kernel closes the socket when the peer's process dies, which ends every
+// wait here (ErrPeerLost upstream); a stopped peer keeps it open (ErrTimeout
+// upstream).
 type shmConn struct {
-	peer     int
-	spin     int
-	small    int    // the fast path's ShmOptions.SmallBytes
-	pair     []byte // the pair segment
-	peerSeg  []byte // the peer's rank segment, for the allreduce fast path
-	node     *shmNode
-	tx, rx   shmRing
-	tcp      net.Conn
-	local    shmAddr
-	remote   shmAddr
-	watching chan struct{} // closed when the liveness watcher returns
+	peer    int
+	spin    int
+	yield   int
+	small   int    // the fast path's ShmOptions.SmallBytes
+	pair    []byte // the pair segment
+	peerSeg []byte // the peer's rank segment, for the allreduce fast path
+	node    *shmNode
+	tx, rx  shmRing
+	tcp     net.Conn
+	local   shmAddr
+	remote  shmAddr
+
+	dataCh, spaceCh chan struct{} // one pending wake-up each
+	rdPoke, wrPoke  chan struct{} // a deadline changed
+	gone            chan struct{} // closed by the watcher: the peer's side is gone
+	closing         chan struct{} // closed by Close
+	watching        chan struct{} // closed when the watcher returns
+	rdTimer         *time.Timer
+	wrTimer         *time.Timer
 
 	rdDeadline, wrDeadline atomic.Int64 // unix nanoseconds, 0 for none
 	peerGone               atomic.Bool
 	closed                 atomic.Bool
 	wrClosed               atomic.Bool
+	wakeMu                 sync.Mutex // guards wakeBuf and orders wake-up writes
+	wakeBuf                [1]byte
 	rdMu, wrMu             sync.Mutex // held by a Read or Write in progress; Close takes both before unmapping
 	closeOnce              sync.Once
+}
+
+func newShmConn(peer int, pair, peerSeg []byte, node *shmNode, tcp net.Conn) *shmConn {
+	c := &shmConn{
+		peer:     peer,
+		pair:     pair,
+		peerSeg:  peerSeg,
+		node:     node,
+		tcp:      tcp,
+		dataCh:   make(chan struct{}, 1),
+		spaceCh:  make(chan struct{}, 1),
+		rdPoke:   make(chan struct{}, 1),
+		wrPoke:   make(chan struct{}, 1),
+		gone:     make(chan struct{}),
+		closing:  make(chan struct{}),
+		watching: make(chan struct{}),
+		rdTimer:  time.NewTimer(time.Hour),
+		wrTimer:  time.NewTimer(time.Hour),
+	}
+	c.rdTimer.Stop()
+	c.wrTimer.Stop()
+	return c
 }
 
 type shmAddr string
@@ -70,13 +110,43 @@ type shmAddr string
 func (a shmAddr) Network() string { return "shm" }
 func (a shmAddr) String() string  { return string(a) }
 
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// watch reads the peer's wake-up bytes until the connection ends.
 func (c *shmConn) watch() {
 	defer close(c.watching)
-	var b [1]byte
-	c.tcp.Read(b[:]) // returns only when the peer's process or group is gone (or we close)
-	c.peerGone.Store(true)
-	c.rx.dataBell().force()
-	c.tx.spaceBell().force()
+	var buf [64]byte
+	for {
+		n, err := c.tcp.Read(buf[:])
+		for _, b := range buf[:n] {
+			switch b {
+			case wakeData:
+				poke(c.dataCh)
+			case wakeSpace:
+				poke(c.spaceCh)
+			}
+		}
+		if err != nil {
+			c.peerGone.Store(true)
+			close(c.gone)
+			return
+		}
+	}
+}
+
+// wake sends the peer one wake-up byte if its waiting word w says it sleeps.
+func (c *shmConn) wake(w *atomic.Uint32, b byte) {
+	if w.Load() != 0 && w.CompareAndSwap(1, 0) {
+		c.wakeMu.Lock()
+		c.wakeBuf[0] = b
+		c.tcp.Write(c.wakeBuf[:])
+		c.wakeMu.Unlock()
+	}
 }
 
 func deadlineOf(ns int64) time.Time {
@@ -95,7 +165,7 @@ func (c *shmConn) Read(p []byte) (int, error) {
 	}
 	r := &c.rx
 	tail := r.tail.Load()
-	for {
+	for spun := 0; ; spun++ {
 		if c.closed.Load() {
 			return 0, net.ErrClosed
 		}
@@ -105,7 +175,7 @@ func (c *shmConn) Read(p []byte) (int, error) {
 		if head := r.head.Load(); head != tail {
 			n := copyOut(p, r.data, tail, head, r.size)
 			r.tail.Store(tail + uint64(n))
-			r.spaceBell().ring()
+			c.wake(r.prodWaiting, wakeSpace)
 			return n, nil
 		}
 		if ended {
@@ -115,9 +185,37 @@ func (c *shmConn) Read(p []byte) (int, error) {
 		if !dl.IsZero() && !time.Now().Before(dl) {
 			return 0, os.ErrDeadlineExceeded
 		}
-		c.waitAtLeast(r.dataBell(), r.head, tail+1, &c.rdDeadline, func() bool {
-			return r.prodClosed.Load() != 0
-		})
+		switch {
+		case spun < c.spin:
+		case spun < c.spin+c.yield:
+			schedYield()
+		default:
+			r.consWaiting.Store(1)
+			if r.head.Load() == tail && r.prodClosed.Load() == 0 {
+				c.park(c.dataCh, c.rdPoke, c.rdTimer, dl)
+			}
+			r.consWaiting.Store(0)
+		}
+	}
+}
+
+// park waits for a wake-up, a deadline change, the deadline, the peer's end
+// or Close.
+func (c *shmConn) park(ch, pokeCh chan struct{}, t *time.Timer, dl time.Time) {
+	var tc <-chan time.Time
+	if !dl.IsZero() {
+		t.Reset(time.Until(dl))
+		tc = t.C
+	}
+	select {
+	case <-ch:
+	case <-pokeCh:
+	case <-tc:
+	case <-c.gone:
+	case <-c.closing:
+	}
+	if tc != nil {
+		t.Stop()
 	}
 }
 
@@ -128,7 +226,7 @@ func (c *shmConn) Write(p []byte) (int, error) {
 	r := &c.tx
 	head := r.head.Load()
 	done := 0
-	for done < len(p) {
+	for spun := 0; done < len(p); {
 		switch {
 		case c.closed.Load() || c.wrClosed.Load():
 			return done, net.ErrClosed
@@ -141,45 +239,28 @@ func (c *shmConn) Write(p []byte) (int, error) {
 			if !dl.IsZero() && !time.Now().Before(dl) {
 				return done, os.ErrDeadlineExceeded
 			}
-			c.waitAtLeast(r.spaceBell(), r.tail, head-r.size+1, &c.wrDeadline, func() bool {
-				return r.consClosed.Load() != 0
-			})
+			switch {
+			case spun < c.spin:
+			case spun < c.spin+c.yield:
+				schedYield()
+			default:
+				r.prodWaiting.Store(1)
+				if r.tail.Load()+r.size == head && r.consClosed.Load() == 0 {
+					c.park(c.spaceCh, c.wrPoke, c.wrTimer, dl)
+				}
+				r.prodWaiting.Store(0)
+			}
+			spun++
 			continue
 		}
+		spun = 0
 		n := copyIn(r.data, p[done:], head, free, r.size)
 		head += uint64(n)
 		done += n
 		r.head.Store(head)
-		r.dataBell().ring()
+		c.wake(r.consWaiting, wakeData)
 	}
 	return done, nil
-}
-
-// waitAtLeast spins briefly, then sleeps on b until *w >= target, the
-// deadline in *dl passes, the connection or its peer ends, or ended says so.
-func (c *shmConn) waitAtLeast(b bell, w *atomic.Uint64, target uint64, dl *atomic.Int64, ended func() bool) {
-	for range c.spin {
-		if w.Load() >= target {
-			return
-		}
-	}
-	for {
-		if w.Load() >= target || c.closed.Load() || c.peerGone.Load() || ended() {
-			return
-		}
-		d := deadlineOf(dl.Load())
-		if !d.IsZero() && !time.Now().Before(d) {
-			return
-		}
-		s := b.seq.Load()
-		b.waiting.Store(1)
-		if w.Load() >= target || c.closed.Load() || c.peerGone.Load() || ended() {
-			b.waiting.Store(0)
-			return
-		}
-		futexWait(b.seq, s, d)
-		b.waiting.Store(0)
-	}
 }
 
 // copyOut copies ring bytes [tail, head) into p, as many as fit.
@@ -209,23 +290,20 @@ func copyIn(data, p []byte, head, free, size uint64) int {
 func (c *shmConn) CloseWrite() error {
 	c.wrClosed.Store(true)
 	c.tx.prodClosed.Store(1)
-	c.tx.dataBell().force()
+	c.wake(c.tx.consWaiting, wakeData)
 	return nil
 }
 
-// Close implements net.Conn: it ends both directions, wakes every waiter on
-// both sides, closes the liveness connection and, once no Read or Write is in
-// progress, unmaps the segments.
+// Close implements net.Conn: it ends both directions, wakes every waiter,
+// closes the TCP connection (the peer sees its end) and, once no Read or
+// Write is in progress, unmaps the segments.
 func (c *shmConn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
 		c.wrClosed.Store(true)
 		c.tx.prodClosed.Store(1)
 		c.rx.consClosed.Store(1)
-		c.rx.dataBell().force()
-		c.tx.spaceBell().force()
-		c.tx.dataBell().force()
-		c.rx.spaceBell().force()
+		close(c.closing)
 		c.tcp.Close()
 		<-c.watching
 		c.rdMu.Lock()
@@ -255,14 +333,14 @@ func (c *shmConn) SetDeadline(t time.Time) error {
 // SetReadDeadline implements net.Conn; a waiting Read re-reads it at once.
 func (c *shmConn) SetReadDeadline(t time.Time) error {
 	c.rdDeadline.Store(nanosOf(t))
-	c.rx.dataBell().force()
+	poke(c.rdPoke)
 	return nil
 }
 
 // SetWriteDeadline implements net.Conn; a waiting Write re-reads it at once.
 func (c *shmConn) SetWriteDeadline(t time.Time) error {
 	c.wrDeadline.Store(nanosOf(t))
-	c.tx.spaceBell().force()
+	poke(c.wrPoke)
 	return nil
 }
 

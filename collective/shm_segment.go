@@ -33,12 +33,10 @@ const (
 	// different cache lines
 	ringHead        = 0
 	ringTail        = 64
-	ringDataSeq     = 128 // futex: the consumer sleeps here
-	ringConsWaiting = 132
-	ringProdClosed  = 136
-	ringSpaceSeq    = 192 // futex: the producer sleeps here
-	ringProdWaiting = 196
-	ringConsClosed  = 200
+	ringConsWaiting = 128
+	ringProdClosed  = 132
+	ringProdWaiting = 192
+	ringConsClosed  = 196
 	ringCtrlSize    = 256
 
 	// rank control page

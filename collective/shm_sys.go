@@ -36,6 +36,9 @@ func futexWait(w *atomic.Uint32, val uint32, deadline time.Time) {
 		uintptr(unsafe.Pointer(tsp)), 0, 0)
 }
 
+// schedYield gives this thread's core to another runnable thread, if any.
+func schedYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+
 // futexWake wakes up to n waiters blocked on w.
 func futexWake(w *atomic.Uint32, n int) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexOpWake, uintptr(n), 0, 0, 0)

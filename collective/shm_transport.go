@@ -43,7 +43,12 @@ type ShmOptions struct {
 	SmallBytes int
 	// Spin is how many times a waiter polls a shared word before sleeping on
 	// its futex (default 200; 0 keeps the default, negative means never spin).
-	Spin   int
+	Spin int
+	// Yield is how many times a waiter then gives its core away
+	// (sched_yield) and polls again before sleeping on its futex: on a
+	// machine with fewer cores than ranks this lets the peer it waits for run
+	// without paying a futex wake-up (default 32; negative means never).
+	Yield  int
 	Logger *zap.Logger
 }
 
@@ -71,6 +76,12 @@ func (o *ShmOptions) setDefaults() {
 		o.Spin = 200
 	case o.Spin < 0:
 		o.Spin = 0
+	}
+	switch {
+	case o.Yield == 0:
+		o.Yield = 32
+	case o.Yield < 0:
+		o.Yield = 0
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -278,18 +289,10 @@ func (t *ShmTransport) upgrade(ctx context.Context, m Membership, j int, c net.C
 		return nil, fail(ErrPeerLost, "the peer did not confirm", err)
 	}
 	c.SetDeadline(time.Time{})
-	sc := &shmConn{
-		peer:     j,
-		spin:     t.opts.Spin,
-		small:    t.opts.SmallBytes,
-		pair:     pair,
-		peerSeg:  peerSeg,
-		node:     node,
-		tcp:      c,
-		local:    shmAddr(fmt.Sprintf("shm:rank %d", m.Rank)),
-		remote:   shmAddr(fmt.Sprintf("shm:rank %d (%s)", j, c.RemoteAddr())),
-		watching: make(chan struct{}),
-	}
+	sc := newShmConn(j, pair, peerSeg, node, c)
+	sc.spin, sc.yield, sc.small = t.opts.Spin, t.opts.Yield, t.opts.SmallBytes
+	sc.local = shmAddr(fmt.Sprintf("shm:rank %d", m.Rank))
+	sc.remote = shmAddr(fmt.Sprintf("shm:rank %d (%s)", j, c.RemoteAddr()))
 	up := ringAt(pair, shmPage, 2*shmPage, ring)                     // lo → hi
 	down := ringAt(pair, shmPage+ringCtrlSize, 2*shmPage+ring, ring) // hi → lo
 	if m.Rank == lo {
