@@ -111,6 +111,62 @@ func TestFuserWire(t *testing.T) {
 	}
 }
 
+// TestAllReduceWire: a 16-bit buffer reduced directly by the group, with
+// every op and both algorithms: the ranks agree to the bit, Min and Max are
+// exact, Sum and Avg within the rounding bound.
+func TestAllReduceWire(t *testing.T) {
+	const n, world = 3001, 3
+	for _, wire := range []DType{Float16, BFloat16} {
+		for _, algo := range []Algorithm{AlgoRing, AlgoRecursiveDoubling} {
+			for _, op := range []ReduceOp{Sum, Avg, Min, Max} {
+				t.Run(fmt.Sprintf("%s/%s/%s", wire, algo, op), func(t *testing.T) {
+					groups := inprocGroups(t, world, 1, Options{Algorithm: algo})
+					in := make([][]uint16, world)
+					out := make([][]uint16, world)
+					for r := range world {
+						in[r] = make([]uint16, n)
+						encodeHalf(wire, in[r], randomInput[float32](r, n, 7))
+						out[r] = append([]uint16(nil), in[r]...)
+					}
+					mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
+						return g.allReduceWire(context.Background(), Buffer{b: bytesOf(out[r]), dt: wire}, op)
+					}))
+					rel, abs := halfUnit(wire)
+					for j := range n {
+						for r := 1; r < world; r++ {
+							if out[r][j] != out[0][j] {
+								t.Fatalf("element %d: rank %d has %#04x, rank 0 %#04x", j, r, out[r][j], out[0][j])
+							}
+						}
+						got := float64(halfToF32(wire, out[0][j]))
+						var sum, mag float64
+						lo, hi := math.Inf(1), math.Inf(-1)
+						for r := range world {
+							v := float64(halfToF32(wire, in[r][j]))
+							sum, mag = sum+v, mag+math.Abs(v)
+							lo, hi = min(lo, v), max(hi, v)
+						}
+						var want, bound float64
+						switch op {
+						case Sum:
+							want, bound = sum, (world-1)*(rel*mag*1.01+abs)
+						case Avg: // the sum, then one more rounding of the quotient
+							want, bound = sum/world, (world-1)*(rel*mag*1.01+abs)/world+rel*math.Abs(sum/world)+abs
+						case Min:
+							want = lo
+						case Max:
+							want = hi
+						}
+						if d := math.Abs(got - want); d > bound {
+							t.Fatalf("element %d: %v, want %v within %g", j, got, want, bound)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
 // TestFuserErrorFeedback: over K rounds with error feedback, the sum of the
 // applied (reduced) gradients tracks the sum of the exact ones within one
 // half-ulp per rank, the residues each rank still holds; without it the
