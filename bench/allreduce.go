@@ -18,14 +18,22 @@ import (
 // Data planes of the allreduce benchmark.
 const (
 	TransportTCP    = "tcp"    // one process per rank on 127.0.0.1
+	TransportShm    = "shm"    // one process per rank, shared memory between them
+	TransportAuto   = "auto"   // one process per rank, collective.TransportAuto (all on this host: shared memory)
 	TransportInproc = "inproc" // goroutines of this process over in-memory pipes
 )
+
+// isProcessTransport reports whether t runs one process per rank.
+func isProcessTransport(t string) bool {
+	_, err := collective.ParseTransportKind(t)
+	return err == nil
+}
 
 // AllReduceConfig is what the allreduce benchmark measures and how.
 type AllReduceConfig struct {
 	Ranks     int
 	Sizes     []int  // message sizes in bytes, each a whole number of float32s
-	Transport string // TransportTCP or TransportInproc
+	Transport string // TransportTCP, TransportShm, TransportAuto or TransportInproc
 	Algorithm collective.Algorithm
 	// Iters is the number of timed iterations per size; 0 picks by size (at
 	// least 20, about 256 MiB moved, at most 1000).
@@ -34,7 +42,7 @@ type AllReduceConfig struct {
 	Timeout      time.Duration // per operation; 0 is collective's default
 	SegmentBytes int           // ring pipelining segment; 0 is collective's default
 
-	// With TransportTCP: RankArgs(r) are the arguments with which this
+	// With a process transport (all but TransportInproc): RankArgs(r) are the arguments with which this
 	// executable (os.Executable) runs rank r, by calling AllReduceRank with
 	// the same configuration. Threads is each rank process's GOMAXPROCS (0:
 	// this machine's cores shared evenly), Bind its data-plane listen address
@@ -69,8 +77,8 @@ func (c AllReduceConfig) validate() error {
 		return fmt.Errorf("bench: allreduce: %d ranks, want at least 1", c.Ranks)
 	case len(c.Sizes) == 0:
 		return errors.New("bench: allreduce: no sizes")
-	case c.Transport != TransportTCP && c.Transport != TransportInproc:
-		return fmt.Errorf("bench: allreduce: transport %q, want %q or %q", c.Transport, TransportTCP, TransportInproc)
+	case c.Transport != TransportInproc && !isProcessTransport(c.Transport):
+		return fmt.Errorf("bench: allreduce: transport %q, want %q, %q, %q or %q", c.Transport, TransportTCP, TransportShm, TransportAuto, TransportInproc)
 	case c.Iters < 0 || c.Warmup < 0 || c.Threads < 0:
 		return errors.New("bench: allreduce: negative iterations, warmup or threads")
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,7 +18,7 @@ import (
 // allreduceProcesses starts one process per rank and relays rank 0's results.
 func allreduceProcesses(ctx context.Context, cfg AllReduceConfig, report func(AllReduceResult)) error {
 	if cfg.RankArgs == nil {
-		return errors.New("bench: allreduce over tcp needs RankArgs to start its rank processes")
+		return fmt.Errorf("bench: allreduce over %s needs RankArgs to start its rank processes", cfg.Transport)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -57,7 +56,8 @@ func allreduceProcesses(ctx context.Context, cfg AllReduceConfig, report func(Al
 	return failed
 }
 
-// AllReduceRank is rank `rank` of an AllReduce over TransportTCP, in the
+// AllReduceRank is rank `rank` of an AllReduce over a process transport
+// (TransportTCP, TransportShm or TransportAuto), in the
 // process RankArgs(rank) started: it announces its data-plane address on
 // stdout, reads the peers' from stdin, measures, and (rank 0) writes each
 // size's figures to stdout as a JSON line for the launcher to relay. It sets
@@ -86,7 +86,27 @@ func AllReduceRank(ctx context.Context, cfg AllReduceConfig, rank int, stdin io.
 	if len(peers) != cfg.Ranks {
 		return fmt.Errorf("bench: allreduce: the launcher sent %d peers for %d ranks", len(peers), cfg.Ranks)
 	}
-	g, err := collective.Join(ctx, tr, collective.Membership{Job: "bench", Generation: 1, Rank: rank, Peers: peers}, cfg.groupOptions())
+	kind, err := collective.ParseTransportKind(cfg.Transport)
+	if err != nil {
+		return err
+	}
+	transport, err := collective.NewTransport(kind, tr, collective.ShmOptions{Logger: cfg.Logger})
+	if err != nil {
+		return err
+	}
+	m := collective.Membership{Job: "bench", Generation: 1, Rank: rank, Peers: peers}
+	if kind == collective.TransportAuto {
+		// Every rank runs on this host, so each one's identity is ours.
+		host, err := collective.HostIdentity()
+		if err != nil {
+			return err
+		}
+		m.Hosts = make([]string, len(peers))
+		for i := range m.Hosts {
+			m.Hosts[i] = host
+		}
+	}
+	g, err := collective.Join(ctx, transport, m, cfg.groupOptions())
 	if err != nil {
 		return fmt.Errorf("bench: allreduce: rank %d joining: %w", rank, err)
 	}

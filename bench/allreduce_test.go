@@ -27,28 +27,31 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// runTestRank is one rank process: "ranks,rank".
+// runTestRank is one rank process: "ranks,rank,transport".
 func runTestRank(arg string) int {
-	ranksText, rankText, _ := strings.Cut(arg, ",")
+	ranksText, rest, _ := strings.Cut(arg, ",")
+	rankText, transport, _ := strings.Cut(rest, ",")
 	ranks, err1 := strconv.Atoi(ranksText)
 	rank, err2 := strconv.Atoi(rankText)
 	if err1 != nil || err2 != nil {
 		fmt.Fprintf(os.Stderr, "bad %s%s\n", rankArg, arg)
 		return 2
 	}
-	if err := AllReduceRank(context.Background(), processConfig(ranks), rank, os.Stdin, os.Stdout); err != nil {
+	if err := AllReduceRank(context.Background(), processConfig(ranks, transport), rank, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return 0
 }
 
-// processConfig is the configuration the TCP cases and their rank processes
-// share, as the command's flags do.
-func processConfig(ranks int) AllReduceConfig {
-	return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 256 << 10}, Transport: TransportTCP, Iters: 3, Warmup: 1, Threads: 1,
-		RankArgs: func(rank int) []string { return []string{rankArg + strconv.Itoa(ranks) + "," + strconv.Itoa(rank)} },
-		Stderr:   os.Stderr}
+// processConfig is the configuration the process cases and their rank
+// processes share, as the command's flags do.
+func processConfig(ranks int, transport string) AllReduceConfig {
+	return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 256 << 10, 3 << 20}, Transport: transport, Iters: 3, Warmup: 1, Threads: 1,
+		RankArgs: func(rank int) []string {
+			return []string{rankArg + strconv.Itoa(ranks) + "," + strconv.Itoa(rank) + "," + transport}
+		},
+		Stderr: os.Stderr}
 }
 
 func TestBenchAllReduce(t *testing.T) {
@@ -63,8 +66,10 @@ func TestBenchAllReduce(t *testing.T) {
 		{"inproc 3 ranks auto", inproc(3, collective.AlgoAuto)},
 		{"inproc 4 ranks ring", inproc(4, collective.AlgoRing)},
 		{"inproc 3 ranks rd", inproc(3, collective.AlgoRecursiveDoubling)},
-		{"tcp 2 rank processes", processConfig(2)},
-		{"tcp 3 rank processes", processConfig(3)},
+		{"tcp 2 rank processes", processConfig(2, TransportTCP)},
+		{"tcp 3 rank processes", processConfig(3, TransportTCP)},
+		{"shm 4 rank processes", processConfig(4, TransportShm)},
+		{"auto 3 rank processes", processConfig(3, TransportAuto)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -72,3 +72,75 @@ func FuzzReceive(f *testing.F) {
 		}
 	})
 }
+
+// FuzzShmControlWords: any bytes in a segment header, hello or slab
+// descriptor decode to an error or to a record that encodes back to the same
+// bytes, never a panic; and a record of another job, generation or sequence
+// is refused.
+func FuzzShmControlWords(f *testing.F) {
+	job := JobHash("fuzz")
+	hdr := segHeader{kind: segKindRank, job: job, gen: 3, a: 1, world: 4, pid: 77, ring: 4096, slab: 8192, nonce: 5}
+	desc := opDesc{job: job, gen: 3, seq: 9, step: 12, count: 100, offset: 0, dtype: Float32, arg: allreduceArg(Sum, AlgoRing)}
+	var a, b [ctrlSize]byte
+	hdr.encode(a[:], segMagic)
+	desc.encode(b[:])
+	f.Add(a[:], b[:])
+	f.Add(bytes.Repeat([]byte{0xff}, ctrlSize), make([]byte, ctrlSize))
+	f.Fuzz(func(t *testing.T, hb, db []byte) {
+		if h, err := decodeSegHeader(hb, segMagic); err == nil {
+			out := make([]byte, ctrlSize)
+			h.encode(out, segMagic)
+			if !bytes.Equal(out, hb[:ctrlSize]) {
+				t.Fatalf("segment header round trip changed:\n in %x\nout %x", hb[:ctrlSize], out)
+			}
+			want := hdr
+			want.nonce = 0
+			if err := h.expect(want); err == nil && (h.job != job || h.gen != hdr.gen || h.a != hdr.a || h.kind != hdr.kind) {
+				t.Fatalf("foreign header %+v accepted", h)
+			}
+		}
+		if d, err := decodeOpDesc(db); err == nil {
+			out := make([]byte, ctrlSize)
+			d.encode(out)
+			if !bytes.Equal(out, db[:ctrlSize]) {
+				t.Fatalf("descriptor round trip changed:\n in %x\nout %x", db[:ctrlSize], out)
+			}
+			if _, kind := d.check(desc); kind == nil && d != desc {
+				t.Fatalf("descriptor %+v accepted for %+v", d, desc)
+			}
+		}
+	})
+}
+
+// TestShmControlWordsRefused: each foreign field is refused with its kind.
+func TestShmControlWordsRefused(t *testing.T) {
+	want := opDesc{job: 1, gen: 2, seq: 3, step: 4, count: 5, dtype: Float32, arg: 6}
+	for _, tc := range []struct {
+		name string
+		edit func(*opDesc)
+		kind error
+	}{
+		{"job", func(d *opDesc) { d.job++ }, ErrProtocol},
+		{"generation", func(d *opDesc) { d.gen++ }, ErrProtocol},
+		{"sequence", func(d *opDesc) { d.seq++ }, ErrMismatch},
+		{"count", func(d *opDesc) { d.count++ }, ErrMismatch},
+		{"dtype", func(d *opDesc) { d.dtype = Float64 }, ErrMismatch},
+		{"step", func(d *opDesc) { d.step++ }, ErrProtocol},
+	} {
+		d := want
+		tc.edit(&d)
+		var b [ctrlSize]byte
+		d.encode(b[:])
+		got, err := decodeOpDesc(b[:])
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if _, kind := got.check(want); kind != tc.kind {
+			t.Errorf("%s: kind %v, want %v", tc.name, kind, tc.kind)
+		}
+		b[3] ^= 1
+		if _, err := decodeOpDesc(b[:]); err == nil {
+			t.Errorf("%s: corrupt descriptor accepted", tc.name)
+		}
+	}
+}

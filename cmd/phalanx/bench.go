@@ -35,19 +35,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 func benchAllReduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench allreduce",
-		"Measures float32 sum-allreduce over --ranks ranks: with --transport tcp, one OS process per rank on\n"+
-			"127.0.0.1; with inproc, goroutines in this process. For every size it prints the median over the\n"+
+		"Measures float32 sum-allreduce over --ranks ranks: with --transport tcp, shm or auto, one OS process per\n"+
+			"rank (on 127.0.0.1, or through shared memory); with inproc, goroutines in this process. For every size it prints the median over the\n"+
 			"iterations of the slowest rank's time, algbw = bytes/time and busbw = algbw·2(N−1)/N.", stderr)
 	cfg := bench.AllReduceConfig{Stderr: stderr}
 	fs.IntVar(&cfg.Ranks, "ranks", 4, "number of ranks (1..64)")
 	sizes := fs.String("sizes", "4KiB,64KiB,1MiB,16MiB,64MiB", "comma-separated message sizes in bytes (units B, KiB, MiB, GiB)")
-	fs.StringVar(&cfg.Transport, "transport", "tcp", "data plane: tcp (one process per rank) or inproc (goroutines)")
+	fs.StringVar(&cfg.Transport, "transport", "tcp", "data plane: tcp, shm (shared memory) or auto (shared memory here: every rank is on this host),\none process per rank each; or inproc (goroutines)")
 	algo := fs.String("algo", "auto", "allreduce algorithm: ring, tree (recursive doubling, alias rd) or auto (by size)")
 	fs.IntVar(&cfg.Iters, "iters", 0, "timed iterations per size; 0 picks by size (at least 20, about 256 MiB moved)")
 	fs.IntVar(&cfg.Warmup, "warmup", 5, "untimed iterations per size")
 	fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "per-operation timeout")
 	segment := fs.String("segment", "1MiB", "ring pipelining segment size")
-	fs.IntVar(&cfg.Threads, "threads", 0, "with --transport tcp: OS threads running Go code in each rank process (GOMAXPROCS);\n0 = this machine's cores divided by --ranks, at least 1")
+	fs.IntVar(&cfg.Threads, "threads", 0, "with a process transport: OS threads running Go code in each rank process (GOMAXPROCS);\n0 = this machine's cores divided by --ranks, at least 1")
 	jsonOut := fs.Bool("json", false, "print one JSON object per size and nothing else on stdout")
 	asRank := fs.Int("as-rank", -1, "internal: run as this rank of a benchmark launched by phalanx itself")
 	fs.StringVar(&cfg.Bind, "bind", "127.0.0.1:0", "with --as-rank: data-plane listen address")
@@ -65,8 +65,10 @@ func benchAllReduce(ctx context.Context, args []string, stdout, stderr io.Writer
 	if cfg.Algorithm, err = collective.ParseAlgorithm(*algo); err != nil {
 		return usagef("--algo: %v", err)
 	}
-	if cfg.Transport != bench.TransportTCP && cfg.Transport != bench.TransportInproc {
-		return usagef("--transport %q: want tcp or inproc", cfg.Transport)
+	switch cfg.Transport {
+	case bench.TransportTCP, bench.TransportShm, bench.TransportAuto, bench.TransportInproc:
+	default:
+		return usagef("--transport %q: want tcp, shm, auto or inproc", cfg.Transport)
 	}
 	if cfg.SegmentBytes, err = bytesize.Parse(*segment); err != nil || cfg.SegmentBytes < 64 {
 		return usagef("--segment %q: want a size of at least 64 bytes", *segment)
