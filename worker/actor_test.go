@@ -271,33 +271,45 @@ func (c *goCollector) Receive(ctx actor.Context) {
 }
 
 // TestGroupActorRefusesStrangers: step-ready messages of another generation
-// or of a rank outside the world do not count towards a step.
+// or of a rank outside the world do not count towards a step. Each legitimate
+// rank and the strangers answer from actors of their own: a stranger counted
+// would close step 1 early, its decision going to the stranger and never to
+// rank 1.
 func TestGroupActorRefusesStrangers(t *testing.T) {
 	sys, err := actors.NewSystem(actors.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sys.Shutdown()
-	got := make(chan *phalanxpb.StepGo, 8)
-	rank := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &goCollector{got: got} }))
+	collector := func() (*phalanxpb.ActorRef, chan *phalanxpb.StepGo) {
+		got := make(chan *phalanxpb.StepGo, 8)
+		pid := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &goCollector{got: got} }))
+		return &phalanxpb.ActorRef{Address: pid.Address, Id: pid.Id}, got
+	}
+	rank0, got0 := collector()
+	rank1, got1 := collector()
+	stranger, gotStranger := collector()
 	group := sys.Root.Spawn(NewGroupProps(GroupConfig{World: 2, Generation: 5}))
-	from := &phalanxpb.ActorRef{Address: rank.Address, Id: rank.Id}
 	for _, m := range []*phalanxpb.StepReady{
-		{Rank: 0, Step: 1, Generation: 5, From: from},
-		{Rank: 1, Step: 1, Generation: 4, From: from}, // a dead generation
-		{Rank: 7, Step: 1, Generation: 5, From: from}, // no such rank
-		{Rank: 1, Step: 1, Generation: 5},             // no sender
-		{Rank: 1, Step: 2, Generation: 5, From: from}, // another step
-		{Rank: 1, Step: 1, Generation: 5, From: from}, // completes step 1
+		{Rank: 0, Step: 1, Generation: 5, From: rank0},
+		{Rank: 1, Step: 1, Generation: 4, From: stranger}, // a dead generation
+		{Rank: 7, Step: 1, Generation: 5, From: stranger}, // no such rank
+		{Rank: 1, Step: 1, Generation: 5},                 // no sender
+		{Rank: 1, Step: 2, Generation: 5, From: stranger}, // another step
+		{Rank: 1, Step: 1, Generation: 5, From: rank1},    // completes step 1
 	} {
 		sys.Root.Send(group, m)
 	}
-	select {
-	case m := <-got:
-		if m.Step != 1 || m.Generation != 5 || len(m.Participants) != 2 {
-			t.Errorf("decision %v", m)
+	for r, got := range []chan *phalanxpb.StepGo{got0, got1} {
+		select {
+		case m := <-got:
+			if m.Step != 1 || m.Generation != 5 || len(m.Participants) != 2 {
+				t.Errorf("rank %d: decision %v", r, m)
+			}
+		case m := <-gotStranger:
+			t.Fatalf("a stranger's readiness was counted: it got the decision %v", m)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("rank %d: no decision for step 1", r)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no decision for step 1")
 	}
 }

@@ -132,47 +132,60 @@ func mlpRanks(ctx context.Context, tb testing.TB, groups []*collective.Group) []
 // communication; every rank still computes its share concurrently).
 var stepModes = []struct {
 	name string
-	run  func(context.Context, *Trainer) error
+	run  func(context.Context, *Trainer) (StepStats, error)
 }{
-	{"overlap", func(ctx context.Context, t *Trainer) error { _, err := t.Step(ctx); return err }},
-	{"sequential", func(ctx context.Context, t *Trainer) error {
+	{"overlap", func(ctx context.Context, t *Trainer) (StepStats, error) { return t.Step(ctx) }},
+	{"sequential", func(ctx context.Context, t *Trainer) (StepStats, error) {
 		if err := t.Compute(ctx); err != nil {
-			return err
+			return StepStats{}, err
 		}
-		_, err := t.Finish(ctx)
-		return err
+		return t.Finish(ctx)
 	}},
-	{"compute", func(ctx context.Context, t *Trainer) error { return t.Compute(ctx) }},
+	{"compute", func(ctx context.Context, t *Trainer) (StepStats, error) {
+		err := t.Compute(ctx)
+		return StepStats{Compute: t.pend.compute}, err
+	}},
 }
 
-// runSteps runs n steps of mode on every rank at once.
-func runSteps(ctx context.Context, ranks []*Trainer, n int, run func(context.Context, *Trainer) error) error {
+// runSteps runs n steps of mode on every rank at once, and returns the
+// ranks' compute and communication times summed over the steps and ranks.
+func runSteps(ctx context.Context, ranks []*Trainer, n int, run func(context.Context, *Trainer) (StepStats, error)) (compute, comm time.Duration, err error) {
 	errs := make([]error, len(ranks))
+	sums := make([][2]time.Duration, len(ranks))
 	var wg sync.WaitGroup
 	for r, t := range ranks {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for range n {
-				if errs[r] = run(ctx, t); errs[r] != nil {
+				var st StepStats
+				if st, errs[r] = run(ctx, t); errs[r] != nil {
 					return
 				}
+				sums[r][0] += st.Compute
+				sums[r][1] += st.Comm
 			}
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
+	for r, err := range errs {
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
+		compute += sums[r][0]
+		comm += sums[r][1]
 	}
-	return nil
+	return compute, comm, nil
 }
 
 // BenchmarkStep is one training step of the MLP (784-512-512-10, global
 // batch 256) on 1, 2 and 4 ranks in this process, over the in-process
 // transport and over loopback TCP, overlapped, sequential and compute only.
-// ns/op is the step time; allocs/op are every rank's together.
+// ns/op is the step time; allocs/op are every rank's together;
+// compute-ms and comm-ms are a rank's mean model time and wait for the
+// reductions after it (StepStats.Compute and Comm): in the sequential mode
+// comm-ms is the whole communication, in the overlapped one what backward
+// did not hide.
 //
 //	go test ./worker/ -run x -bench Step -benchtime 40x -cpuprofile cpu.out -memprofile mem.out
 func BenchmarkStep(b *testing.B) {
@@ -195,15 +208,19 @@ func BenchmarkStep(b *testing.B) {
 						b.Cleanup(func() { collective.CloseGroups(groups) })
 					}
 					ranks := mlpRanks(ctx, b, groups)
-					if err := runSteps(ctx, ranks, 2, mode.run); err != nil { // warm buffers
+					if _, _, err := runSteps(ctx, ranks, 2, mode.run); err != nil { // warm buffers
 						b.Fatal(err)
 					}
 					b.ReportAllocs()
 					b.ResetTimer()
-					if err := runSteps(ctx, ranks, b.N, mode.run); err != nil {
+					compute, comm, err := runSteps(ctx, ranks, b.N, mode.run)
+					if err != nil {
 						b.Fatal(err)
 					}
+					steps := float64(b.N * n)
 					b.ReportMetric(float64(mlpBatch)*float64(b.N)/b.Elapsed().Seconds(), "samples/s")
+					b.ReportMetric(compute.Seconds()*1e3/steps, "compute-ms")
+					b.ReportMetric(comm.Seconds()*1e3/steps, "comm-ms")
 				})
 			}
 		}
@@ -216,6 +233,8 @@ func BenchmarkStep(b *testing.B) {
 type linearModel struct {
 	w, b, extra *nn.Param
 	out         []float32
+	first       func()       // runs as Step begins
+	mid         func() error // runs between the two chunks' readiness, when overlapping
 }
 
 func newLinearModel() *linearModel {
@@ -230,11 +249,19 @@ func newLinearModel() *linearModel {
 func (m *linearModel) Params() []*nn.Param { return []*nn.Param{m.w, m.b, m.extra} }
 
 func (m *linearModel) Step(b *Batch, scale float32, ready func(int)) (Result, error) {
+	if m.first != nil {
+		m.first()
+	}
 	for i, v := range m.extra.Value {
 		m.extra.Grad[i] += scale * float32(b.N) * v
 	}
 	if ready != nil {
 		ready(2)
+		if m.mid != nil {
+			if err := m.mid(); err != nil {
+				return Result{}, err
+			}
+		}
 	}
 	var res Result
 	for n := range b.N {
@@ -300,32 +327,32 @@ func TestStepAllocs(t *testing.T) {
 	if n := len(ranks[0].grads.chunks); n < 2 {
 		t.Fatalf("%d gradient chunks: the test wants several buckets", n)
 	}
-	hybridStep := func(ctx context.Context, t *Trainer) error {
+	hybridStep := func(ctx context.Context, t *Trainer) (StepStats, error) {
 		if err := t.Compute(ctx); err != nil {
-			return err
+			return StepStats{}, err
 		}
 		if err := t.ReduceStep(ctx, t.NextStep(), true); err != nil {
-			return err
+			return StepStats{}, err
 		}
-		_, err := t.ApplyStep(ctx)
-		return err
+		return t.ApplyStep(ctx)
 	}
 	for _, mode := range append(stepModes[:2:2], struct {
 		name string
-		run  func(context.Context, *Trainer) error
+		run  func(context.Context, *Trainer) (StepStats, error)
 	}{"hybrid", hybridStep}) {
 		t.Run(mode.name, func(t *testing.T) {
 			start, done := make(chan struct{}), make(chan error)
 			go func() {
 				for range start {
-					done <- mode.run(ctx, ranks[1])
+					_, err := mode.run(ctx, ranks[1])
+					done <- err
 				}
 			}()
 			defer close(start)
 			var failed error
 			step := func() {
 				start <- struct{}{}
-				if err := mode.run(ctx, ranks[0]); err != nil && failed == nil {
+				if _, err := mode.run(ctx, ranks[0]); err != nil && failed == nil {
 					failed = err
 				}
 				if err := <-done; err != nil && failed == nil {
@@ -342,6 +369,43 @@ func TestStepAllocs(t *testing.T) {
 			if allocs != 0 {
 				t.Errorf("%v allocations per step, want 0", allocs)
 			}
+		})
+	}
+}
+
+// BenchmarkStepOverlap measures how much of the communication the overlap
+// hides, over loopback TCP: the three modes of BenchmarkStep run in turns of
+// a few steps on the same ranks, so that a noisy machine disturbs them
+// alike. It reports each mode's wall time per step and hidden-%, the share
+// of the sequential step's communication (sequential − compute) that the
+// overlapped step no longer pays: (sequential − overlap) / (sequential −
+// compute).
+//
+//	go test -tags openblas ./worker/ -run x -bench StepOverlap -benchtime 10x
+func BenchmarkStepOverlap(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		b.Run(fmt.Sprintf("tcp/N=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			ranks := mlpRanks(ctx, b, tcpGroups(ctx, b, n))
+			var spent [3]time.Duration
+			const turn = 4 // steps per mode per turn
+			for i := range b.N + 1 {
+				for m, mode := range stepModes {
+					start := time.Now()
+					if _, _, err := runSteps(ctx, ranks, turn, mode.run); err != nil {
+						b.Fatal(err)
+					}
+					if i > 0 { // the first turn warms buffers and connections
+						spent[m] += time.Since(start)
+					}
+				}
+			}
+			ms := func(m int) float64 { return spent[m].Seconds() * 1e3 / float64(b.N*turn) }
+			b.ReportMetric(ms(0), "overlap-ms")
+			b.ReportMetric(ms(1), "sequential-ms")
+			b.ReportMetric(ms(2), "compute-ms")
+			b.ReportMetric(100*(ms(1)-ms(0))/(ms(1)-ms(2)), "hidden-%")
+			b.ReportMetric(0, "ns/op")
 		})
 	}
 }

@@ -1,0 +1,162 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// overlapRanks builds two trainers of linearModel (two gradient chunks)
+// over in-process groups.
+func overlapRanks(t *testing.T) ([]*Trainer, []*linearModel) {
+	t.Helper()
+	ctx := context.Background()
+	groups, err := collective.InprocGroups(ctx, 2, "overlap", 1, collective.Options{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { collective.CloseGroups(groups) })
+	data := newBlobs(600)
+	ranks, models := make([]*Trainer, 2), make([]*linearModel, 2)
+	for r, g := range groups {
+		models[r] = newLinearModel()
+		opt, _ := nn.NewOptimizer(nn.OptimizerConfig{Kind: "momentum"}, models[r].Params())
+		tr, err := NewTrainer(ctx, g, models[r], data, opt, Config{GlobalBatch: 60, BucketBytes: 64, Schedule: nn.Schedule{Base: 0.05}, Seed: 2}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.Close)
+		if len(tr.grads.chunks) != 2 {
+			t.Fatalf("%d gradient chunks, want 2", len(tr.grads.chunks))
+		}
+		ranks[r] = tr
+	}
+	return ranks, models
+}
+
+// TestStepOverlapsBackward: in an overlapped step the first bucket's
+// allreduce completes while the backward pass is still running — each
+// rank's model waits for it half-way, which would never return if buckets
+// were only reduced after the backward pass.
+func TestStepOverlapsBackward(t *testing.T) {
+	ranks, models := overlapRanks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for r, tr := range ranks {
+		models[r].mid = func() error { return tr.fuser.WaitBucket(ctx, 0) }
+	}
+	errs := make(chan error, 2)
+	for _, tr := range ranks {
+		go func() { _, err := tr.Step(ctx); errs <- err }()
+	}
+	for range ranks {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !sameBits(paramsOf(ranks[0]), paramsOf(ranks[1])) {
+		t.Fatal("ranks' parameters differ")
+	}
+}
+
+// readyCollector stands for the group actor: it records the ranks'
+// readiness and never decides a step.
+type readyCollector struct{ got chan<- *phalanxpb.StepReady }
+
+func (c *readyCollector) Receive(ctx actor.Context) {
+	if m, ok := ctx.Message().(*phalanxpb.StepReady); ok {
+		c.got <- m
+	}
+}
+
+// TestRankActorOverlap: a bulk-synchronous rank actor has sent every bucket
+// of its step to be reduced by the time it reports ready — the reductions
+// complete with no decision from the group — and with NoOverlap it has sent
+// none.
+func TestRankActorOverlap(t *testing.T) {
+	for _, noOverlap := range []bool{false, true} {
+		t.Run(map[bool]string{false: "overlap", true: "no overlap"}[noOverlap], func(t *testing.T) {
+			ranks, _ := overlapRanks(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			sys, err := actors.NewSystem(actors.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sys.Shutdown()
+			got := make(chan *phalanxpb.StepReady, 2)
+			group := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &readyCollector{got: got} }))
+			for r, tr := range ranks {
+				sys.Root.Spawn(NewRankProps(RankConfig{Trainer: tr, Rank: r, Generation: 1, Steps: 5, Group: group, Context: ctx, NoOverlap: noOverlap}))
+			}
+			for range ranks {
+				select {
+				case m := <-got:
+					if m.Step != 1 {
+						t.Fatalf("ready for step %d, want 1", m.Step)
+					}
+				case <-ctx.Done():
+					t.Fatal("no readiness")
+				}
+			}
+			for r, tr := range ranks {
+				err := tr.fuser.Wait(ctx)
+				switch {
+				case !noOverlap && err != nil:
+					t.Fatalf("rank %d: the step's reductions: %v", r, err)
+				case noOverlap && (err == nil || !strings.Contains(err.Error(), "not marked ready")):
+					t.Fatalf("rank %d without overlap: %v, want the buckets not sent", r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestRecoverAfterLaunch: a model failure after the step's first bucket
+// was sent to be reduced cannot be repaired on this rank alone (the others
+// are part-way through the step's reductions); before it, it can.
+func TestRecoverAfterLaunch(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		launched bool
+	}{{"before the first bucket", false}, {"after the first bucket", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			groups, err := collective.InprocGroups(ctx, 1, "launch", 1, collective.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer collective.CloseGroups(groups)
+			m := newLinearModel()
+			opt, _ := nn.NewOptimizer(nn.OptimizerConfig{}, m.Params())
+			tr, err := NewTrainer(ctx, groups[0], m, newBlobs(100), opt, Config{GlobalBatch: 10, BucketBytes: 64, Schedule: nn.Schedule{Base: 0.1}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			tr.State().Commit()
+			if tc.launched {
+				m.mid = func() error { panic("injected failure half-way through the backward pass") }
+			} else {
+				m.first = func() { panic("injected failure before the backward pass") }
+			}
+			var pe *PanicError
+			if err := tr.ComputeOverlapped(ctx); !errors.As(err, &pe) {
+				t.Fatalf("compute: %v, want a panic error", err)
+			}
+			_, _, err = tr.Recover(ctx)
+			if got := errors.Is(err, ErrUnrecoverable); got != tc.launched {
+				t.Fatalf("recover: %v; unrecoverable %v, want %v", err, got, tc.launched)
+			}
+		})
+	}
+}
