@@ -89,8 +89,9 @@ type Group struct {
 	work    []byte
 	ords    []int // ring: ordinal of each step's first send
 
-	fast     *shmFast  // the shared-memory allreduce, when every peer is on shared memory
-	deadline time.Time // the running operation's
+	fast     *shmFast   // the shared-memory allreduce, when every peer is on shared memory
+	hier     *hierarchy // the hierarchical allreduce, when the group spans hosts of several ranks each
+	deadline time.Time  // the running operation's
 	stopCtx  func() bool
 
 	failMu  sync.Mutex
@@ -130,6 +131,9 @@ func newGroup(conns []net.Conn, m Membership, opts Options) *Group {
 	}
 	g.timer.Stop()
 	g.fast = newShmFast(g, conns)
+	if g.fast == nil {
+		g.hier = newHierarchy(m, conns)
+	}
 	for j, c := range conns {
 		if c != nil {
 			g.links[j] = newLink(g, j, c)

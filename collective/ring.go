@@ -39,10 +39,12 @@ func ShardRange(n, world, rank int) (lo, hi int) {
 }
 
 // segElems is the ring's pipelining unit in elements: Options.SegmentBytes,
-// raised when needed so that one operation queues at most maxQueued frames.
+// raised when needed so that one operation queues at most maxQueued frames
+// (half of that per ring when a hierarchical allreduce runs two rings over
+// one link).
 func (g *Group) segElems(es int, ck chunking) int {
 	seg := g.opts.SegmentBytes / es
-	perChunk := maxQueued / (2 * g.world)
+	perChunk := maxQueued / (4 * g.world)
 	if need := (ck.maxLen() + perChunk - 1) / perChunk; need > seg {
 		seg = need
 	}
@@ -65,8 +67,24 @@ func (g *Group) ringSteps(data []byte, dt DType, op ReduceOp, ck chunking, from,
 	if g.cur.op == opAllReduce && g.fast != nil && g.fast.handles(dt) {
 		return g.fast.allReduce(data, dt, op)
 	}
-	N, r, es := g.world, g.rank, dt.Size()
-	right, left := g.links[(r+1)%N], g.links[(r+N-1)%N]
+	if g.cur.op == opAllReduce && g.hier != nil {
+		return g.hierAllReduce(data, dt, op)
+	}
+	return g.ringOn(nil, g.rank, data, dt, op, ck, from, to)
+}
+
+// ringOn runs ring steps over a sub-ring: members lists its ranks in ring
+// order (nil: every rank of the group), pos is this rank's place in it, and
+// ck splits data into len(members) chunks.
+func (g *Group) ringOn(members []int, pos int, data []byte, dt DType, op ReduceOp, ck chunking, from, to int) error {
+	N, r, es := g.world, pos, dt.Size()
+	var right, left *link
+	if members == nil {
+		right, left = g.links[(r+1)%N], g.links[(r+N-1)%N]
+	} else {
+		N = len(members)
+		right, left = g.links[members[(r+1)%N]], g.links[members[(r+N-1)%N]]
+	}
 	seg := g.segElems(es, ck)
 	chunkAt := func(s int) int { return ((r-s-1)%N + N) % N } // sent at step s, received at s-1
 	span := func(c, k int) (int, int) {

@@ -90,6 +90,9 @@ func TestShmAllReduceProperty(t *testing.T) {
 		{"shm-4", TransportShm, 4, nil},
 		{"auto-mixed-4", TransportAuto, 4, []string{"a", "a", "b", "b"}},
 		{"auto-one-host-3", TransportAuto, 3, []string{"h", "h", "h"}},
+		{"auto-hier-3x2", TransportAuto, 6, []string{"a", "b", "c", "a", "b", "c"}},
+		{"auto-hier-2x3", TransportAuto, 6, []string{"a", "a", "a", "b", "b", "b"}},
+		{"auto-uneven", TransportAuto, 5, []string{"a", "a", "a", "b", "b"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -98,9 +101,16 @@ func TestShmAllReduceProperty(t *testing.T) {
 			for i := range ranks {
 				ranks[i] = i
 			}
-			groups := s.join(t, "prop", 1, ranks, tc.hosts, Options{})
+			groups := s.join(t, "prop", 1, ranks, tc.hosts, Options{SmallBytes: 1024, SegmentBytes: 4096})
 			if files := shmFiles(t, dir); len(files) != 0 {
 				t.Fatalf("segment files left after connecting: %v", files)
+			}
+			wantHier := tc.name == "auto-mixed-4" || strings.HasPrefix(tc.name, "auto-hier")
+			wantFast := tc.kind == TransportShm || tc.name == "auto-one-host-3"
+			for r, g := range groups {
+				if (g.hier != nil) != wantHier || (g.fast != nil) != wantFast {
+					t.Fatalf("rank %d: hierarchical %v (want %v), shared-memory fast path %v (want %v)", r, g.hier != nil, wantHier, g.fast != nil, wantFast)
+				}
 			}
 			rng := rand.New(rand.NewPCG(uint64(tc.n), 7))
 			for iter := range 40 {
