@@ -23,10 +23,11 @@ import (
 //
 //	allreduce <algo> <n>...   one allreduce per size; answers "ok <sha256 of each result>"
 //	loop <n>                  allreduces until one fails; answers "looping" after the first, then "err <kind> <rank>"
-//	rejoin <gen> <rank> <peers,...>  closes the group and joins a new generation on the same port; answers "joined"
+//	rejoin <gen> <rank> <peers,...> [hosts,...]  closes the group and joins a new generation on the same port; answers "joined"
 //
 // PHALANX_TEST_TRANSPORT picks the transport (tcp, shm or auto, default tcp)
-// and PHALANX_TEST_SHM_DIR the shared-memory directory.
+// PHALANX_TEST_SHM_DIR the shared-memory directory, PHALANX_TEST_BIND the
+// listen address and PHALANX_TEST_HOSTS the membership's Hosts.
 //
 // Failures answer "err <kind> <rank> <message>".
 
@@ -41,7 +42,15 @@ func childMain() int {
 	rank, _ := strconv.Atoi(os.Getenv("PHALANX_TEST_RANK"))
 	timeout, _ := time.ParseDuration(os.Getenv("PHALANX_TEST_TIMEOUT"))
 	opts := Options{Timeout: timeout}
-	tr, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+	bind := "127.0.0.1:0"
+	if b := os.Getenv("PHALANX_TEST_BIND"); b != "" {
+		bind = b
+	}
+	var hosts []string
+	if h := os.Getenv("PHALANX_TEST_HOSTS"); h != "" {
+		hosts = strings.Split(h, ",")
+	}
+	tr, err := ListenTCP(TCPOptions{Bind: bind})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -65,7 +74,7 @@ func childMain() int {
 		return 1
 	}
 	ctx := context.Background()
-	g, err := Join(ctx, transport, Membership{Job: "proc-test", Generation: 1, Rank: rank, Peers: peers}, opts)
+	g, err := Join(ctx, transport, Membership{Job: "proc-test", Generation: 1, Rank: rank, Peers: peers, Hosts: hosts}, opts)
 	if err != nil {
 		fmt.Printf("err %s\n", describe(err))
 		return 1
@@ -109,7 +118,11 @@ func childMain() int {
 			gen, _ := strconv.ParseUint(f[1], 10, 64)
 			r, _ := strconv.Atoi(f[2])
 			g.Close()
-			g, err = Join(ctx, transport, Membership{Job: "proc-test", Generation: gen, Rank: r, Peers: strings.Split(f[3], ",")}, opts)
+			var hosts []string
+			if len(f) > 4 {
+				hosts = strings.Split(f[4], ",")
+			}
+			g, err = Join(ctx, transport, Membership{Job: "proc-test", Generation: gen, Rank: r, Peers: strings.Split(f[3], ","), Hosts: hosts}, opts)
 			if err != nil {
 				fmt.Printf("err %s\n", describe(err))
 				continue
