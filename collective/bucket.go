@@ -198,7 +198,7 @@ func (f *Fuser[T]) run() {
 			if op == Avg { // divided in float32 by WaitBucket
 				op = Sum
 			}
-			err = f.g.allReduceWire(f.ctx, Buffer{b: bytesOf(b.wire), dt: f.wire}, op)
+			err = f.g.AllReduce(f.ctx, Buffer{b: bytesOf(b.wire), dt: f.wire}, op)
 		case b.fused == nil:
 			err = f.g.AllReduce(f.ctx, Of(f.tensors[b.first]), f.op)
 		default:

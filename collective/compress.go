@@ -1,10 +1,6 @@
 package collective
 
-import (
-	"context"
-	"fmt"
-	"math"
-)
+import "math"
 
 // Compressed gradients: float32 tensors travel as Float16 or BFloat16 (half
 // the bytes) and are reduced in float32, one rounding to the wire type per
@@ -81,35 +77,4 @@ func decodeHalf(dt DType, dst []float32, src []uint16, div float32) {
 			dst[i] /= div
 		}
 	}
-}
-
-// allReduceWire is AllReduce for a buffer of a 16-bit wire type.
-//
-// It is AllReduceWith without the element-type check of ops.go, which admits
-// only Float32 and Float64 (ops.go belongs to the transport work and is not
-// edited here). Once checkReducible accepts every DType.Reducible type this
-// function should become a plain g.AllReduce call.
-func (g *Group) allReduceWire(ctx context.Context, b Buffer, op ReduceOp) error {
-	if !b.dt.Half() {
-		return fmt.Errorf("collective allreduce: %s is not a 16-bit wire type", b.dt)
-	}
-	if op < Sum || op > Max {
-		return fmt.Errorf("collective allreduce: unknown reduce op %d", op)
-	}
-	algo := g.choose(AlgoAuto, len(b.b))
-	if err := g.begin(ctx, opAllReduce, b.dt, b.Len(), allreduceArg(op, algo)); err != nil {
-		return err
-	}
-	var err error
-	if g.world > 1 {
-		if algo == AlgoRing {
-			err = g.ringSteps(b.b, b.dt, op, chunking{count: b.Len(), world: g.world}, 0, 2*(g.world-1))
-		} else {
-			err = g.recursiveDoubling(b.b, b.dt, op)
-		}
-	}
-	if err = g.end(err); err == nil && op == Avg {
-		scaleDiv(b.dt, b.b, g.world)
-	}
-	return err
 }

@@ -129,7 +129,7 @@ func TestAllReduceWire(t *testing.T) {
 						out[r] = append([]uint16(nil), in[r]...)
 					}
 					mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
-						return g.allReduceWire(context.Background(), Buffer{b: bytesOf(out[r]), dt: wire}, op)
+						return g.AllReduce(context.Background(), Buffer{b: bytesOf(out[r]), dt: wire}, op)
 					}))
 					rel, abs := halfUnit(wire)
 					for j := range n {

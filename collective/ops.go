@@ -10,7 +10,7 @@ import (
 const broadcastChainBytes = 256 << 10
 
 func (g *Group) checkReducible(name string, b Buffer, op ReduceOp) error {
-	if b.dt != Float32 && b.dt != Float64 {
+	if !b.dt.Reducible() {
 		return fmt.Errorf("collective %s: cannot reduce %s elements", name, b.dt)
 	}
 	if op < Sum || op > Max {
