@@ -22,7 +22,10 @@ type State struct {
 	sStep int64
 	sPos  Position
 	has   bool
-	hdr   []float64
+	// pending: the last commit's copy is not taken yet, the live tensors
+	// are still that commit's (see commitLater).
+	pending bool
+	hdr     []float64
 }
 
 // NewState tracks params and the optimizer's slots.
@@ -48,10 +51,28 @@ func (s *State) Tensors() ([]string, [][]float32) { return s.names, s.live }
 
 // Commit saves the current state in memory.
 func (s *State) Commit() {
+	s.commitLater()
+	s.flush()
+}
+
+// commitLater commits the current state, but leaves the copy for flush: the
+// trainer takes it while the next step's gradients are being reduced (time a
+// rank otherwise spends waiting), and before anything writes the live
+// tensors again — the next update, a Sync. Model code only writes gradients
+// (see Model), so the live tensors stay the commit's until then.
+func (s *State) commitLater() {
+	s.sStep, s.sPos, s.has, s.pending = s.Step, s.Position, true, true
+}
+
+// flush takes the copy of a commit left for later.
+func (s *State) flush() {
+	if !s.pending {
+		return
+	}
 	for i, t := range s.live {
 		copy(s.saved[i], t)
 	}
-	s.sStep, s.sPos, s.has = s.Step, s.Position, true
+	s.pending = false
 }
 
 // Committed reports the step of the last commit, if any.
@@ -62,8 +83,10 @@ func (s *State) Restore() error {
 	if !s.has {
 		return fmt.Errorf("worker: restore with no committed state")
 	}
-	for i, t := range s.live {
-		copy(t, s.saved[i])
+	if !s.pending { // else the live tensors are still the commit's
+		for i, t := range s.live {
+			copy(t, s.saved[i])
+		}
 	}
 	s.Step, s.Position = s.sStep, s.sPos
 	return nil
@@ -72,6 +95,7 @@ func (s *State) Restore() error {
 // Sync makes every rank's state root's: the step, the position, the
 // parameters and the optimizer slots are broadcast from root.
 func (s *State) Sync(ctx context.Context, g *collective.Group, root int) error {
+	s.flush()
 	s.hdr[0], s.hdr[1], s.hdr[2] = float64(s.Step), float64(s.Position.Epoch), float64(s.Position.Offset)
 	if err := g.Broadcast(ctx, collective.Float64s(s.hdr), root); err != nil {
 		return fmt.Errorf("worker: sync state from rank %d: %w", root, err)

@@ -537,8 +537,11 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 		if err := t.g.AllReduce(ctx, collective.Float32s(t.stats), collective.Sum); err != nil {
 			return st, fmt.Errorf("worker: step %d: %w", p.step, err)
 		}
-	} else if err := t.fuser.Wait(ctx); err != nil {
-		return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", p.step, err)
+	} else {
+		t.state.flush() // the last commit's copy, while the buckets are reduced
+		if err := t.fuser.Wait(ctx); err != nil {
+			return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", p.step, err)
+		}
 	}
 	st.Comm = time.Since(p.start) - p.compute
 	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
@@ -554,6 +557,7 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 // part-way through.
 func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	p, s := &t.pend, t.state
+	s.flush() // before the parameters change
 	t.phase = phaseUpdating
 	if t.cfg.ClipNorm > 0 && !p.clipped {
 		st.GradNorm = nn.ClipGlobalNorm(t.params, t.cfg.ClipNorm)
@@ -580,7 +584,7 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	st.Loss = float64(t.stats[0]) / float64(p.size)
 	st.Accuracy = float64(t.stats[1]) / float64(p.size)
 	if p.step%int64(t.cfg.CommitEvery) == 0 {
-		s.Commit()
+		s.commitLater()
 		t.committed = st
 	}
 	st.Compute = p.compute
