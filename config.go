@@ -9,6 +9,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/failure"
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -339,6 +340,18 @@ func (s SyncConfig) policy() (hybrid.Policy, error) {
 		return p, bad("Sync", s.Mode, "%v", err)
 	}
 	return p, nil
+}
+
+// wireDType is the collective type of a validated Config.WireDType: 0
+// for float32, the gradients' own type.
+func wireDType(s string) collective.DType {
+	switch s {
+	case "fp16":
+		return collective.Float16
+	case "bf16":
+		return collective.BFloat16
+	}
+	return 0
 }
 
 // schedule is the learning-rate schedule with a cosine's end at Steps when

@@ -290,6 +290,7 @@ func (r *ringJob) handle(l launch.Line) error {
 	case "registered":
 		r.byPid[int64(rep.Pid)] = l.Index
 	case "restored":
+		r.ev.Emit("data_plane", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("plane", rep.DataPlane))
 		if r.first != 0 && rep.Generation > r.first {
 			r.ev.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
 				events.F("steps_redone", rep.Redone), events.F("root", rep.Root))

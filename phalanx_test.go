@@ -164,6 +164,11 @@ func TestConfigValidate(t *testing.T) {
 		{"bad rescale", func(c *phalanx.Config) { c.Rescale = "both" }, "Rescale"},
 		{"fail step", func(c *phalanx.Config) { c.Faults.FailWorker, c.Faults.FailStep = 1, 0 }, "Faults.FailStep"},
 		{"restart window", func(c *phalanx.Config) { c.Restarts.Window = 0 }, "Restarts.Window"},
+		{"unknown transport", func(c *phalanx.Config) { c.Transport = "udp" }, "Transport"},
+		{"unknown wire dtype", func(c *phalanx.Config) { c.WireDType = "fp8" }, "WireDType"},
+		{"feedback without compression", func(c *phalanx.Config) { c.ErrorFeedback = true }, "ErrorFeedback"},
+		{"fp16 with feedback", func(c *phalanx.Config) { c.WireDType, c.ErrorFeedback = "fp16", true }, ""},
+		{"tcp", func(c *phalanx.Config) { c.Transport = "tcp" }, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -296,5 +301,63 @@ func TestStop(t *testing.T) {
 	res, err := phalanx.Launch(context.Background(), lc)
 	if err != nil || res.Step != se.Step+5 {
 		t.Fatalf("resumed: %+v, %v; want step %d", res, err, se.Step+5)
+	}
+}
+
+// planes records the data_plane events of a job.
+type planes struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (p *planes) Emit(event string, fields ...events.Field) error {
+	if event != "data_plane" {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range fields {
+		if f.Key == "plane" {
+			p.seen = append(p.seen, fmt.Sprint(f.Value))
+		}
+	}
+	return nil
+}
+
+// TestDataPlanes trains the same job over each transport and gradient wire
+// type: the ring runs on the data plane asked for, every rank ends with the
+// same parameters, and a 16-bit wire fits as well as float32.
+func TestDataPlanes(t *testing.T) {
+	cases := []struct {
+		transport, wire string
+		feedback        bool
+		plane           string
+	}{
+		{"tcp", "float32", false, "tcp"},
+		{"shm", "float32", false, "shm"},
+		{"auto", "float32", false, "shm"},
+		{"auto", "fp16", false, "shm"},
+		{"tcp", "bf16", true, "tcp"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.transport+"/"+tc.wire, func(t *testing.T) {
+			lc := smallJob()
+			lc.Transport, lc.WireDType, lc.ErrorFeedback = tc.transport, tc.wire, tc.feedback
+			p := &planes{}
+			lc.Events = p
+			res, err := phalanx.Launch(context.Background(), lc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.ParametersIdentical || res.Loss >= 0.01 || res.Step != lc.Steps {
+				t.Fatalf("step %d of %d, identical %v, loss %.5f: want every step, identical parameters, loss < 0.01",
+					res.Step, lc.Steps, res.ParametersIdentical, res.Loss)
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if len(p.seen) == 0 || p.seen[0] != tc.plane {
+				t.Fatalf("data planes %v, want %s", p.seen, tc.plane)
+			}
+		})
 	}
 }

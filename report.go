@@ -38,6 +38,7 @@ type Report struct {
 	Fingerprint  [5]float64        `json:"fingerprint"`
 	Redone       int64             `json:"steps_redone"`
 	Root         int               `json:"root"`
+	DataPlane    string            `json:"data_plane,omitempty"` // restored: how rank 0 reaches its peers (collective.Group.DataPlane)
 	Reason       string            `json:"reason,omitempty"`
 	Restarts     int               `json:"restarts,omitempty"`
 	Replayed     bool              `json:"replayed,omitempty"`     // a step report repeated after a ring change

@@ -68,7 +68,8 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	world := 0
 	if r.Rank == 0 {
 		world = g.Size()
-		w.rep.send(Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root})
+		w.rep.send(Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root,
+			DataPlane: g.DataPlane()})
 		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous reporter never saw it
 			w.rep.send(Report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen.Number, World: g.Size(), Loss: l.Loss,
 				Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint})
@@ -230,7 +231,8 @@ func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
 	}
 	cfg := worker.Config{GlobalBatch: c.Batch, MicroBatches: c.MicroBatches, LocalSteps: c.LocalSteps, ClipNorm: c.ClipNorm,
 		CommitEvery: c.CommitEvery, BucketBytes: c.BucketBytes, Schedule: c.schedule(), Seed: c.Seed,
-		KeepRankBatch: c.Rescale == "lr", ReferenceWorld: c.ReferenceWorld, StaleDecay: c.Sync.StaleDecay}
+		KeepRankBatch: c.Rescale == "lr", ReferenceWorld: c.ReferenceWorld, StaleDecay: c.Sync.StaleDecay,
+		Wire: wireDType(c.WireDType), ErrorFeedback: c.ErrorFeedback}
 	if c.Sync.Stale == "decay" {
 		cfg.Stale = worker.StaleDecay
 	}

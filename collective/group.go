@@ -156,6 +156,40 @@ func (g *Group) Rank() int { return g.rank }
 // Size is the number of ranks.
 func (g *Group) Size() int { return g.world }
 
+// DataPlane says how this rank reaches its peers: "local" (a world of
+// one), "shm" (every peer through shared memory, with the single-copy
+// allreduce), "tcp" (every peer over TCP), "hierarchical" (shared memory
+// inside each host, TCP rings across hosts) or "shm+tcp" (a mixed group
+// running the flat algorithms over both).
+func (g *Group) DataPlane() string {
+	switch {
+	case g.world == 1:
+		return "local"
+	case g.fast != nil:
+		return "shm"
+	case g.hier != nil:
+		return "hierarchical"
+	}
+	shm, tcp := false, false
+	for _, l := range g.links {
+		if l == nil {
+			continue
+		}
+		if _, ok := l.conn.(*shmConn); ok {
+			shm = true
+		} else {
+			tcp = true
+		}
+	}
+	switch {
+	case shm && tcp:
+		return "shm+tcp"
+	case shm:
+		return "shm"
+	}
+	return "tcp"
+}
+
 // Generation is the group's generation.
 func (g *Group) Generation() uint64 { return g.m.Generation }
 
