@@ -16,6 +16,7 @@ import (
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -121,6 +122,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 		events.F("workers", lc.Workers), events.F("model", lc.Model), events.F("worker_env", workerSpecEnv(spec, lc.Workers, lc.LogLevel)))
 	fmt.Fprintf(r.out, "phalanx: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
 		lc.Model, lc.Workers, lc.MinWorkers, lc.MaxWorkers, lc.Steps, lc.Batch, lc.Job, joinEndpoints(r.endpoints))
+	fmt.Fprintf(r.out, "data plane %s, gradients as %s; matrix products on %s\n", lc.Transport, lc.WireDType, nn.BLAS())
 
 	running := lc.Workers
 	var failed error
