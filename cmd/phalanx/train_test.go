@@ -59,6 +59,7 @@ func TestTrainJob(t *testing.T) {
 			"job_started":    {"job", "etcd_endpoints", "workers", "worker_env"},
 			"worker_started": {"worker", "pid"},
 			"generation":     {"generation", "members", "world", "reason"},
+			"data_plane":     {"generation", "world", "plane"},
 			"step":           {"step", "generation", "world", "loss", "samples_per_s", "epoch", "offset", "fingerprint"},
 			"done":           {"step", "accuracy", "loss", "generation", "world"},
 			"worker_exited":  {"worker", "pid", "status"},
@@ -72,8 +73,8 @@ func TestTrainJob(t *testing.T) {
 			}
 		}
 	}
-	if counts["worker_started"] != 2 || counts["step"] != 6 || counts["done"] != 1 || counts["generation"] != 1 || counts["worker_exited"] != 2 {
-		t.Errorf("event counts %v, want 2 worker_started, 1 generation, 6 step, 1 done, 2 worker_exited", counts)
+	if counts["worker_started"] != 2 || counts["step"] != 6 || counts["done"] != 1 || counts["generation"] != 1 || counts["data_plane"] != 1 || counts["worker_exited"] != 2 {
+		t.Errorf("event counts %v, want 2 worker_started, 1 generation, 1 data_plane, 6 step, 1 done, 2 worker_exited", counts)
 	}
 }
 
