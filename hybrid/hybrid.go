@@ -38,6 +38,13 @@ type Policy struct {
 	ExcludeAfter, Window int
 	ReadmitAfter         int
 	MinWorkers           int
+	// A step runs overlapped (each rank sends its gradient buckets while
+	// its backward pass runs) once every rank was ready within
+	// OverlapMargin × the deadline in each of the last OverlapAfter steps
+	// (defaults 3 and 0.8); NoOverlap never overlaps. See Overlap.
+	NoOverlap     bool
+	OverlapAfter  int
+	OverlapMargin float64
 }
 
 // Validate checks the policy and fills defaults.
@@ -47,6 +54,12 @@ func (p *Policy) Validate() error {
 	}
 	if p.AutoWindow == 0 {
 		p.AutoWindow = 20
+	}
+	if p.OverlapAfter == 0 {
+		p.OverlapAfter = defaultOverlapAfter
+	}
+	if p.OverlapMargin == 0 {
+		p.OverlapMargin = defaultOverlapMargin
 	}
 	switch {
 	case p.Deadline <= 0:
@@ -59,6 +72,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("hybrid: exclude after %d of %d steps: want 1 <= X <= W (or 0/0: never)", p.ExcludeAfter, p.Window)
 	case p.ReadmitAfter < 0 || p.MinWorkers < 0:
 		return fmt.Errorf("hybrid: readmit-after and min-workers must not be negative")
+	case p.OverlapAfter < 1 || !(p.OverlapMargin > 0 && p.OverlapMargin <= 1):
+		return fmt.Errorf("hybrid: overlap after %d steps within %v of the deadline: want at least 1 step and a fraction in (0, 1]", p.OverlapAfter, p.OverlapMargin)
 	}
 	return nil
 }

@@ -29,6 +29,9 @@ type GroupConfig struct {
 	// OnPace, when set, is told after every closed hybrid step of the next
 	// step's deadline and of the ring's typical overhead (see Exclusion).
 	OnPace func(deadline, overhead time.Duration)
+	// OnFallback, when set, is told of every overlapped hybrid step in which
+	// a rank missed the deadline (see hybrid.Overlap).
+	OnFallback func(Fallback)
 	// Now is the clock of the deadlines (default time.Now).
 	Now func() time.Time
 }
@@ -43,6 +46,15 @@ type Exclusion struct {
 	// time from a step's opening to a rank's readiness beyond the rank's
 	// own compute. Its probation steps are judged by both.
 	Deadline, Overhead time.Duration
+}
+
+// Fallback is an overlapped hybrid step in which ranks missed the deadline:
+// those that had sent a bucket were waited for, and the steps after it close
+// at the deadline until the ring is on time again.
+type Fallback struct {
+	Step     int64
+	Late     []uint32 // ranks not ready by the deadline
+	Deadline time.Duration
 }
 
 // groupState outlives the actor instance, so a restarted group actor knows

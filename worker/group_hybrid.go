@@ -28,6 +28,10 @@ type hybridLeader struct {
 	first bool
 	hist  *hybrid.History
 	timer *time.Timer
+	// overlapped: the open step was announced overlapped; ov decides the
+	// next step's mode.
+	overlapped bool
+	ov         hybrid.Overlap
 }
 
 // deadlineTick is the group actor's reminder that a step's deadline passed.
@@ -39,6 +43,7 @@ type deadlineTick struct {
 func (h *hybridLeader) begin(members []string) {
 	h.members, h.pids, h.open = members, map[uint32]*actor.PID{}, 0
 	h.readyAt, h.compute = map[uint32]time.Duration{}, map[uint32]time.Duration{}
+	h.overlapped, h.ov = false, hybrid.Overlap{} // new rank actors: not overlapped until told
 	if h.hist != nil {
 		h.hist.Rejoined(members)
 	}
@@ -82,7 +87,11 @@ func (a *groupActor) arm(ctx actor.Context) {
 }
 
 // tryClose closes the open step if the policy says so: StepGo, with the
-// participants, to every rank, and the next step opens.
+// participants and whether the next step is overlapped, to every rank, and
+// the next step opens. An overlapped step closes like any other; a rank late
+// in it that had already sent a bucket is waited for by the others'
+// reductions, so such a step is a fallback: the next ones are not
+// overlapped.
 func (a *groupActor) tryClose(ctx actor.Context) {
 	st, h := a.st, &a.st.h
 	world := st.cfg.World
@@ -112,8 +121,23 @@ func (a *groupActor) tryClose(ctx actor.Context) {
 		}
 	}
 	step := h.open
+	next, fallback := st.cfg.Hybrid.Closed(&h.ov, h.overlapped, ready, h.deadline, elapsed, h.first)
+	if fallback {
+		var late []uint32
+		for r, t := range ready {
+			if t == hybrid.NotReady || t > h.deadline {
+				late = append(late, uint32(r))
+			}
+		}
+		st.cfg.Logger.Info("an overlapped step missed its deadline: the next steps close at the deadline", zap.Int64("step", step),
+			zap.Uint32s("late", late), zap.Duration("deadline", h.deadline), zap.Int("overlap_after", h.ov.Need()))
+		if st.cfg.OnFallback != nil {
+			st.cfg.OnFallback(Fallback{Step: step, Late: late, Deadline: h.deadline})
+		}
+	}
+	h.overlapped = next
 	for _, pid := range h.pids {
-		ctx.Send(pid, &phalanxpb.StepGo{Step: step, Generation: st.cfg.Generation, Participants: ids})
+		ctx.Send(pid, &phalanxpb.StepGo{Step: step, Generation: st.cfg.Generation, Participants: ids, OverlapNext: next})
 	}
 	if !h.first {
 		h.recent = keepLast(append(h.recent, hybrid.StepTime(ready, elapsed)), 64)

@@ -29,6 +29,7 @@ type hybridResult struct {
 	step         int64
 	spare        *spareArena // nil: the trainer's arena
 	participated bool
+	overlapped   bool // this rank's buckets were sent during its backward pass
 }
 
 // ReduceStep joins the allreduce of a hybrid-synchronous step, in the order
@@ -38,7 +39,8 @@ type hybridResult struct {
 // a spare buffer and may call ReduceStep while its Compute still runs on
 // another goroutine: nothing Compute reads or writes is touched. The result
 // waits for ApplyStep. Every rank calls ReduceStep once per closed step,
-// whether it took part or not.
+// whether it took part or not. A participant whose step was computed by
+// ComputeOverlapped has sent its buckets already and only waits for them.
 func (t *Trainer) ReduceStep(ctx context.Context, step int64, participate bool) error {
 	if !participate {
 		s, err := t.spare()
@@ -53,30 +55,33 @@ func (t *Trainer) ReduceStep(ctx context.Context, step int64, participate bool) 
 		t.hybridQueue = append(t.hybridQueue, hybridResult{step: step, spare: s})
 		return nil
 	}
-	if t.phase != phaseComputed || t.pend.step != step || t.pend.sealed {
+	if t.phase != phaseComputed || t.pend.step != step || t.pend.withdrawn {
 		return fmt.Errorf("worker: rank takes part in step %d without its gradients (computed: step %d)", step, t.pend.step)
 	}
 	if len(t.hybridQueue) > 0 {
 		return fmt.Errorf("worker: rank takes part in step %d with %d reduced steps not applied", step, len(t.hybridQueue))
 	}
-	if t.staleGrads != nil {
-		for k, g := range t.staleGrads {
-			t.grads.buf[k] += g
+	overlapped := t.pend.sealed
+	if !overlapped {
+		if t.staleGrads != nil {
+			for k, g := range t.staleGrads {
+				t.grads.buf[k] += g
+			}
+			t.staleGrads = nil
 		}
-		t.staleGrads = nil
-	}
-	t.pend.sealed = true
-	t.writeStats()
-	for k := range t.marked {
-		if err := t.mark(k); err != nil {
-			return err
+		t.pend.sealed = true
+		t.writeStats()
+		for k := range t.marked {
+			if err := t.mark(k); err != nil {
+				return err
+			}
 		}
 	}
 	t.state.flush() // the last commit's copy, while the buckets are reduced
 	if err := t.fuser.Wait(ctx); err != nil {
 		return fmt.Errorf("worker: step %d: hybrid allreduce: %w", step, err)
 	}
-	t.hybridQueue = append(t.hybridQueue, hybridResult{step: step, participated: true})
+	t.hybridQueue = append(t.hybridQueue, hybridResult{step: step, participated: true, overlapped: overlapped})
 	return nil
 }
 
@@ -162,6 +167,6 @@ func (t *Trainer) ApplyStep(ctx context.Context) (_ StepStats, err error) {
 	}
 	p.clipped = false
 	stats, err := t.update(ctx, StepStats{})
-	stats.Participated, stats.Participants = r.participated, int(st[statsRanks])
+	stats.Participated, stats.Participants, stats.Overlapped = r.participated, int(st[statsRanks]), r.overlapped
 	return stats, err
 }

@@ -31,9 +31,10 @@ type RankConfig struct {
 	OnDone    func(error)
 	// Hybrid: steps close at a deadline without late ranks (the group
 	// actor's policy). The rank computes on a goroutine of its own, so that
-	// it can join a step's allreduce while still computing it.
+	// it can join a step's allreduce while still computing it. The group
+	// announces which steps are overlapped (StepGo.OverlapNext).
 	Hybrid bool
-	// NoOverlap makes a bulk-synchronous rank reduce its gradients only
+	// NoOverlap makes a bulk-synchronous (or hybrid) rank reduce its gradients only
 	// once the step's decision came (Trainer.Compute, then Finish) rather
 	// than while its backward pass runs (Trainer.ComputeOverlapped). A model
 	// failure then never involves the other ranks, at the price of
@@ -59,6 +60,13 @@ type rankState struct {
 	computing  bool
 	computeFor int64
 	deferred   []*phalanxpb.StepGo // decisions of later steps, taken after the current one is applied
+	// overlapNext is the step the group announced as overlapped (the
+	// latest such announcement); overlapped says computeFor is computed so.
+	overlapNext int64
+	overlapped  bool
+	// joining: the step being computed closed without this rank after it
+	// had sent a bucket; it joins the step's reduction once computed.
+	joining bool
 }
 
 // computeDone tells a hybrid rank actor its Compute returned.

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -22,23 +23,39 @@ func (a *rankActor) computeAsync(ctx actor.Context) {
 		return
 	}
 	st.computing, st.computeFor = true, t.NextStep()
+	st.overlapped = st.overlapNext == st.computeFor && !st.cfg.NoOverlap
+	compute := t.Compute
+	if st.overlapped {
+		compute = t.ComputeOverlapped
+	}
 	sys, self, step := ctx.ActorSystem(), ctx.Self(), st.computeFor
 	now := st.cfg.Now
 	go func() {
 		start := now()
-		err := t.Compute(st.cfg.Context)
+		err := compute(st.cfg.Context)
 		sys.Root.Send(self, &computeDone{step: step, took: now().Sub(start), err: err})
 	}()
 }
 
 // computed: this rank's gradients are ready. If the step already closed
-// without it, apply what the ring reduced; else report ready.
+// without it, apply what the ring reduced (after joining the step's
+// reduction, if its buckets were already on their way); else report ready.
 func (a *rankActor) computed(ctx actor.Context, m *computeDone) {
 	st := a.st
 	t := st.cfg.Trainer
 	st.computing = false
 	if m.err != nil {
+		st.joining = false
 		a.fail(m.err)
+		return
+	}
+	if st.joining {
+		st.joining = false
+		if err := t.ReduceStep(st.cfg.Context, m.step, true); err != nil {
+			a.done(err)
+			return
+		}
+		a.applyAll(ctx)
 		return
 	}
 	if t.Pending() > 0 {
@@ -50,7 +67,10 @@ func (a *rankActor) computed(ctx actor.Context, m *computeDone) {
 
 // goHybrid takes a step's decision: a participant reduces its gradients
 // and applies; a late rank joins the reduction with zeros (even while it
-// computes) and applies once its Compute has returned.
+// computes) and applies once its Compute has returned. A late rank of an
+// overlapped step that already sent a bucket of it cannot be left out: it
+// reduces as a participant once its Compute has returned, and the others'
+// reductions wait for it.
 func (a *rankActor) goHybrid(ctx actor.Context, m *phalanxpb.StepGo) {
 	st := a.st
 	t := st.cfg.Trainer
@@ -68,7 +88,18 @@ func (a *rankActor) goHybrid(ctx actor.Context, m *phalanxpb.StepGo) {
 		st.deferred = append(st.deferred, m)
 		return
 	}
+	if m.OverlapNext {
+		st.overlapNext = m.Step + 1
+	}
 	participate := slices.Contains(m.Participants, uint32(st.cfg.Rank))
+	if !participate && st.overlapped && m.Step == st.computeFor && !t.Withdraw(m.Step) {
+		st.cfg.Logger.Debug("late in an overlapped step after sending a bucket: joining it", zap.Int("rank", st.cfg.Rank), zap.Int64("step", m.Step))
+		if st.computing {
+			st.joining = true
+			return
+		}
+		participate = true
+	}
 	if err := t.ReduceStep(st.cfg.Context, m.Step, participate); err != nil {
 		a.done(err)
 		return
@@ -88,6 +119,9 @@ func (a *rankActor) applyAll(ctx actor.Context) {
 		if t.Pending() == 0 {
 			m := st.deferred[0]
 			st.deferred = st.deferred[1:]
+			if m.OverlapNext {
+				st.overlapNext = m.Step + 1
+			}
 			if err := t.ReduceStep(st.cfg.Context, m.Step, false); err != nil {
 				a.done(err)
 				return

@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -88,10 +89,13 @@ type StepStats struct {
 	// Participated: in a hybrid-synchronous step, this rank's gradients
 	// entered the update (Samples counts only the contributors' samples).
 	Participated bool
-	Participants int           // ranks whose gradients entered the update (hybrid; 0 otherwise)
-	Compute      time.Duration // this rank's model time
-	Comm         time.Duration // waiting for the allreduce after the backward pass
-	Total        time.Duration
+	Participants int // ranks whose gradients entered the update (hybrid; 0 otherwise)
+	// Overlapped: a hybrid step whose gradients this rank sent to be
+	// reduced while its backward pass ran (see hybrid.Overlap).
+	Overlapped bool
+	Compute    time.Duration // this rank's model time
+	Comm       time.Duration // waiting for the allreduce after the backward pass
+	Total      time.Duration
 }
 
 // Fingerprint summarises a set of sample indices: their count, the sums of
@@ -182,7 +186,10 @@ type Trainer struct {
 	phase   phase
 	pend    pending
 
-	busy         sync.Mutex // held by Compute
+	busy sync.Mutex // held by Compute
+	// gate is the step being computed and whether this rank is in it
+	// (gateWord): its first bucket enters it unless Withdraw took it out.
+	gate         atomic.Int64
 	voter        func() checkpoint.Votes
 	hybridQueue  []hybridResult   // reduced hybrid steps not yet applied
 	hybridFree   []*spareArena    // buffers of late steps' reductions, for reuse
@@ -256,6 +263,7 @@ func (t *Trainer) Rollback() (redone int64, err error) {
 	}
 	t.hybridQueue = t.hybridQueue[:0]
 	t.staleGrads = nil
+	t.gate.Store(0) // steps are computed again
 	s := t.state
 	committed, ok := s.Committed()
 	if !ok {
@@ -335,14 +343,75 @@ func (t *Trainer) mark(k int) error {
 // final. A chunk whose parameters are all final is reduced at once, but the
 // last, which carries the statistics, waits for seal.
 func (t *Trainer) paramReady(i int) {
-	if i < 0 || i >= len(t.params) || t.pready[i] || t.pend.markErr != nil {
+	if i < 0 || i >= len(t.params) || t.pready[i] || t.pend.markErr != nil || t.pend.withdrawn {
 		return
 	}
 	t.pready[i] = true
 	k := t.grads.chunkOf[i]
-	if t.left[k]--; t.left[k] == 0 && k < len(t.grads.chunks)-1 { // the last holds the statistics
+	if t.left[k]--; t.left[k] == 0 && k < len(t.grads.chunks)-1 && t.enter() { // the last holds the statistics
 		t.pend.launched = true
 		t.pend.markErr = t.mark(k)
+	}
+}
+
+// The states of a step's gate: open (nothing sent, nothing decided), in
+// (this rank sent a bucket: its gradients are in the step's sum), out (the
+// step closed without this rank: it sends nothing).
+const (
+	gateOpen int64 = iota
+	gateIn
+	gateOut
+)
+
+// gateWord packs a step and its gate's state.
+func gateWord(step, state int64) int64 { return step<<2 | state }
+
+// openGate opens the gate of step unless it was already decided (a
+// Withdraw that came before the Compute began, or a recomputed step).
+func (t *Trainer) openGate(step int64) {
+	for {
+		v := t.gate.Load()
+		if v>>2 >= step || t.gate.CompareAndSwap(v, gateWord(step, gateOpen)) {
+			return
+		}
+	}
+}
+
+// enter is called before the computed step's first bucket is sent: it
+// reports whether this rank is in the step, and closes the gate to Withdraw
+// if so.
+func (t *Trainer) enter() bool {
+	p := &t.pend
+	switch {
+	case p.launched || t.gate.Load() == gateWord(p.step, gateIn):
+		return true
+	case p.withdrawn:
+		return false
+	case t.gate.CompareAndSwap(gateWord(p.step, gateOpen), gateWord(p.step, gateIn)):
+		return true
+	}
+	p.withdrawn = true
+	return false
+}
+
+// Withdraw takes this rank out of a hybrid step that closed without it. It
+// may run while ComputeOverlapped computes that step on another goroutine:
+// it succeeds unless a bucket of the step was already sent to be reduced, in
+// which case this rank's gradients are in the step's sum and it must join
+// the step's reduction as a participant (ReduceStep with participate, once
+// its Compute has returned). A withdrawn Compute sends nothing and finishes
+// like Compute.
+func (t *Trainer) Withdraw(step int64) bool {
+	for {
+		v := t.gate.Load()
+		switch {
+		case v>>2 > step || v == gateWord(step, gateOut):
+			return true
+		case v == gateWord(step, gateIn):
+			return false
+		case t.gate.CompareAndSwap(v, gateWord(step, gateOut)):
+			return true
+		}
 	}
 }
 
@@ -379,9 +448,10 @@ type pending struct {
 	fp      Fingerprint
 	// launched: some of the step's allreduces were issued (overlap); a
 	// failure from here on has involved the other ranks.
-	launched bool
-	sealed   bool  // statistics written and every chunk marked
-	markErr  error // of a chunk launched from the backward pass
+	launched  bool
+	withdrawn bool  // the step closed without this rank before it sent a bucket (Withdraw)
+	sealed    bool  // statistics written and every chunk marked
+	markErr   error // of a chunk launched from the backward pass
 }
 
 // Step runs one training step: every rank's share of the global batch, with
@@ -424,6 +494,7 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 		}
 	}()
 	t.phase = phaseComputing
+	t.openGate(p.step)
 	world, rank := t.g.Size(), t.g.Rank()
 	global, _ := t.globalBatch()
 	idx, size, next, err := t.sampler.Batch(s.Position, global, world, rank, t.idx[:0])
@@ -438,6 +509,10 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 		scale = float32(1) / float32(max(len(idx), 1))
 	}
 	clear(t.grads.grads())
+	if overlap && t.staleGrads != nil { // StaleDecay: a late step's gradients join this one's before any is sent
+		copy(t.grads.grads(), t.staleGrads)
+		t.staleGrads = nil
+	}
 	t.resetMarks()
 	var ready func(int)
 	if overlap && !local {
@@ -481,11 +556,16 @@ func (t *Trainer) seal() error {
 	if p.sealed {
 		return nil
 	}
-	p.sealed = true
-	t.writeStats()
 	if t.cfg.LocalSteps > 1 {
+		p.sealed = true
+		t.writeStats()
 		return nil
 	}
+	if !t.enter() {
+		return nil // the step closed without this rank: nothing is sent
+	}
+	p.sealed = true
+	t.writeStats()
 	p.launched = true
 	for k := range t.marked {
 		if err := t.mark(k); err != nil {
@@ -532,6 +612,9 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 	t.phase = phaseReducing
 	if err := t.seal(); err != nil {
 		return st, err
+	}
+	if p.withdrawn {
+		return st, fmt.Errorf("worker: Finish of step %d, which this rank was withdrawn from", p.step)
 	}
 	if t.cfg.LocalSteps > 1 {
 		if err := t.g.AllReduce(ctx, collective.Float32s(t.stats), collective.Sum); err != nil {

@@ -162,10 +162,19 @@ func (x *StepReady) GetComputeNanos() int64 {
 // StepGo is the group actor's decision: the participants of step reduce
 // their gradients and apply the update.
 type StepGo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Step          int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	Participants  []uint32               `protobuf:"varint,3,rep,packed,name=participants,proto3" json:"participants,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Step         int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Generation   uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Participants []uint32               `protobuf:"varint,3,rep,packed,name=participants,proto3" json:"participants,omitempty"`
+	// overlap_next (hybrid) announces the next step, step + 1, as overlapped:
+	// every rank sends its gradient buckets to be reduced while its backward
+	// pass runs, as in a bulk-synchronous step, rather than once the step has
+	// closed. The group announces it only after steps in which every rank was
+	// on time, so every rank computes step + 1 and gets the same word before
+	// it starts. A rank that is late in an overlapped step and has not sent a
+	// bucket yet still drops out at the deadline; one that has is waited for,
+	// and the steps after it are not overlapped.
+	OverlapNext   bool `protobuf:"varint,4,opt,name=overlap_next,json=overlapNext,proto3" json:"overlap_next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -219,6 +228,13 @@ func (x *StepGo) GetParticipants() []uint32 {
 		return x.Participants
 	}
 	return nil
+}
+
+func (x *StepGo) GetOverlapNext() bool {
+	if x != nil {
+		return x.OverlapNext
+	}
+	return false
 }
 
 // RankRestarted tells the group actor that a rank actor was restarted by its
@@ -307,13 +323,14 @@ const file_phalanx_v1_control_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x12(\n" +
 	"\x04from\x18\x04 \x01(\v2\x14.phalanx.v1.ActorRefR\x04from\x12#\n" +
-	"\rcompute_nanos\x18\x05 \x01(\x03R\fcomputeNanos\"`\n" +
+	"\rcompute_nanos\x18\x05 \x01(\x03R\fcomputeNanos\"\x83\x01\n" +
 	"\x06StepGo\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\"\n" +
-	"\fparticipants\x18\x03 \x03(\rR\fparticipants\"~\n" +
+	"\fparticipants\x18\x03 \x03(\rR\fparticipants\x12!\n" +
+	"\foverlap_next\x18\x04 \x01(\bR\voverlapNext\"~\n" +
 	"\rRankRestarted\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12%\n" +
 	"\x0ecommitted_step\x18\x02 \x01(\x03R\rcommittedStep\x12\x16\n" +
