@@ -25,39 +25,14 @@ import (
 func TestHierProcessesNetns(t *testing.T) {
 	const hostsN, perHost = 3, 2
 	lab := netns.Start(t, hostsN)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	n := hostsN * perHost
-	hosts := make([]string, n)
-	for r := range hosts {
-		hosts[r] = fmt.Sprintf("ns%d", r/perHost)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	startCtx, stop := context.WithTimeout(ctx, time.Minute)
-	defer stop()
-	procs, err := launch.Start(startCtx, n, func(rank int) *exec.Cmd {
-		h := lab.Host(rank / perHost)
-		cmd := h.Command(ctx, exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT=30s",
-			"PHALANX_TEST_TRANSPORT=auto", "PHALANX_TEST_SHM_DIR="+dir,
-			"PHALANX_TEST_BIND="+h.Addr().String()+":0", "PHALANX_TEST_HOSTS="+strings.Join(hosts, ","))
-		cmd.Stderr = os.Stderr
-		return cmd
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, p := range procs {
-			p.Signal(syscall.SIGCONT)
-			p.In.Close()
+	procs, hosts := startNetnsRanks(t, lab, perHost, "auto", dir)
+	tell(t, procs, "plane")
+	for _, p := range procs {
+		if line := expect(t, p, "plane"); line != "plane hierarchical" {
+			t.Fatalf("rank %d: %q, want the hierarchical allreduce", p.Rank, line)
 		}
-		launch.Kill(procs)
-	})
+	}
 
 	sizes := []int{1, 4099, 1<<18 + 5}
 	agreeOnSum(t, procs, sizes)
@@ -125,6 +100,77 @@ func agreeOnSum(t *testing.T, procs []*launch.Proc, sizes []int) {
 		h := sha256.Sum256(bytesOf(want))
 		if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
 			t.Errorf("size %d: result differs from the sum", size)
+		}
+	}
+}
+
+// startNetnsRanks starts perHost rank processes in each of lab's hosts, on
+// the given transport, and returns them with the membership's host names.
+func startNetnsRanks(t testing.TB, lab *netns.Lab, perHost int, transport, dir string) ([]*launch.Proc, []string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := lab.Len() * perHost
+	hosts := make([]string, n)
+	for r := range hosts {
+		hosts[r] = fmt.Sprintf("ns%d", r/perHost)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	startCtx, stop := context.WithTimeout(ctx, time.Minute)
+	defer stop()
+	procs, err := launch.Start(startCtx, n, func(rank int) *exec.Cmd {
+		h := lab.Host(rank / perHost)
+		cmd := h.Command(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT=60s",
+			"PHALANX_TEST_TRANSPORT="+transport, "PHALANX_TEST_SHM_DIR="+dir,
+			"PHALANX_TEST_BIND="+h.Addr().String()+":0", "PHALANX_TEST_HOSTS="+strings.Join(hosts, ","))
+		cmd.Stderr = os.Stderr
+		return cmd
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range procs {
+			p.Signal(syscall.SIGCONT)
+			p.In.Close()
+		}
+		launch.Kill(procs)
+	})
+	return procs, hosts
+}
+
+// BenchmarkHierNetns: three network namespaces as hosts, two ranks in each;
+// the busbw of the hierarchical allreduce (auto) against a flat TCP ring
+// over the same six ranks (tcp). As root:
+//
+//	go test -run '^$' -bench HierNetns -benchtime 1x ./collective
+func BenchmarkHierNetns(b *testing.B) {
+	const hostsN, perHost, iters = 3, 2, 10
+	for _, transport := range []string{"auto", "tcp"} {
+		for _, size := range []int{1 << 20, 16 << 20} {
+			b.Run(fmt.Sprintf("%s/%dMiB", transport, size>>20), func(b *testing.B) {
+				lab := netns.Start(b, hostsN)
+				procs, _ := startNetnsRanks(b, lab, perHost, transport, b.TempDir())
+				n := len(procs)
+				var worst float64
+				for range b.N {
+					tell(b, procs, fmt.Sprintf("time %d %d", size/4, iters))
+					worst = 0
+					for _, p := range procs {
+						secs, err := strconv.ParseFloat(strings.Fields(expect(b, p, "time"))[1], 64)
+						if err != nil {
+							b.Fatal(err)
+						}
+						worst = max(worst, secs)
+					}
+				}
+				b.ReportMetric(float64(size)/worst/1e9*2*float64(n-1)/float64(n), "busbw-GB/s")
+				b.ReportMetric(worst*1e3, "ms/op")
+			})
 		}
 	}
 }

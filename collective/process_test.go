@@ -102,6 +102,25 @@ func childMain() int {
 			if len(sums) == len(f)-2 {
 				fmt.Printf("ok %s\n", strings.Join(sums, " "))
 			}
+		case "plane":
+			fmt.Printf("plane %s\n", g.DataPlane())
+		case "time": // time <n> <iters>: seconds per allreduce after a warm-up and a barrier
+			n, _ := strconv.Atoi(f[1])
+			iters, _ := strconv.Atoi(f[2])
+			x := childInput(g.Rank(), n)
+			err := g.AllReduce(ctx, Float32s(x), Sum)
+			if err == nil {
+				err = g.Barrier(ctx)
+			}
+			start := time.Now()
+			for i := 0; i < iters && err == nil; i++ {
+				err = g.AllReduce(ctx, Float32s(x), Sum)
+			}
+			if err != nil {
+				fmt.Printf("err %s\n", describe(err))
+				break
+			}
+			fmt.Printf("time %g\n", time.Since(start).Seconds()/float64(iters))
 		case "loop":
 			n, _ := strconv.Atoi(f[1])
 			x := make([]float32, n)
@@ -190,7 +209,7 @@ func startRanksOn(t *testing.T, n int, timeout time.Duration, tr procTransport) 
 	return procs
 }
 
-func tell(t *testing.T, procs []*launch.Proc, cmd string) {
+func tell(t testing.TB, procs []*launch.Proc, cmd string) {
 	t.Helper()
 	for _, p := range procs {
 		if _, err := fmt.Fprintln(p.In, cmd); err != nil {
@@ -199,7 +218,7 @@ func tell(t *testing.T, procs []*launch.Proc, cmd string) {
 	}
 }
 
-func expect(t *testing.T, p *launch.Proc, prefix string) string {
+func expect(t testing.TB, p *launch.Proc, prefix string) string {
 	t.Helper()
 	line, err := p.ReadLine()
 	if err != nil {
