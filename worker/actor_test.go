@@ -59,7 +59,8 @@ type tinyModel struct {
 	step    int64
 	panicAt int64
 	panics  int
-	delay   func(call int64) time.Duration // injected slowness
+	delay   func(call int64) time.Duration // injected slowness, before the forward pass
+	after   func(call int64) time.Duration // injected slowness, after the backward pass
 }
 
 func newTinyModel() *tinyModel {
@@ -83,6 +84,9 @@ func (m *tinyModel) Step(b *Batch, scale float32, ready func(int)) (Result, erro
 		return Result{}, err
 	}
 	m.net.Backward(grad, ready)
+	if m.after != nil {
+		time.Sleep(m.after(m.step)) // the injected fault, once the first buckets are sent
+	}
 	return Result{LossSum: sum, Correct: correct}, nil
 }
 
@@ -98,6 +102,24 @@ func actorJob(t *testing.T, world int, steps int64, inject func(rank int, m *tin
 func actorJobWith(t *testing.T, world int, steps int64, inject func(rank int, m *tinyModel, tr *Trainer), policy *hybrid.Policy,
 	onStep func(rank int, st StepStats)) ([][]float32, []*phalanxpb.RankRestarted) {
 	t.Helper()
+	return actorJobOpts(t, world, steps, jobOptions{inject: inject, policy: policy, onStep: onStep})
+}
+
+// jobOptions are actorJobOpts's: a fault injection, a hybrid policy (nil:
+// BSP), callbacks for every rank's steps and the group's overlap fallbacks,
+// and the trainers' bucket size (0: the default).
+type jobOptions struct {
+	inject      func(rank int, m *tinyModel, tr *Trainer)
+	policy      *hybrid.Policy
+	onStep      func(rank int, st StepStats)
+	onFallback  func(Fallback)
+	bucketBytes int
+}
+
+// actorJobOpts is actorJob with options.
+func actorJobOpts(t *testing.T, world int, steps int64, o jobOptions) ([][]float32, []*phalanxpb.RankRestarted) {
+	t.Helper()
+	inject, policy, onStep := o.inject, o.policy, o.onStep
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	groups, err := collective.InprocGroups(ctx, world, "actors", 1, collective.Options{})
@@ -114,14 +136,14 @@ func actorJobWith(t *testing.T, world int, steps int64, inject func(rank int, m 
 	var mu sync.Mutex
 	var restarts []*phalanxpb.RankRestarted
 	groupPID := actor.NewPID(sys.Address(), "job/group")
-	children := []actors.Child{{Name: "group", Props: NewGroupProps(GroupConfig{World: world, Generation: 1, Hybrid: policy,
+	children := []actors.Child{{Name: "group", Props: NewGroupProps(GroupConfig{World: world, Generation: 1, Hybrid: policy, OnFallback: o.onFallback,
 		OnRestart: func(m *phalanxpb.RankRestarted) { mu.Lock(); restarts = append(restarts, m); mu.Unlock() }})}}
 	models := make([]*tinyModel, world)
 	done := make(chan error, world)
 	for r := range world {
 		models[r] = newTinyModel()
 		opt, _ := nn.NewOptimizer(nn.OptimizerConfig{Kind: "adam"}, models[r].Params())
-		tr, err := NewTrainer(ctx, groups[r], models[r], data, opt, Config{GlobalBatch: 64, Schedule: nn.Schedule{Base: 0.01}, Seed: 9}, nil)
+		tr, err := NewTrainer(ctx, groups[r], models[r], data, opt, Config{GlobalBatch: 64, Schedule: nn.Schedule{Base: 0.01}, Seed: 9, BucketBytes: o.bucketBytes}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

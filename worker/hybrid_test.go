@@ -3,14 +3,19 @@ package worker
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // newHybridRanks builds world trainers over in-process groups.
@@ -287,6 +292,175 @@ func TestHybridActorsRestart(t *testing.T) {
 					t.Errorf("rank %d's parameters differ from rank 0's", r)
 				}
 			}
+		})
+	}
+}
+
+// TestHybridOverlapParams: a hybrid run with no straggler runs its steps
+// overlapped once the ring has been on time for OverlapAfter steps, and
+// ends with bitwise the parameters of the bulk-synchronous run (every rank
+// takes part, the buckets are the same and reduced in the same order).
+func TestHybridOverlapParams(t *testing.T) {
+	const world, steps = 3, 12
+	bsp, _ := actorJob(t, world, steps, nil)
+	policy := &hybrid.Policy{Deadline: 10 * time.Second, Quorum: 0.6, OverlapAfter: 2}
+	if err := policy.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	overlapped := make([][]bool, world)
+	params, _ := actorJobOpts(t, world, steps, jobOptions{policy: policy, onStep: func(rank int, st StepStats) {
+		mu.Lock()
+		defer mu.Unlock()
+		overlapped[rank] = append(overlapped[rank], st.Overlapped)
+		if !st.Participated || st.Participants != world {
+			t.Errorf("rank %d step %d: participated %v, %d participants: want every rank in every step", rank, st.Step, st.Participated, st.Participants)
+		}
+	}})
+	for r := range world {
+		if !sameBits(params[r], bsp[0]) {
+			t.Fatalf("rank %d: hybrid parameters differ from the bulk-synchronous run's", r)
+		}
+		// Step 1 opens the generation, steps 2 and 3 are the on-time
+		// streak; every step after is overlapped.
+		for s, ov := range overlapped[r] {
+			if want := s+1 > 3; ov != want {
+				t.Fatalf("rank %d: step %d overlapped %v, want %v (all: %v)", r, s+1, ov, want, overlapped[r])
+			}
+		}
+	}
+}
+
+// TestHybridRankActorOverlap: a hybrid rank actor sends its buckets during
+// the backward pass of a step the group announced overlapped — they are
+// reduced by the time the rank reports ready, with no decision — and of
+// other steps sends none before the step closes.
+func TestHybridRankActorOverlap(t *testing.T) {
+	ranks, _ := overlapRanks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sys, err := actors.NewSystem(actors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	got := make(chan *phalanxpb.StepReady, 2)
+	group := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &readyCollector{got: got} }))
+	for r, tr := range ranks {
+		sys.Root.Spawn(NewRankProps(RankConfig{Trainer: tr, Rank: r, Generation: 1, Steps: 5, Group: group, Context: ctx, Hybrid: true}))
+	}
+	modes := []bool{false, true, false} // whether steps 1, 2 and 3 are overlapped
+	for step, overlap := range modes {
+		pids := make([]*actor.PID, len(ranks))
+		for range ranks {
+			select {
+			case m := <-got:
+				if m.Step != int64(step+1) {
+					t.Fatalf("ready for step %d, want %d", m.Step, step+1)
+				}
+				pids[m.Rank] = actor.NewPID(m.From.Address, m.From.Id)
+			case <-ctx.Done():
+				t.Fatal("no readiness")
+			}
+		}
+		for r, tr := range ranks {
+			err := tr.fuser.Wait(ctx)
+			switch {
+			case overlap && err != nil:
+				t.Fatalf("step %d rank %d: the overlapped step's reductions: %v", step+1, r, err)
+			case !overlap && (err == nil || !strings.Contains(err.Error(), "not marked ready")):
+				t.Fatalf("step %d rank %d, not overlapped: %v, want the buckets not sent", step+1, r, err)
+			}
+		}
+		if step == len(modes)-1 {
+			break // no decision: the trainers are closed while the actors wait
+		}
+		for _, pid := range pids { // the decision; the next step is overlapped if the list says so
+			sys.Root.Send(pid, &phalanxpb.StepGo{Step: int64(step + 1), Generation: 1, Participants: []uint32{0, 1}, OverlapNext: step == 0})
+		}
+	}
+}
+
+// TestHybridOverlapStraggler: a rank turns slow in an overlapped step —
+// before it sent a bucket (it withdraws: the step closes without it and its
+// gradients are dropped) or after (it cannot be taken out of the sum: the
+// step waits for it). Either way the step is a fallback, the next steps
+// close at the deadline without the slow rank, overlap resumes once it is on
+// time again, and every rank ends with bitwise the same parameters.
+func TestHybridOverlapStraggler(t *testing.T) {
+	slow := func(call int64) time.Duration { // calls 8 to 10 miss the deadline three times over
+		if call >= 8 && call <= 10 {
+			return 600 * time.Millisecond
+		}
+		return 0
+	}
+	for _, tc := range []struct {
+		name        string
+		afterBucket bool
+	}{{"before its first bucket", false}, {"after its first bucket", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const world, steps = 3, 30
+			policy := &hybrid.Policy{Deadline: 200 * time.Millisecond, Quorum: 0.6, OverlapAfter: 2}
+			if err := policy.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var fallbacks []Fallback
+			stats := make([][]StepStats, world)
+			o := jobOptions{policy: policy,
+				onStep:     func(rank int, st StepStats) { mu.Lock(); stats[rank] = append(stats[rank], st); mu.Unlock() },
+				onFallback: func(f Fallback) { mu.Lock(); fallbacks = append(fallbacks, f); mu.Unlock() },
+				inject: func(rank int, m *tinyModel, _ *Trainer) {
+					if rank == 2 && tc.afterBucket {
+						m.after = slow
+					} else if rank == 2 {
+						m.delay = slow
+					}
+				}}
+			if tc.afterBucket {
+				o.bucketBytes = 64 // three chunks: the first is sent half-way through the backward pass
+			}
+			params, _ := actorJobOpts(t, world, steps, o)
+			mu.Lock()
+			defer mu.Unlock()
+			for r := range world {
+				if len(stats[r]) != steps || !sameBits(params[0], params[r]) {
+					t.Fatalf("rank %d: %d steps, parameters equal to rank 0's %v", r, len(stats[r]), sameBits(params[0], params[r]))
+				}
+			}
+			if len(fallbacks) == 0 || !slices.Equal(fallbacks[0].Late, []uint32{2}) {
+				t.Fatalf("fallbacks %+v, want the slow rank 2 late in an overlapped step", fallbacks)
+			}
+			first := stats[0][fallbacks[0].Step-1]
+			if !first.Overlapped || first.Participants != map[bool]int{false: 2, true: 3}[tc.afterBucket] {
+				t.Fatalf("the fallback step %d: overlapped %v, %d participants", first.Step, first.Overlapped, first.Participants)
+			}
+			partial, dropped, resumed := 0, 0, false
+			for s, st := range stats[0] {
+				if st.Participants < world {
+					partial++
+					if st.Overlapped && int64(s+1) != fallbacks[0].Step {
+						t.Errorf("step %d closed without a rank and overlapped, not a fallback", s+1)
+					}
+				}
+				out := 0 // ranks whose gradients of step s+1 were dropped
+				for r := range world {
+					if !stats[r][s].Participated {
+						out++
+					}
+				}
+				if st.Participants != world-out {
+					t.Errorf("step %d: %d participants, %d of %d ranks left out", s+1, st.Participants, out, world)
+				}
+				if out > 0 {
+					dropped++
+				}
+				resumed = resumed || st.Overlapped && int64(s+1) > fallbacks[len(fallbacks)-1].Step
+			}
+			if partial == 0 || partial != dropped || !resumed {
+				t.Fatalf("%d steps closed without a rank, ranks left out of %d; overlap resumed %v", partial, dropped, resumed)
+			}
+			t.Logf("%d fallbacks (first at step %d), %d of %d steps closed without the slow rank", len(fallbacks), fallbacks[0].Step, partial, steps)
 		})
 	}
 }

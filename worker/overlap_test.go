@@ -160,3 +160,62 @@ func TestRecoverAfterLaunch(t *testing.T) {
 		})
 	}
 }
+
+// TestWithdraw: a hybrid rank late in an overlapped step is taken out of it
+// (Withdraw) as long as it has sent no bucket — it then reduces zeros with
+// the late ranks and its gradients are dropped — and not once it has: its
+// gradients are in the step's sum and it reduces as a participant. Either
+// way both ranks apply the same update.
+func TestWithdraw(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sent bool // rank 1 is withdrawn after its first bucket was sent
+	}{{"before the first bucket", false}, {"after the first bucket", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ranks, models := overlapRanks(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			withdrawn := make(chan bool, 1)
+			hook := func() error { withdrawn <- ranks[1].Withdraw(1); return nil }
+			if tc.sent {
+				models[1].mid = hook
+			} else {
+				models[1].first = func() { _ = hook() }
+			}
+			errs := make(chan error, 2)
+			stats := make([]StepStats, 2)
+			go func() { // rank 0: on time
+				err := ranks[0].ComputeOverlapped(ctx)
+				if err == nil {
+					err = ranks[0].ReduceStep(ctx, 1, true)
+				}
+				if err == nil {
+					stats[0], err = ranks[0].ApplyStep(ctx)
+				}
+				errs <- err
+			}()
+			go func() { // rank 1: the step closed without it while it computed
+				err := ranks[1].ComputeOverlapped(ctx)
+				in := !<-withdrawn
+				if err == nil {
+					err = ranks[1].ReduceStep(ctx, 1, in)
+				}
+				if err == nil {
+					stats[1], err = ranks[1].ApplyStep(ctx)
+				}
+				errs <- err
+			}()
+			for range ranks {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if stats[1].Participated != tc.sent || stats[0].Participants != map[bool]int{false: 1, true: 2}[tc.sent] {
+				t.Fatalf("rank 1 participated %v, %d participants; want %v", stats[1].Participated, stats[0].Participants, tc.sent)
+			}
+			if !sameBits(paramsOf(ranks[0]), paramsOf(ranks[1])) {
+				t.Fatal("ranks' parameters differ")
+			}
+		})
+	}
+}

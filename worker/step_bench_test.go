@@ -327,19 +327,7 @@ func TestStepAllocs(t *testing.T) {
 	if n := len(ranks[0].grads.chunks); n < 2 {
 		t.Fatalf("%d gradient chunks: the test wants several buckets", n)
 	}
-	hybridStep := func(ctx context.Context, t *Trainer) (StepStats, error) {
-		if err := t.Compute(ctx); err != nil {
-			return StepStats{}, err
-		}
-		if err := t.ReduceStep(ctx, t.NextStep(), true); err != nil {
-			return StepStats{}, err
-		}
-		return t.ApplyStep(ctx)
-	}
-	for _, mode := range append(stepModes[:2:2], struct {
-		name string
-		run  func(context.Context, *Trainer) (StepStats, error)
-	}{"hybrid", hybridStep}) {
+	for _, mode := range append(stepModes[:2:2], hybridModes...) {
 		t.Run(mode.name, func(t *testing.T) {
 			start, done := make(chan struct{}), make(chan error)
 			go func() {
@@ -369,6 +357,66 @@ func TestStepAllocs(t *testing.T) {
 			if allocs != 0 {
 				t.Errorf("%v allocations per step, want 0", allocs)
 			}
+		})
+	}
+}
+
+// hybridModes are a hybrid step with every rank taking part, as the rank
+// actor runs it: deadline-closed (buckets sent once the step closed) and
+// overlapped (buckets sent during backward, announced by the group).
+var hybridModes = []struct {
+	name string
+	run  func(context.Context, *Trainer) (StepStats, error)
+}{
+	{"hybrid", func(ctx context.Context, t *Trainer) (StepStats, error) { return hybridStep(ctx, t, t.Compute) }},
+	{"hybrid-overlap", func(ctx context.Context, t *Trainer) (StepStats, error) {
+		return hybridStep(ctx, t, t.ComputeOverlapped)
+	}},
+}
+
+func hybridStep(ctx context.Context, t *Trainer, compute func(context.Context) error) (StepStats, error) {
+	if err := compute(ctx); err != nil {
+		return StepStats{}, err
+	}
+	if err := t.ReduceStep(ctx, t.NextStep(), true); err != nil {
+		return StepStats{}, err
+	}
+	return t.ApplyStep(ctx)
+}
+
+// BenchmarkHybridStep compares a hybrid step with every rank on time
+// deadline-closed and overlapped, over loopback TCP, in turns of a few steps
+// on the same ranks like BenchmarkStepOverlap (the control plane's round
+// trip, the same in both, is left out). hidden-% is the share of the
+// deadline-closed step's communication (it − compute) the overlapped step
+// no longer pays.
+//
+//	go test ./worker/ -run x -bench HybridStep -benchtime 10x
+func BenchmarkHybridStep(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		b.Run(fmt.Sprintf("tcp/N=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			ranks := mlpRanks(ctx, b, tcpGroups(ctx, b, n))
+			modes := append(hybridModes[:2:2], stepModes[2])
+			var spent [3]time.Duration
+			const turn = 4
+			for i := range b.N + 1 {
+				for m, mode := range modes {
+					start := time.Now()
+					if _, _, err := runSteps(ctx, ranks, turn, mode.run); err != nil {
+						b.Fatal(err)
+					}
+					if i > 0 {
+						spent[m] += time.Since(start)
+					}
+				}
+			}
+			ms := func(m int) float64 { return spent[m].Seconds() * 1e3 / float64(b.N*turn) }
+			b.ReportMetric(ms(0), "deadline-ms")
+			b.ReportMetric(ms(1), "overlap-ms")
+			b.ReportMetric(ms(2), "compute-ms")
+			b.ReportMetric(100*(ms(0)-ms(1))/(ms(0)-ms(2)), "hidden-%")
+			b.ReportMetric(0, "ns/op")
 		})
 	}
 }
