@@ -11,7 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/internal/netns"
@@ -108,37 +107,18 @@ func agreeOnSum(t *testing.T, procs []*launch.Proc, sizes []int) {
 // the given transport, and returns them with the membership's host names.
 func startNetnsRanks(t testing.TB, lab *netns.Lab, perHost int, transport, dir string) ([]*launch.Proc, []string) {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := lab.Len() * perHost
 	hosts := make([]string, n)
 	for r := range hosts {
 		hosts[r] = fmt.Sprintf("ns%d", r/perHost)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	startCtx, stop := context.WithTimeout(ctx, time.Minute)
-	defer stop()
-	procs, err := launch.Start(startCtx, n, func(rank int) *exec.Cmd {
+	procs := spawnRanks(t, n, func(ctx context.Context, rank int, exe string) *exec.Cmd {
 		h := lab.Host(rank / perHost)
 		cmd := h.Command(ctx, exe, "-test.run=^$")
 		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT=60s",
 			"PHALANX_TEST_TRANSPORT="+transport, "PHALANX_TEST_SHM_DIR="+dir,
 			"PHALANX_TEST_BIND="+h.Addr().String()+":0", "PHALANX_TEST_HOSTS="+strings.Join(hosts, ","))
-		cmd.Stderr = os.Stderr
 		return cmd
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, p := range procs {
-			p.Signal(syscall.SIGCONT)
-			p.In.Close()
-		}
-		launch.Kill(procs)
 	})
 	return procs, hosts
 }

@@ -183,16 +183,29 @@ type procTransport struct{ kind, dir string }
 // startRanksOn starts n child ranks joined as generation 1 over tr.
 func startRanksOn(t *testing.T, n int, timeout time.Duration, tr procTransport) []*launch.Proc {
 	t.Helper()
+	return spawnRanks(t, n, func(ctx context.Context, rank int, exe string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT="+timeout.String(),
+			"PHALANX_TEST_TRANSPORT="+tr.kind, "PHALANX_TEST_SHM_DIR="+tr.dir)
+		return cmd
+	})
+}
+
+// spawnRanks starts n child ranks, command(ctx, rank, exe) making each
+// one's command line for this test binary exe; they are killed when the
+// test ends.
+func spawnRanks(t testing.TB, n int, command func(ctx context.Context, rank int, exe string) *exec.Cmd) []*launch.Proc {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	procs, err := launch.Start(ctx, n, func(rank int) *exec.Cmd {
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("PHALANX_TEST_RANK=%d", rank), "PHALANX_TEST_TIMEOUT="+timeout.String(),
-			"PHALANX_TEST_TRANSPORT="+tr.kind, "PHALANX_TEST_SHM_DIR="+tr.dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	startCtx, stop := context.WithTimeout(ctx, time.Minute)
+	defer stop()
+	procs, err := launch.Start(startCtx, n, func(rank int) *exec.Cmd {
+		cmd := command(ctx, rank, exe)
 		cmd.Stderr = os.Stderr
 		return cmd
 	})
