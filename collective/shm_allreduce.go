@@ -15,29 +15,55 @@ import (
 //   - small rounds (up to ShmOptions.SmallBytes): every rank reduces the whole
 //     round straight out of every slab, in rank order 0..N−1, so every rank
 //     computes the same bits with one synchronisation;
-//   - larger rounds: rank c reduces chunk c of the round out of every slab,
-//     in place in its own slab, announces it, and every rank copies each
-//     chunk from its owner (reduce-scatter, then allgather). Each chunk is
-//     reduced once, by its owner, so every rank gets the same bits.
+//   - larger rounds: rank c reduces chunk c of the round out of every slab
+//     (its own input straight from the caller's buffer, which is why a rank
+//     does not copy its own chunk in), in rank order, one pass over the N
+//     inputs a cache-sized block at a time, into its own slab and the
+//     caller's buffer; it announces the chunk, and every rank copies each
+//     chunk from its owner as soon as the owner announces it
+//     (reduce-scatter, then allgather). Each chunk is reduced once, by its
+//     owner, so every rank gets the same bits.
 //
 // A rank then announces it has finished reading the step. Two slabs per rank,
 // used by step parity, let a rank copy in the next round while its peers
 // still read the last one. Every slab carries a descriptor (job, generation,
 // operation sequence, step, count, dtype, reduction) that readers check.
 //
-// Waits spin for a bounded number of polls, then sleep on the rank's own
-// futex doorbell, which peers ring when they advance, and which a failure of
-// the group (a peer's death seen by its link, an abort, Close), a cancelled
-// context or the operation's deadline also end.
+// Announcing stores the rank's own word (posted, done or read: the step) and
+// adds one to the matching arrival counter of every peer, so a rank waits on
+// one counter of its own for all its peers. A waiter spins for a bounded
+// number of polls, then publishes the counter and target it sleeps for and
+// sleeps on its own futex doorbell; the peer whose announcement reaches the
+// target rings it, and nobody else does: no wake-up is spurious and no
+// announcement makes a syscall when nobody sleeps. A failure of the group (a
+// peer's death seen by its link, an abort, Close), a cancelled context or the
+// operation's deadline also ring it.
 type shmFast struct {
 	g                    *Group
 	segs                 [][]byte // every rank's segment, by rank
 	posted, done, readTo []*atomic.Uint64
+	arrive               [][shmWaitKinds]*atomic.Uint64 // by rank: counters peers add to
+	sleep                []*atomic.Uint64               // by rank: what it sleeps for, 0 when awake
 	bells                []bell
 	slab, small          int
 	spin, yield          int
 	step                 uint64 // the last step this rank started
+	large                uint64 // large rounds this rank has started
+	srcs                 [][]byte
+	got                  []bool
 }
+
+// shmWaitKind names an arrival counter.
+type shmWaitKind uint64
+
+const (
+	waitPosted shmWaitKind = iota // peers that posted: (N−1)·step once all posted step
+	waitDone                      // peers whose chunk is reduced: (N−1)·large rounds
+	waitRead                      // peers that finished reading: (N−1)·step
+	shmWaitKinds
+)
+
+const sleepTargetMask = 1<<56 - 1
 
 // newShmFast returns the fast path if every peer's connection is shared
 // memory of one Connect, else nil.
@@ -60,12 +86,19 @@ func newShmFast(g *Group, conns []net.Conn) *shmFast {
 		segs[j] = sc.peerSeg
 	}
 	segs[g.rank] = node.mem
-	f := &shmFast{g: g, segs: segs, slab: (len(node.mem) - 2*shmPage) / 2, small: first.small, spin: first.spin, yield: first.yield}
+	f := &shmFast{g: g, segs: segs, slab: (len(node.mem) - 2*shmPage) / 2, small: first.small, spin: first.spin, yield: first.yield,
+		srcs: make([][]byte, g.world), got: make([]bool, g.world)}
 	for _, s := range segs {
 		f.posted = append(f.posted, u64At(s, shmPage+rankPosted))
 		f.done = append(f.done, u64At(s, shmPage+rankDone))
 		f.readTo = append(f.readTo, u64At(s, shmPage+rankRead))
-		f.bells = append(f.bells, bell{seq: u32At(s, shmPage+rankBell), waiting: u32At(s, shmPage+rankWaiting)})
+		var a [shmWaitKinds]*atomic.Uint64
+		for k := range a {
+			a[k] = u64At(s, shmPage+rankArrive+64*k)
+		}
+		f.arrive = append(f.arrive, a)
+		f.sleep = append(f.sleep, u64At(s, shmPage+rankSleep))
+		f.bells = append(f.bells, bell{seq: u32At(s, shmPage+rankBell)})
 	}
 	return f
 }
@@ -77,13 +110,19 @@ func (f *shmFast) handles(dt DType) bool { return dt == Float32 || dt == Float64
 // interrupt wakes this rank's waiter so it re-checks the group's state.
 func (f *shmFast) interrupt() { f.bells[f.g.rank].force() }
 
-// announce stores v in w (one of this rank's words) and rings every peer
-// that sleeps.
-func (f *shmFast) announce(w *atomic.Uint64, v uint64) {
+// announce stores v in w (this rank's word of kind k), adds one to every
+// peer's counter of kind k, and rings each peer that this makes reach what
+// it sleeps for.
+func (f *shmFast) announce(k shmWaitKind, w *atomic.Uint64, v uint64) {
 	w.Store(v)
-	for q, b := range f.bells {
-		if q != f.g.rank {
-			b.ring()
+	for q := range f.arrive {
+		if q == f.g.rank {
+			continue
+		}
+		n := f.arrive[q][k].Add(1)
+		if s := f.sleep[q].Load(); s != 0 && shmWaitKind(s>>56) == k && n >= s&sleepTargetMask &&
+			f.sleep[q].CompareAndSwap(s, 0) {
+			f.bells[q].force()
 		}
 	}
 }
@@ -98,18 +137,34 @@ func (f *shmFast) descOf(q int, step uint64) []byte {
 	return f.segs[q][off : off+ctrlSize]
 }
 
-// waitFor waits until rank q's word w reaches target, failing the group if
-// it breaks, the context ends, q closed its group, or the deadline passes
-// (ErrTimeout, blaming the silent peer as the links do).
-func (f *shmFast) waitFor(q int, w *atomic.Uint64, target uint64) error {
+// lagging returns a peer whose word of kind k has not reached step (the one
+// to blame for a wait), or the next rank if none.
+func (f *shmFast) lagging(k shmWaitKind, step uint64) int {
+	N, r := f.g.world, f.g.rank
+	words := [shmWaitKinds][]*atomic.Uint64{waitPosted: f.posted, waitDone: f.done, waitRead: f.readTo}[k]
+	for i := 1; i < N; i++ {
+		if q := (r + i) % N; words[q].Load() < step {
+			return q
+		}
+	}
+	return (r + 1) % N
+}
+
+// waitFor waits until this rank's counter of kind k reaches target (every
+// peer's word of kind k has reached step, or for waitDone some of them),
+// failing the group if it breaks, the context ends, a lagging peer closed
+// its group, or the deadline passes (ErrTimeout, blaming a lagging peer as
+// the links do).
+func (f *shmFast) waitFor(k shmWaitKind, target, step uint64) error {
+	g := f.g
+	c := f.arrive[g.rank][k]
 	for range f.spin {
-		if w.Load() >= target {
+		if c.Load() >= target {
 			return nil
 		}
 	}
-	g := f.g
 	for range f.yield {
-		if w.Load() >= target {
+		if c.Load() >= target {
 			return nil
 		}
 		select {
@@ -119,9 +174,9 @@ func (f *shmFast) waitFor(q int, w *atomic.Uint64, target uint64) error {
 		}
 		schedYield()
 	}
-	me := f.bells[g.rank]
+	me, sleep := f.bells[g.rank], f.sleep[g.rank]
 	for {
-		if w.Load() >= target {
+		if c.Load() >= target {
 			return nil
 		}
 		select {
@@ -131,6 +186,7 @@ func (f *shmFast) waitFor(q int, w *atomic.Uint64, target uint64) error {
 			return g.cancelled()
 		default:
 		}
+		q := f.lagging(k, step)
 		if l := g.links[q]; l.peerBye.Load() {
 			return g.fail(l.lost(g.cur.op.String(), fmt.Sprintf("rank %d closed its group", q), nil))
 		}
@@ -138,13 +194,13 @@ func (f *shmFast) waitFor(q int, w *atomic.Uint64, target uint64) error {
 			return g.timedOut(q)
 		}
 		s := me.seq.Load()
-		me.waiting.Store(1)
-		if w.Load() >= target {
-			me.waiting.Store(0)
+		sleep.Store(uint64(k)<<56 | target)
+		if c.Load() >= target {
+			sleep.Store(0)
 			return nil
 		}
 		futexWait(me.seq, s, g.deadline)
-		me.waiting.Store(0)
+		sleep.Store(0)
 	}
 }
 
@@ -175,26 +231,33 @@ func (f *shmFast) allReduce(data []byte, dt DType, op ReduceOp) error {
 func (f *shmFast) round(part []byte, es int, op ReduceOp, want *opDesc) error {
 	g := f.g
 	N, r, step := g.world, g.rank, want.step
+	peers := uint64(N - 1)
 	// The slab of this parity is free once every peer has read step-2.
 	if step > 2 {
-		for q := range N {
-			if q != r {
-				if err := f.waitFor(q, f.readTo[q], step-2); err != nil {
-					return err
-				}
-			}
+		if err := f.waitFor(waitRead, peers*(step-2), step-2); err != nil {
+			return err
 		}
 	}
+	small := len(part) <= f.small
+	n := len(part) / es
+	lo, hi := ShardRange(n, N, r)
+	lo, hi = lo*es, hi*es
 	mine := f.slabOf(r, step)[:len(part)]
-	copy(mine, part)
+	if small {
+		copy(mine, part)
+	} else {
+		// Nobody reads this rank's own chunk of its input but itself.
+		copy(mine[:lo], part[:lo])
+		copy(mine[hi:], part[hi:])
+	}
 	want.encode(f.descOf(r, step))
-	f.announce(f.posted[r], step)
+	f.announce(waitPosted, f.posted[r], step)
+	if err := f.waitFor(waitPosted, peers*step, step); err != nil {
+		return err
+	}
 	for q := range N {
 		if q == r {
 			continue
-		}
-		if err := f.waitFor(q, f.posted[q], step); err != nil {
-			return err
 		}
 		d, err := decodeOpDesc(f.descOf(q, step))
 		var detail string
@@ -210,36 +273,64 @@ func (f *shmFast) round(part []byte, es int, op ReduceOp, want *opDesc) error {
 		}
 	}
 	dt := want.dtype
-	if len(part) <= f.small {
+	if small {
 		// Everyone reduces everything, in rank order.
-		if r != 0 {
-			copy(part, f.slabOf(0, step)[:len(part)])
+		for q := range N {
+			f.srcs[q] = f.slabOf(q, step)[:len(part)]
 		}
-		for q := 1; q < N; q++ {
-			reduceInto(dt, op, part, f.slabOf(q, step)[:len(part)])
-		}
-		f.announce(f.readTo[r], step)
+		reduceN(dt, op, part, nil, f.srcs)
+		f.announce(waitRead, f.readTo[r], step)
 		return nil
 	}
-	n := len(part) / es
-	lo, hi := ShardRange(n, N, r)
-	own := mine[lo*es : hi*es]
-	for k := 1; k < N; k++ {
-		q := (r + k) % N
-		reduceInto(dt, op, own, f.slabOf(q, step)[lo*es:hi*es])
+	for q := range N {
+		f.srcs[q] = f.slabOf(q, step)[lo:hi]
 	}
-	f.announce(f.done[r], step)
-	copy(part[lo*es:hi*es], own)
-	for k := 1; k < N; k++ {
-		q := (r + k) % N
-		if err := f.waitFor(q, f.done[q], step); err != nil {
+	f.srcs[r] = part[lo:hi]
+	reduceN(dt, op, mine[lo:hi], part[lo:hi], f.srcs)
+	f.large++
+	f.announce(waitDone, f.done[r], step)
+	clear(f.got)
+	base := peers * (f.large - 1)
+	for have := uint64(0); have < peers; {
+		if err := f.waitFor(waitDone, base+have+1, step); err != nil {
 			return err
 		}
-		lo, hi := ShardRange(n, N, q)
-		copy(part[lo*es:hi*es], f.slabOf(q, step)[lo*es:hi*es])
+		for k := 1; k < N; k++ {
+			q := (r + k) % N
+			if f.got[q] || f.done[q].Load() < step {
+				continue
+			}
+			f.got[q] = true
+			have++
+			lo, hi := ShardRange(n, N, q)
+			copy(part[lo*es:hi*es], f.slabOf(q, step)[lo*es:hi*es])
+		}
 	}
-	f.announce(f.readTo[r], step)
+	f.announce(waitRead, f.readTo[r], step)
 	return nil
+}
+
+// reduceBlock is how many bytes reduceN combines at a time: small enough
+// that the partial result stays in the L1 cache while every input is added.
+const reduceBlock = 8 << 10
+
+// reduceN sets dst = srcs[0] op srcs[1] op … op srcs[N−1], combined in that
+// order (so bitwise what N−1 reduceInto calls give), and copies the result
+// into also when it is not nil. It works a block at a time, so each input
+// is read once and dst is written once. dst must not overlap any source; also
+// may be one of them (each block is read before it is overwritten).
+func reduceN(dt DType, op ReduceOp, dst, also []byte, srcs [][]byte) {
+	for off := 0; off < len(dst); off += reduceBlock {
+		end := min(off+reduceBlock, len(dst))
+		d := dst[off:end]
+		copy(d, srcs[0][off:end])
+		for _, s := range srcs[1:] {
+			reduceInto(dt, op, d, s[off:end])
+		}
+		if also != nil {
+			copy(also[off:end], d)
+		}
+	}
 }
 
 // watchContext makes a cancelled ctx wake this rank's waiter; the returned

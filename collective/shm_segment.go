@@ -39,13 +39,15 @@ const (
 	ringConsClosed  = 196
 	ringCtrlSize    = 256
 
-	// rank control page
-	rankPosted  = 0   // last step whose input is in the slab
-	rankDone    = 64  // last step whose owned chunk is reduced
-	rankRead    = 128 // last step this rank finished reading from every slab
-	rankBell    = 192 // futex: this rank sleeps here
-	rankWaiting = 196
-	rankDesc    = 256 // two operation descriptors, by step parity
+	// rank control page; words written by different ranks on different
+	// cache lines
+	rankPosted = 0   // last step whose input is in the slab
+	rankDone   = 64  // last step whose owned chunk is reduced
+	rankRead   = 128 // last step this rank finished reading from every slab
+	rankBell   = 192 // futex: this rank sleeps here
+	rankSleep  = 200 // u64: what this rank sleeps for (shmWaitKind<<56 | target), 0 when awake
+	rankDesc   = 256 // two operation descriptors, by step parity
+	rankArrive = 512 // three u64 counters, 64 bytes apart, that peers add to (see shmWaitKind)
 )
 
 func pairSegmentSize(ring int) int { return 2*shmPage + 2*ring }

@@ -44,22 +44,11 @@ func futexWake(w *atomic.Uint32, n int) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexOpWake, uintptr(n), 0, 0, 0)
 }
 
-// bell is a futex doorbell: a counter its owner sleeps on and a flag telling
-// ringers whether the syscall is needed.
-type bell struct {
-	seq     *atomic.Uint32
-	waiting *atomic.Uint32
-}
+// bell is a futex doorbell: a counter its owner sleeps on.
+type bell struct{ seq *atomic.Uint32 }
 
-// ring wakes the owner if it is, or is about to be, asleep.
-func (b bell) ring() {
-	if b.waiting.Load() != 0 {
-		b.seq.Add(1)
-		futexWake(b.seq, 1)
-	}
-}
-
-// force wakes the owner whether or not it says it waits (aborts, deadlines).
+// force wakes the owner whether or not it waits (aborts, deadlines, and
+// ringers that saw it sleep).
 func (b bell) force() {
 	b.seq.Add(1)
 	futexWake(b.seq, 1)
