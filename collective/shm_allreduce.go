@@ -227,6 +227,18 @@ func (f *shmFast) allReduce(data []byte, dt DType, op ReduceOp) error {
 	return nil
 }
 
+// barrier is Barrier through the rank segments: one step with no data, so
+// every rank waits once, on its own counter, for all its peers, instead of
+// ceil(log2 N) message rounds over the rings. Its descriptor (count 0, dtype
+// Uint8) fences it against an allreduce, which always has elements; the
+// caller has begun the operation.
+func (f *shmFast) barrier() error {
+	g := f.g
+	f.step++
+	want := opDesc{job: g.job, gen: g.m.Generation, seq: g.cur.seq, step: f.step, dtype: Uint8, arg: g.cur.arg}
+	return f.round(nil, 1, Sum, &want)
+}
+
 // round runs one step over part, at most a slab.
 func (f *shmFast) round(part []byte, es int, op ReduceOp, want *opDesc) error {
 	g := f.g

@@ -219,3 +219,35 @@ func TestMembershipHostsValidated(t *testing.T) {
 		t.Fatalf("shm across hosts: %v", err)
 	}
 }
+
+// TestShmFastBarrier: the fast path's barrier interleaves with allreduces on
+// the same steps, and a barrier on one rank against an allreduce on the
+// others is an ErrMismatch, not a hang or a wrong sum.
+func TestShmFastBarrier(t *testing.T) {
+	s := newShmRanks(t, 3, TransportShm, t.TempDir())
+	groups := s.join(t, "barrier", 1, []int{0, 1, 2}, nil, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	barrier := func(g *Group) error {
+		if err := g.begin(ctx, opBarrier, Uint8, 0, 0); err != nil {
+			return err
+		}
+		return g.end(g.fast.barrier())
+	}
+	rng := rand.New(rand.NewPCG(3, 9))
+	for i := range 6 {
+		mustAll(t, onEveryRank(groups, func(_ int, g *Group) error { return barrier(g) }))
+		checkShmAllReduce(t, groups, rng, 1+i*5000, Sum, AlgoAuto, i%2 == 0)
+	}
+	errs := onEveryRank(groups, func(i int, g *Group) error {
+		if i == 0 {
+			return barrier(g)
+		}
+		return g.AllReduce(ctx, Float32s(make([]float32, 8)), Sum)
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		}
+	}
+}
