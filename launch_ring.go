@@ -321,6 +321,8 @@ func (r *ringJob) handle(l launch.Line) error {
 		fmt.Fprintf(r.out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", rep.Rank, rep.Reason, rep.Step)
 	case "checkpoint":
 		r.checkpointEvent(rep.Checkpoint)
+	case "overlap_fallback":
+		r.ev.Emit("hybrid_overlap_fallback", events.F("step", rep.Step), events.F("late", rep.Late), events.F("deadline_s", rep.DeadlineS))
 	case "fed":
 		r.ev.Emit("straggler_fed", events.F("id", rep.ID), events.F("step", rep.Step))
 	case "left":

@@ -15,7 +15,7 @@ import (
 // (docs/events.md); RunWorker hands them to Config.Reports.
 type Report struct {
 	// Kind is registered, restored, step, restart, checkpoint, fed,
-	// stopped, left or done (ring workers), ps_step, ps_checkpoint or
+	// overlap_fallback, stopped, left or done (ring workers), ps_step, ps_checkpoint or
 	// ps_done (parameter-server workers), or failed (any worker's last
 	// word: Reason).
 	Kind         string            `json:"kind"`
@@ -38,6 +38,8 @@ type Report struct {
 	Fingerprint  [5]float64        `json:"fingerprint"`
 	Redone       int64             `json:"steps_redone"`
 	Root         int               `json:"root"`
+	Late         []int             `json:"late,omitempty"`       // overlap_fallback: the ranks not ready by the deadline
+	DeadlineS    float64           `json:"deadline_s,omitempty"` // overlap_fallback: the step's deadline
 	DataPlane    string            `json:"data_plane,omitempty"` // restored: how rank 0 reaches its peers (collective.Group.DataPlane)
 	Reason       string            `json:"reason,omitempty"`
 	Restarts     int               `json:"restarts,omitempty"`

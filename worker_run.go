@@ -207,6 +207,13 @@ func (w *ringWorker) start(ctx context.Context) error {
 			w.paceDead.Store(int64(deadline))
 			w.paceOver.Store(int64(overhead))
 		},
+		OnFallback: func(f worker.Fallback) {
+			late := make([]int, len(f.Late))
+			for i, r := range f.Late {
+				late[i] = int(r)
+			}
+			w.rep.send(Report{Kind: "overlap_fallback", Step: f.Step, Late: late, DeadlineS: f.Deadline.Seconds()})
+		},
 		OnRestart: func(r *phalanxpb.RankRestarted) {
 			w.rep.send(Report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
 		},
