@@ -161,7 +161,10 @@ func (g *Group) Barrier(ctx context.Context) error {
 		return err
 	}
 	var err error
-	if g.world > 1 {
+	switch {
+	case g.world > 1 && g.fast != nil:
+		err = g.fast.barrier()
+	case g.world > 1:
 		err = g.dissemination()
 	}
 	return g.end(err)

@@ -165,6 +165,7 @@ func (c *shmConn) Read(p []byte) (int, error) {
 	}
 	r := &c.rx
 	tail := r.tail.Load()
+	recheck := firstRecheck
 	for spun := 0; ; spun++ {
 		if c.closed.Load() {
 			return 0, net.ErrClosed
@@ -192,31 +193,43 @@ func (c *shmConn) Read(p []byte) (int, error) {
 		default:
 			r.consWaiting.Store(1)
 			if r.head.Load() == tail && r.prodClosed.Load() == 0 {
-				c.park(c.dataCh, c.rdPoke, c.rdTimer, dl)
+				c.park(c.dataCh, c.rdPoke, c.rdTimer, dl, &recheck)
 			}
 			r.consWaiting.Store(0)
 		}
 	}
 }
 
-// park waits for a wake-up, a deadline change, the deadline, the peer's end
-// or Close.
-func (c *shmConn) park(ch, pokeCh chan struct{}, t *time.Timer, dl time.Time) {
-	var tc <-chan time.Time
+// A parked side looks at the ring again after recheck even without a
+// wake-up, the interval doubling from firstRecheck to lastRecheck while it
+// stays parked. This is a safety net, not the signalling: under the race
+// detector a wake-up has been seen to go missing (TestShmAllReduceProperty,
+// auto-uneven: a reader parked on a full ring for the whole deadline), and
+// until that is understood a lost wake-up costs at most a few milliseconds
+// of a wait instead of the operation. An idle link wakes a few times a
+// second.
+const (
+	firstRecheck = time.Millisecond
+	lastRecheck  = 200 * time.Millisecond
+)
+
+// park waits for a wake-up, a deadline change, the deadline, the peer's end,
+// Close, or the recheck interval (which it then doubles).
+func (c *shmConn) park(ch, pokeCh chan struct{}, t *time.Timer, dl time.Time, recheck *time.Duration) {
+	wait := *recheck
+	*recheck = min(2**recheck, lastRecheck)
 	if !dl.IsZero() {
-		t.Reset(time.Until(dl))
-		tc = t.C
+		wait = min(wait, time.Until(dl))
 	}
+	t.Reset(wait)
 	select {
 	case <-ch:
 	case <-pokeCh:
-	case <-tc:
+	case <-t.C:
 	case <-c.gone:
 	case <-c.closing:
 	}
-	if tc != nil {
-		t.Stop()
-	}
+	t.Stop()
 }
 
 // Write implements net.Conn.
@@ -226,6 +239,7 @@ func (c *shmConn) Write(p []byte) (int, error) {
 	r := &c.tx
 	head := r.head.Load()
 	done := 0
+	recheck := firstRecheck
 	for spun := 0; done < len(p); {
 		switch {
 		case c.closed.Load() || c.wrClosed.Load():
@@ -246,7 +260,7 @@ func (c *shmConn) Write(p []byte) (int, error) {
 			default:
 				r.prodWaiting.Store(1)
 				if r.tail.Load()+r.size == head && r.consClosed.Load() == 0 {
-					c.park(c.spaceCh, c.wrPoke, c.wrTimer, dl)
+					c.park(c.spaceCh, c.wrPoke, c.wrTimer, dl, &recheck)
 				}
 				r.prodWaiting.Store(0)
 			}
