@@ -241,6 +241,13 @@ func CheckSamples(t testing.TB, steps []Event, total, samples, batch int, seed u
 		t.Fatal(err)
 	}
 	if len(steps) != total {
+		seen := map[int]Event{}
+		for _, e := range steps {
+			if prev, ok := seen[Num(e, "step")]; ok {
+				t.Fatalf("%d step events, want %d: step %d reported twice: %v and %v", len(steps), total, Num(e, "step"), prev, e)
+			}
+			seen[Num(e, "step")] = e
+		}
 		t.Fatalf("%d step events, want %d", len(steps), total)
 	}
 	var pos worker.Position
