@@ -2,8 +2,6 @@ package collective
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -34,7 +32,7 @@ func TestHierProcessesNetns(t *testing.T) {
 	}
 
 	sizes := []int{1, 4099, 1<<18 + 5}
-	agreeOnSum(t, procs, sizes)
+	agreeOnSum(t, procs, "auto", sizes)
 
 	// Kill a rank mid-loop: every survivor names it.
 	const victim = 3
@@ -65,41 +63,9 @@ func TestHierProcessesNetns(t *testing.T) {
 	for _, p := range survivors {
 		expect(t, p, "joined")
 	}
-	agreeOnSum(t, survivors, sizes)
+	agreeOnSum(t, survivors, "auto", sizes)
 	if files := shmFiles(t, dir); len(files) != 0 {
 		t.Fatalf("segment files left: %v", files)
-	}
-}
-
-// agreeOnSum runs an allreduce of each size on procs and checks that every
-// rank got the same bits, equal to the sum of childInput.
-func agreeOnSum(t *testing.T, procs []*launch.Proc, sizes []int) {
-	t.Helper()
-	var args []string
-	for _, s := range sizes {
-		args = append(args, strconv.Itoa(s))
-	}
-	tell(t, procs, "allreduce auto "+strings.Join(args, " "))
-	var first string
-	for _, p := range procs {
-		line := expect(t, p, "ok")
-		if first == "" {
-			first = line
-		} else if line != first {
-			t.Fatalf("rank %d got %q, the first rank %q", p.Rank, line, first)
-		}
-	}
-	for i, size := range sizes {
-		want := make([]float32, size)
-		for r := range procs {
-			for j, v := range childInput(r, size) {
-				want[j] += v
-			}
-		}
-		h := sha256.Sum256(bytesOf(want))
-		if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
-			t.Errorf("size %d: result differs from the sum", size)
-		}
 	}
 }
 

@@ -247,35 +247,10 @@ func expect(t testing.TB, p *launch.Proc, prefix string) string {
 // bit and match the sum computed here.
 func TestProcessesAllReduce(t *testing.T) {
 	sizes := []int{0, 1, 13, 4099, 1<<20 + 3}
-	var sizeArgs []string
-	for _, n := range sizes {
-		sizeArgs = append(sizeArgs, strconv.Itoa(n))
-	}
 	for n := 2; n <= 4; n++ {
 		procs := startRanks(t, n, 30*time.Second)
 		for _, algo := range []string{"ring", "rd", "auto"} {
-			tell(t, procs, "allreduce "+algo+" "+strings.Join(sizeArgs, " "))
-			var first string
-			for _, p := range procs {
-				line := expect(t, p, "ok")
-				if first == "" {
-					first = line
-				} else if line != first {
-					t.Fatalf("world %d %s: rank %d got %q, rank 0 %q", n, algo, p.Rank, line, first)
-				}
-			}
-			for i, size := range sizes {
-				want := make([]float32, size)
-				for r := range n {
-					for j, v := range childInput(r, size) {
-						want[j] += v
-					}
-				}
-				h := sha256.Sum256(bytesOf(want))
-				if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
-					t.Errorf("world %d %s size %d: result differs from the sum", n, algo, size)
-				}
-			}
+			agreeOnSum(t, procs, algo, sizes)
 		}
 	}
 }
@@ -374,35 +349,10 @@ func rebuild(t *testing.T, survivors []*launch.Proc) {
 // outlives the connection.
 func TestShmProcessesAllReduce(t *testing.T) {
 	sizes := []int{0, 1, 13, 4099, 1<<18 + 1, 1<<20 + 3}
-	var sizeArgs []string
-	for _, n := range sizes {
-		sizeArgs = append(sizeArgs, strconv.Itoa(n))
-	}
 	dir := t.TempDir()
 	procs := startRanksOn(t, 4, 30*time.Second, procTransport{kind: "shm", dir: dir})
 	for _, algo := range []string{"ring", "rd", "auto"} {
-		tell(t, procs, "allreduce "+algo+" "+strings.Join(sizeArgs, " "))
-		var first string
-		for _, p := range procs {
-			line := expect(t, p, "ok")
-			if first == "" {
-				first = line
-			} else if line != first {
-				t.Fatalf("%s: rank %d got %q, rank 0 %q", algo, p.Rank, line, first)
-			}
-		}
-		for i, size := range sizes {
-			want := make([]float32, size)
-			for r := range 4 {
-				for j, v := range childInput(r, size) {
-					want[j] += v
-				}
-			}
-			h := sha256.Sum256(bytesOf(want))
-			if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
-				t.Errorf("%s size %d: result differs from the sum", algo, size)
-			}
-		}
+		agreeOnSum(t, procs, algo, sizes)
 	}
 	if files := shmFiles(t, dir); len(files) != 0 {
 		t.Fatalf("segment files left: %v", files)
@@ -436,5 +386,37 @@ func TestShmProcessStoppedMidOperation(t *testing.T) {
 	expect(t, victim, "err")
 	if files := shmFiles(t, dir); len(files) != 0 {
 		t.Fatalf("segment files left: %v", files)
+	}
+}
+
+// agreeOnSum runs an allreduce of each size with algo on procs and checks
+// that every rank got the same bits, equal to the sum of childInput.
+func agreeOnSum(t testing.TB, procs []*launch.Proc, algo string, sizes []int) {
+	t.Helper()
+	var args []string
+	for _, s := range sizes {
+		args = append(args, strconv.Itoa(s))
+	}
+	tell(t, procs, "allreduce "+algo+" "+strings.Join(args, " "))
+	var first string
+	for _, p := range procs {
+		line := expect(t, p, "ok")
+		if first == "" {
+			first = line
+		} else if line != first {
+			t.Fatalf("world %d %s: rank %d got %q, the first rank %q", len(procs), algo, p.Rank, line, first)
+		}
+	}
+	for i, size := range sizes {
+		want := make([]float32, size)
+		for r := range procs {
+			for j, v := range childInput(r, size) {
+				want[j] += v
+			}
+		}
+		h := sha256.Sum256(bytesOf(want))
+		if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
+			t.Errorf("world %d %s size %d: result differs from the sum", len(procs), algo, size)
+		}
 	}
 }
