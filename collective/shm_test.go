@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -248,6 +250,47 @@ func TestShmFastBarrier(t *testing.T) {
 	for r, err := range errs {
 		if !errors.Is(err, ErrMismatch) {
 			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		}
+	}
+}
+
+// TestSweepDeadOwners: Connect's sweep removes another job's segment whose
+// creator has exited, and keeps one whose creator lives and one whose header
+// is not (yet) valid.
+func TestSweepDeadOwners(t *testing.T) {
+	dir := t.TempDir()
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, pid int, valid bool) string {
+		b := make([]byte, ctrlSize)
+		if valid {
+			h := segHeader{kind: segKindRank, job: 7, gen: 1, world: 2, pid: uint32(pid), ring: 4096, slab: 4096}
+			h.encode(b, segMagic)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	dead := write(rankSegName(7, 1, 0, 1), exited.Process.Pid, true)
+	live := write(rankSegName(7, 1, 1, 2), os.Getpid(), true)
+	blank := write(rankSegName(7, 1, 2, 3), 0, false)
+	tcp, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	tr, err := NewTransport(TransportShm, tcp, ShmOptions{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.(*ShmTransport).sweep(JobHash("another job"), 1)
+	for path, want := range map[string]bool{dead: false, live: true, blank: true} {
+		if _, err := os.Stat(path); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", filepath.Base(path), err == nil, want)
 		}
 	}
 }

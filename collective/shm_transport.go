@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -198,8 +199,10 @@ func (t *ShmTransport) Connect(ctx context.Context, m Membership) ([]net.Conn, e
 	return conns, nil
 }
 
-// sweep removes segment files of older generations of the job, left by a
-// rank that died while connecting.
+// sweep removes segment files left by ranks that died while connecting:
+// those of older generations of the job, and those of any job whose
+// creating process no longer exists (a job killed whole, with no survivor
+// to rebuild).
 func (t *ShmTransport) sweep(job, gen uint64) {
 	prefix := fmt.Sprintf("phalanx-%016x-g", job)
 	entries, err := os.ReadDir(t.opts.Dir)
@@ -207,17 +210,41 @@ func (t *ShmTransport) sweep(job, gen uint64) {
 		return
 	}
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), prefix)
-		if !ok {
+		name := e.Name()
+		if !strings.HasPrefix(name, "phalanx-") {
 			continue
 		}
-		g, _, _ := strings.Cut(rest, "-")
-		if old, err := strconv.ParseUint(g, 10, 64); err == nil && old < gen {
-			if os.Remove(filepath.Join(t.opts.Dir, e.Name())) == nil {
-				t.log.Info("removed a stale shared-memory segment", zap.String("file", e.Name()))
-			}
+		stale := false
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			g, _, _ := strings.Cut(rest, "-")
+			old, err := strconv.ParseUint(g, 10, 64)
+			stale = err == nil && old < gen
+		}
+		path := filepath.Join(t.opts.Dir, name)
+		if (stale || ownerGone(path)) && os.Remove(path) == nil {
+			t.log.Info("removed a stale shared-memory segment", zap.String("file", name))
 		}
 	}
+}
+
+// ownerGone says whether the segment file at path has a valid header whose
+// creating process no longer exists. A file whose header is not written yet
+// (or is not ours) is left alone.
+func ownerGone(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [ctrlSize]byte
+	if _, err := io.ReadFull(f, b[:]); err != nil {
+		return false
+	}
+	h, err := decodeSegHeader(b[:], segMagic)
+	if err != nil || h.pid == 0 {
+		return false
+	}
+	return syscall.Kill(int(h.pid), 0) == syscall.ESRCH
 }
 
 // upgrade turns the TCP connection to local peer j into a shmConn: the lower
