@@ -11,7 +11,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -339,16 +338,7 @@ func TestHybridRankActorOverlap(t *testing.T) {
 	ranks, _ := overlapRanks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sys, err := actors.NewSystem(actors.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.Shutdown()
-	got := make(chan *phalanxpb.StepReady, 2)
-	group := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &readyCollector{got: got} }))
-	for r, tr := range ranks {
-		sys.Root.Spawn(NewRankProps(RankConfig{Trainer: tr, Rank: r, Generation: 1, Steps: 5, Group: group, Context: ctx, Hybrid: true}))
-	}
+	sys, got := spawnRankActors(t, ctx, ranks, func(c *RankConfig) { c.Hybrid = true })
 	modes := []bool{false, true, false} // whether steps 1, 2 and 3 are overlapped
 	for step, overlap := range modes {
 		pids := make([]*actor.PID, len(ranks))

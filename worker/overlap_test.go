@@ -88,16 +88,7 @@ func TestRankActorOverlap(t *testing.T) {
 			ranks, _ := overlapRanks(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			sys, err := actors.NewSystem(actors.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sys.Shutdown()
-			got := make(chan *phalanxpb.StepReady, 2)
-			group := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &readyCollector{got: got} }))
-			for r, tr := range ranks {
-				sys.Root.Spawn(NewRankProps(RankConfig{Trainer: tr, Rank: r, Generation: 1, Steps: 5, Group: group, Context: ctx, NoOverlap: noOverlap}))
-			}
+			_, got := spawnRankActors(t, ctx, ranks, func(c *RankConfig) { c.NoOverlap = noOverlap })
 			for range ranks {
 				select {
 				case m := <-got:
@@ -218,4 +209,25 @@ func TestWithdraw(t *testing.T) {
 			}
 		})
 	}
+}
+
+// spawnRankActors starts one rank actor per trainer (generation 1, 5 steps,
+// edit applied to each configuration) under a group that only collects
+// their StepReady messages; it returns the actor system (ended with the
+// test) and those messages.
+func spawnRankActors(t *testing.T, ctx context.Context, ranks []*Trainer, edit func(*RankConfig)) (*actors.System, <-chan *phalanxpb.StepReady) {
+	t.Helper()
+	sys, err := actors.NewSystem(actors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sys.Shutdown)
+	got := make(chan *phalanxpb.StepReady, 2)
+	group := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &readyCollector{got: got} }))
+	for r, tr := range ranks {
+		c := RankConfig{Trainer: tr, Rank: r, Generation: 1, Steps: 5, Group: group, Context: ctx}
+		edit(&c)
+		sys.Root.Spawn(NewRankProps(c))
+	}
+	return sys, got
 }
