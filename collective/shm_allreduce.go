@@ -194,7 +194,7 @@ func (f *shmFast) waitFor(k shmWaitKind, target, step uint64) error {
 			return g.timedOut(q)
 		}
 		s := me.seq.Load()
-		sleep.Store(uint64(k)<<56 | target)
+		publish64(sleep, uint64(k)<<56|target) // fenced before the check below
 		if c.Load() >= target {
 			sleep.Store(0)
 			return nil

@@ -45,10 +45,14 @@ const (
 // open as the pair's doorbell and liveness signal. A side about to sleep
 // raises its waiting word and parks its goroutine on a channel; the other
 // side, seeing the word, sends one wake-up byte, which this side's watcher
-// turns into a channel send. Sleeping in Go's network poller rather than in
-// a futex keeps the Go scheduler free: a goroutine blocked in a futex
-// syscall holds its P, and with one or two Ps per rank every other goroutine
-// of the rank would wait for the runtime to take it back (up to 10 ms). The
+// turns into a channel send. The waiter raises its word before it looks at
+// the ring a last time, and the other side moves the ring before it looks at
+// the word, both with fenced stores (publish32), so at least one of them sees
+// the other: no wake-up is lost and nothing polls on a timer. Sleeping in
+// Go's network poller rather than in a futex keeps the Go scheduler free: a
+// goroutine blocked in a futex syscall holds its P, and with one or two Ps
+// per rank every other goroutine of the rank would wait for the runtime to
+// take it back (up to 10 ms). The
 // kernel closes the socket when the peer's process dies, which ends every
 // wait here (ErrPeerLost upstream); a stopped peer keeps it open (ErrTimeout
 // upstream).
@@ -165,7 +169,6 @@ func (c *shmConn) Read(p []byte) (int, error) {
 	}
 	r := &c.rx
 	tail := r.tail.Load()
-	recheck := firstRecheck
 	for spun := 0; ; spun++ {
 		if c.closed.Load() {
 			return 0, net.ErrClosed
@@ -175,7 +178,7 @@ func (c *shmConn) Read(p []byte) (int, error) {
 		ended := r.prodClosed.Load() != 0 || c.peerGone.Load()
 		if head := r.head.Load(); head != tail {
 			n := copyOut(p, r.data, tail, head, r.size)
-			r.tail.Store(tail + uint64(n))
+			publish64(r.tail, tail+uint64(n))
 			c.wake(r.prodWaiting, wakeSpace)
 			return n, nil
 		}
@@ -191,45 +194,31 @@ func (c *shmConn) Read(p []byte) (int, error) {
 		case spun < c.spin+c.yield:
 			schedYield()
 		default:
-			r.consWaiting.Store(1)
+			publish32(r.consWaiting, 1)
 			if r.head.Load() == tail && r.prodClosed.Load() == 0 {
-				c.park(c.dataCh, c.rdPoke, c.rdTimer, dl, &recheck)
+				c.park(c.dataCh, c.rdPoke, c.rdTimer, dl)
 			}
 			r.consWaiting.Store(0)
 		}
 	}
 }
 
-// A parked side looks at the ring again after recheck even without a
-// wake-up, the interval doubling from firstRecheck to lastRecheck while it
-// stays parked. This is a safety net, not the signalling: under the race
-// detector a wake-up has been seen to go missing (TestShmAllReduceProperty,
-// auto-uneven: a reader parked on a full ring for the whole deadline), and
-// until that is understood a lost wake-up costs at most a few milliseconds
-// of a wait instead of the operation. An idle link wakes a few times a
-// second.
-const (
-	firstRecheck = time.Millisecond
-	lastRecheck  = 200 * time.Millisecond
-)
-
-// park waits for a wake-up, a deadline change, the deadline, the peer's end,
-// Close, or the recheck interval (which it then doubles).
-func (c *shmConn) park(ch, pokeCh chan struct{}, t *time.Timer, dl time.Time, recheck *time.Duration) {
-	wait := *recheck
-	*recheck = min(2**recheck, lastRecheck)
+// park waits for a wake-up, a deadline change, the deadline, the peer's end
+// or Close. Nothing else wakes it: a parked side costs no CPU at all.
+func (c *shmConn) park(ch, pokeCh chan struct{}, t *time.Timer, dl time.Time) {
+	var expired <-chan time.Time
 	if !dl.IsZero() {
-		wait = min(wait, time.Until(dl))
+		t.Reset(time.Until(dl))
+		defer t.Stop()
+		expired = t.C
 	}
-	t.Reset(wait)
 	select {
 	case <-ch:
 	case <-pokeCh:
-	case <-t.C:
+	case <-expired:
 	case <-c.gone:
 	case <-c.closing:
 	}
-	t.Stop()
 }
 
 // Write implements net.Conn.
@@ -239,7 +228,6 @@ func (c *shmConn) Write(p []byte) (int, error) {
 	r := &c.tx
 	head := r.head.Load()
 	done := 0
-	recheck := firstRecheck
 	for spun := 0; done < len(p); {
 		switch {
 		case c.closed.Load() || c.wrClosed.Load():
@@ -258,9 +246,9 @@ func (c *shmConn) Write(p []byte) (int, error) {
 			case spun < c.spin+c.yield:
 				schedYield()
 			default:
-				r.prodWaiting.Store(1)
+				publish32(r.prodWaiting, 1)
 				if r.tail.Load()+r.size == head && r.consClosed.Load() == 0 {
-					c.park(c.spaceCh, c.wrPoke, c.wrTimer, dl, &recheck)
+					c.park(c.spaceCh, c.wrPoke, c.wrTimer, dl)
 				}
 				r.prodWaiting.Store(0)
 			}
@@ -271,7 +259,7 @@ func (c *shmConn) Write(p []byte) (int, error) {
 		n := copyIn(r.data, p[done:], head, free, r.size)
 		head += uint64(n)
 		done += n
-		r.head.Store(head)
+		publish64(r.head, head)
 		c.wake(r.consWaiting, wakeData)
 	}
 	return done, nil
@@ -303,7 +291,7 @@ func copyIn(data, p []byte, head, free, size uint64) int {
 // once the ring is drained.
 func (c *shmConn) CloseWrite() error {
 	c.wrClosed.Store(true)
-	c.tx.prodClosed.Store(1)
+	publish32(c.tx.prodClosed, 1)
 	c.wake(c.tx.consWaiting, wakeData)
 	return nil
 }
@@ -315,8 +303,8 @@ func (c *shmConn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
 		c.wrClosed.Store(true)
-		c.tx.prodClosed.Store(1)
-		c.rx.consClosed.Store(1)
+		publish32(c.tx.prodClosed, 1)
+		publish32(c.rx.consClosed, 1)
 		close(c.closing)
 		c.tcp.Close()
 		<-c.watching

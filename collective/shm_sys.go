@@ -109,3 +109,16 @@ func unmap(mem []byte) {
 		unix.Munmap(mem)
 	}
 }
+
+// publish32 and publish64 store v in w with a full fence, for a store that a
+// load of another word follows in the sleep/wake handshakes (a waiter
+// publishes "I sleep" then checks the ring; a producer publishes the new head
+// then checks whether anyone sleeps). Each side must see the other's store,
+// which needs the store ordered before the load. Go's atomic Store gives that
+// (XCHG on amd64), except under the race detector: there it is ThreadSanitizer's
+// release store, a plain MOV that the CPU may hold in its store buffer past the
+// load (golang/go#58020), and both sides could miss each other and sleep
+// forever. Swap is a read-modify-write in both builds, so it always fences.
+func publish32(w *atomic.Uint32, v uint32) { w.Swap(v) }
+
+func publish64(w *atomic.Uint64, v uint64) { w.Swap(v) }

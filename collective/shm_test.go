@@ -294,3 +294,59 @@ func TestSweepDeadOwners(t *testing.T) {
 		}
 	}
 }
+
+// TestShmNoLostWakeup: with spinning off, every wait on a byte ring parks,
+// so a few thousand allgathers through 4 KiB rings go through the
+// sleep/wake handshake at nearly every step of every rank, and nothing but a
+// wake-up (or the deadline) ends a park. A lost wake-up leaves a rank parked
+// until the operation times out. Under -race this caught the race runtime's
+// unfenced atomic stores (see publish32), which a timer used to paper over.
+func TestShmNoLostWakeup(t *testing.T) {
+	const n, iters = 2, 300
+	dir := t.TempDir()
+	trs := make([]Transport, n)
+	addrs := make([]string, n)
+	for i := range n {
+		tcp, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tcp.Close() })
+		if trs[i], err = NewTransport(TransportShm, tcp, ShmOptions{Dir: dir, RingBytes: 4096, SlabBytes: 4096, Spin: -1}); err != nil {
+			t.Fatal(err)
+		}
+		addrs[i] = tcp.Addr()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	groups := make([]*Group, n)
+	mustAll(t, onEveryRank(groups, func(i int, _ *Group) error {
+		var err error
+		groups[i], err = Join(ctx, trs[i], Membership{Job: "wakeup", Generation: 1, Rank: i, Peers: addrs}, Options{Timeout: 20 * time.Second})
+		return err
+	}))
+	defer closeGroups(groups)
+	rng := rand.New(rand.NewPCG(3, 1))
+	for iter := range iters {
+		per := 1 + rng.IntN(400<<10) // up to 100 rings a rank
+		errs := onEveryRank(groups, func(r int, g *Group) error {
+			in := make([]byte, per)
+			for k := range in {
+				in[k] = byte(r*31 + k + iter)
+			}
+			out := make([]byte, n*per)
+			if err := g.AllGather(context.Background(), Bytes(in), Bytes(out)); err != nil {
+				return err
+			}
+			for q := range n {
+				for k := range per {
+					if out[q*per+k] != byte(q*31+k+iter) {
+						return fmt.Errorf("iteration %d: byte %d of rank %d's part is %d, want %d", iter, k, q, out[q*per+k], byte(q*31+k+iter))
+					}
+				}
+			}
+			return nil
+		})
+		mustAll(t, errs)
+	}
+}
