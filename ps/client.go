@@ -95,6 +95,11 @@ type tableClient struct {
 	part  *Partitioner
 	clock []int64  // the clock of this worker on each shard
 	ids   []uint64 // the last push id sent to each shard
+	// step is how many steps this worker (share) has pushed: the next
+	// push is step+1 and has that id on every shard, so a push's id
+	// names the share's step and survives the process that sent it.
+	step  int64
+	dups  int64 // pushes a shard answered as duplicates
 	sub   []subRequest
 	cache *rowCache
 }
@@ -274,10 +279,15 @@ func (c *Client) Push(ctx context.Context, table uint32, keys []uint64, grads []
 	}
 	tc.split(keys, grads)
 	var shards []int
+	id := uint64(tc.step + 1)
+	asp := c.cfg.Sync.Mode == ASP
 	for s := range tc.sub {
-		if len(tc.sub[s].keys) > 0 || c.cfg.Sync.Mode != ASP {
+		if len(tc.sub[s].keys) > 0 || !asp {
 			shards = append(shards, s)
-			tc.ids[s]++
+			tc.ids[s] = id
+			if asp { // a shard's clock is the step, touched or not: a replayed step's clock is not behind it
+				tc.clock[s] = tc.step
+			}
 		}
 	}
 	err = c.run(ctx, tc, shards, func(s int) Header {
@@ -291,13 +301,35 @@ func (c *Client) Push(ctx context.Context, table uint32, keys []uint64, grads []
 		if ack.Flags&FlagStale != 0 {
 			stale++
 		}
+		if ack.Flags&FlagDuplicate != 0 {
+			tc.dups++
+		}
 		next := tc.clock[s] + 1
 		if c.cfg.Sync.Mode == Hybrid {
 			next = max(next, ack.Clock)
 		}
 		tc.clock[s] = next
 	}
+	tc.step++
 	return stale, nil
+}
+
+// Duplicates is how many of this client's pushes of table a shard answered
+// as applied already (the steps of a share taken over, replayed).
+func (c *Client) Duplicates(table uint32) int64 {
+	if tc := c.tables[table]; tc != nil {
+		return tc.dups
+	}
+	return 0
+}
+
+// Step is how many steps of table this worker has pushed (SetClock's step
+// included).
+func (c *Client) Step(table uint32) int64 {
+	if tc := c.tables[table]; tc != nil {
+		return tc.step
+	}
+	return 0
 }
 
 // Clock is this worker's clock on a table's shard.
@@ -541,9 +573,11 @@ func (cc *clientConn) close(err error) {
 type ShardInfo struct {
 	Clock int64
 	Rows  uint64
-	// LastIDs is each worker's last push id the shard took: with one push
-	// per clock, how many of its pushes were applied (each exactly once).
+	// LastIDs is each worker's last push id the shard took: its last step
+	// that reached the shard.
 	LastIDs []uint64
+	// Pushes is each worker's account (LastIDs with the counts).
+	Pushes []PushCounts
 }
 
 // Info asks shard's primary for its account of table.
@@ -563,7 +597,15 @@ func (c *Client) Info(ctx context.Context, table uint32, shard int) (ShardInfo, 
 		if len(f.Keys) < 1 {
 			return &RemoteError{Status: StatusBadRequest, Message: "an info answer without the row count"}
 		}
-		info = ShardInfo{Clock: f.Clock, Rows: f.Keys[0], LastIDs: append([]uint64(nil), f.Keys[1:]...)}
+		w := c.cfg.Sync.Workers
+		if len(f.Keys) != 2+3*w {
+			return &RemoteError{Status: StatusBadRequest, Message: fmt.Sprintf("an info answer of %d numbers for %d workers", len(f.Keys), w)}
+		}
+		k := f.Keys[1:]
+		info = ShardInfo{Clock: f.Clock, Rows: f.Keys[0], LastIDs: append([]uint64(nil), k[:w]...), Pushes: make([]PushCounts, w)}
+		for i := range w {
+			info.Pushes[i] = PushCounts{Last: k[i], Applied: k[w+i], Duplicates: k[2*w+i], Base: int64(k[3*w])}
+		}
 		return nil
 	})
 	return info, err
@@ -638,16 +680,22 @@ func (c *rowCache) put(keys []uint64, values []float32, clock int64) {
 	}
 }
 
-// SetClock starts this worker at clock on every shard of table: a worker
-// resuming from a checkpoint starts at the checkpoint's clock.
+// SetClock starts this worker at clock on every shard of table, its next
+// push being step clock+1: a worker resuming from a checkpoint starts at
+// the checkpoint's clock, and one taking over a share at the share's
+// progress (a step pushed again there is a duplicate the shards ignore).
 func (c *Client) SetClock(table uint32, clock int64) error {
 	tc, err := c.table(table)
 	if err != nil {
 		return err
 	}
+	if clock < 0 {
+		return fmt.Errorf("ps: clock %d: must not be negative", clock)
+	}
 	for s := range tc.clock {
 		tc.clock[s] = clock
 	}
+	tc.step = clock
 	return nil
 }
 

@@ -333,9 +333,12 @@ func TestReplicatedPushes(t *testing.T) {
 	tc := w.tables[1]
 	sh := tc.part.Shard(999)
 	before := c.rows(sh%2, uint32(sh), 1)[999]
-	tc.ids[sh]-- // the next push to the shard reuses its last id
+	tc.step-- // the next push replays the last step: its id
 	if _, err := w.Push(ctx, 1, []uint64{999}, []float32{1, 1, 1, 1}); err != nil {
 		t.Fatal(err)
+	}
+	if got := w.Duplicates(1); got != 1 {
+		t.Fatalf("%d pushes answered as duplicates, want 1", got)
 	}
 	if after := c.rows(sh%2, uint32(sh), 1)[999]; !slices.Equal(before, after) {
 		t.Fatalf("a retried push changed key 999: %v, then %v", before, after)

@@ -333,6 +333,7 @@ func (s *shard) push(ctx actor.Context, r *request) {
 		ack.Flags |= FlagStale
 	}
 	if act == Duplicate { // answered after every push before it
+		ack.Flags |= FlagDuplicate
 		s.order = append(s.order, &pendingPush{req: r, ack: ack})
 		s.flushAcks()
 	} else {
@@ -574,15 +575,20 @@ func containsAddr(rs []Replica, addr string) bool {
 	return false
 }
 
-// info answers OpInfo: Clock, and as keys the table's row count, then each
-// worker's last push id.
+// info answers OpInfo: Clock, and as keys the table's row count, each
+// worker's last push id, each worker's pushes taken, each worker's
+// duplicates refused, and the clocks' base.
 func (s *shard) info(r *request) {
 	t := s.tables[r.Table]
 	if t == nil {
 		s.refuse(r, StatusBadRequest, fmt.Sprintf("shard %d: no table %d", s.cfg.ID, r.Table))
 		return
 	}
-	keys := append([]uint64{uint64(t.rows.Len())}, t.clocks.LastIDs()...)
+	c := t.clocks
+	keys := append([]uint64{uint64(t.rows.Len())}, c.LastIDs()...)
+	keys = append(keys, c.applied...)
+	keys = append(keys, c.dups...)
+	keys = append(keys, uint64(max(c.base, 0)))
 	h := r.Header
 	h.Flags, h.Clock, h.Dim = FlagResponse, t.clocks.Clock(), 0
 	if err := r.from.answer(h, keys, nil); err != nil {

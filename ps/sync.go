@@ -132,6 +132,11 @@ type Clocks struct {
 	// lastID is each worker's last push id taken: a push id not above it
 	// is a duplicate.
 	lastID []uint64
+	// applied and dups count each worker's pushes taken and refused as
+	// duplicates since base (the clock the shard started or was restored
+	// at): the evidence that no push is lost or applied twice.
+	applied, dups []uint64
+	base          int64
 }
 
 // NewClocks is a shard's consistency state at clock 0.
@@ -139,7 +144,9 @@ func NewClocks(spec SyncSpec) (*Clocks, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	return &Clocks{spec: spec, pushed: make([]bool, spec.Workers), next: make([]int64, spec.Workers), lastID: make([]uint64, spec.Workers)}, nil
+	n := spec.Workers
+	return &Clocks{spec: spec, pushed: make([]bool, n), next: make([]int64, n), lastID: make([]uint64, n),
+		applied: make([]uint64, n), dups: make([]uint64, n)}, nil
 }
 
 // Spec is the configuration.
@@ -156,6 +163,7 @@ func (c *Clocks) Push(worker int, id uint64, clock int64) (PushAction, error) {
 		return 0, fmt.Errorf("ps: push of worker %d for clock %d", worker, clock)
 	}
 	if id != 0 && id <= c.lastID[worker] {
+		c.dups[worker]++
 		return Duplicate, nil
 	}
 	var act PushAction
@@ -188,6 +196,7 @@ func (c *Clocks) Push(worker int, id uint64, clock int64) (PushAction, error) {
 	if id != 0 {
 		c.lastID[worker] = id
 	}
+	c.applied[worker]++
 	return act, nil
 }
 
@@ -252,13 +261,41 @@ func (c *Clocks) CanPull(clock int64) bool {
 // LastIDs is each worker's last push id taken (for answers to OpInfo).
 func (c *Clocks) LastIDs() []uint64 { return c.lastID }
 
+// PushCounts is a shard's account of one worker's pushes (a worker is a
+// share of the job's data: whichever process trains it).
+type PushCounts struct {
+	// Last is the last push id taken. A client numbers its pushes of a
+	// table by step (the push of step s has id s), so Last is the share's
+	// last step that reached this shard.
+	Last uint64
+	// Applied is how many pushes were taken (applied, aggregated or
+	// stale) since Base, Duplicates how many were refused as already
+	// taken. Ids only increase, so no id is taken twice; with a push
+	// every step (bsp, ssp, hybrid), Applied == Last-Base means none was
+	// skipped either.
+	Applied, Duplicates uint64
+	// Base is the clock the shard started at (a restored checkpoint's).
+	Base int64
+}
+
+// Counts is worker's account.
+func (c *Clocks) Counts(worker int) PushCounts {
+	if worker < 0 || worker >= len(c.lastID) {
+		return PushCounts{}
+	}
+	return PushCounts{Last: c.lastID[worker], Applied: c.applied[worker], Duplicates: c.dups[worker], Base: c.base}
+}
+
 // restore starts the clocks at clock (at least), as a checkpoint left
-// them: every worker at clock, nothing pushed, push ids from the start.
+// them: every worker at clock, nothing pushed since, and push ids (steps)
+// up to clock taken.
 func (c *Clocks) restore(clock int64) {
 	c.open = max(c.open, clock)
+	c.base = max(c.base, clock)
 	for w := range c.next {
 		c.next[w] = max(c.next[w], clock)
-		c.lastID[w] = 0
+		c.lastID[w] = uint64(max(clock, 0))
+		c.applied[w], c.dups[w] = 0, 0
 	}
 	clear(c.pushed)
 	c.npushed = 0

@@ -26,7 +26,8 @@ const (
 	// primary's decision that Clock closed (hybrid, at its deadline).
 	OpReplicate
 	// OpInfo asks for a shard's state (answered with Clock and, in Keys,
-	// the row count and the last applied id of each worker).
+	// the row count, then per worker the last applied id, the pushes taken
+	// and the duplicates refused, then the clocks' base).
 	OpInfo
 	// OpRows asks for every row of a table in a shard, for checkpoints and
 	// tests (answered with Keys and Values).
@@ -72,6 +73,10 @@ const (
 	// FlagStale marks a push answered as stale: its clock had closed and
 	// it was dropped or decayed (hybrid).
 	FlagStale
+	// FlagDuplicate marks a push answered as a duplicate: the shard had
+	// applied this worker's push of that id already (a retry, or a share's
+	// step replayed by the worker that took it over) and ignored it.
+	FlagDuplicate
 )
 
 // Status is an answer's outcome.
@@ -197,7 +202,7 @@ func parseHeader(b []byte) (Header, int, error) {
 	switch {
 	case h.Op < OpPull || h.Op > OpRows:
 		return h, 0, frameErr("unknown op %d", uint8(h.Op))
-	case h.Flags&^(FlagResponse|FlagClose|FlagStale) != 0:
+	case h.Flags&^(FlagResponse|FlagClose|FlagStale|FlagDuplicate) != 0:
 		return h, 0, frameErr("unknown flags %#x", uint16(h.Flags))
 	case h.Status > StatusUnavailable:
 		return h, 0, frameErr("unknown status %d", uint8(h.Status))
