@@ -180,6 +180,9 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 			<-mapDone
 		}
 	}()
+	if err := coordinator.ClearPSShares(ctx, p.cli, p.keys); err != nil {
+		return nil, err
+	}
 	for i := range int(rec.Servers) {
 		if err := p.spawn(ctx, processSpec{Role: "ps-server", Config: lc.Config, Index: i}); err != nil {
 			return nil, err
@@ -199,7 +202,7 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 	start := time.Now()
 	running := lc.Workers
 	var done *Report
-	var failed error
+	var failed error // the first worker's failure: the job's, if no worker is left to finish it
 	failures := map[int]string{}
 	take := func(l launch.Line) {
 		if l.Role != "ps-worker" {
@@ -221,6 +224,17 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 			fmt.Fprintf(p.out, "checkpoint of step %d saved (%d shards)\n", r.Step, len(r.Shards))
 		case "ps_done":
 			done = &r
+		case "ps_share", "ps_share_done":
+			if sh := r.PSShare; sh != nil {
+				fields := []events.Field{events.F("share", sh.Share), events.F("worker", r.Worker), events.F("pid", r.Pid), events.F("reason", sh.Reason),
+					events.F("from", sh.From), events.F("replayed_to", sh.ReplayedTo)}
+				if r.Kind == "ps_share_done" {
+					fields = append(fields, events.F("steps", sh.Steps), events.F("duplicates", sh.Duplicates))
+				} else if sh.Reason != "own" {
+					fmt.Fprintf(p.out, "worker %d took over share %d at step %d\n", r.Worker, sh.Share, sh.From)
+				}
+				p.ev.Emit(r.Kind, fields...)
+			}
 		case "failed":
 			failures[l.Index] = r.Reason
 		}
@@ -245,20 +259,23 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 				}
 			} else {
 				running--
-				if x.Err != nil && failed == nil {
+				if x.Err != nil {
+					// Its shares go to the workers left (ps_workers.go); the
+					// job fails only if none is left to finish them.
 					why := failures[x.Index]
 					if why == "" {
 						why = x.Err.Error()
 					}
-					failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, why)
-					cancel()
+					if failed == nil {
+						failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, why)
+					}
+					p.ev.Emit("ps_worker_lost", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", exitText(x.Err)),
+						events.F("reason", why), events.F("workers_left", running))
+					fmt.Fprintf(p.out, "worker %d (pid %d) lost: %s; %d workers left\n", x.Index, x.Pid, why, running)
 				}
 			}
 			p.ev.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("role", role), events.F("status", exitText(x.Err)))
 		case <-ctx.Done():
-			if failed != nil {
-				continue
-			}
 			return nil, context.Cause(ctx)
 		}
 	}
@@ -270,12 +287,13 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 			drained = true
 		}
 	}
-	if failed != nil {
-		return nil, failed
-	}
 	if done == nil {
+		if failed != nil {
+			return nil, failed
+		}
 		return nil, errors.New("phalanx: every worker ended and none reported the job done")
 	}
+	p.pushAccounts(ctx, done)
 	fields := []events.Field{events.F("steps", done.Steps), events.F("shards", done.Shards)}
 	var names []string
 	for k := range done.Metrics {
@@ -290,6 +308,36 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 	p.ev.Emit("done", fields...)
 	fmt.Fprintf(p.out, "done: %d steps in %s; held-out %s\n", done.Steps, time.Since(start).Round(time.Millisecond), strings.Join(parts, ", "))
 	return &Result{Step: done.Steps, World: lc.Workers, Metrics: done.Metrics}, nil
+}
+
+// pushAccounts reads every shard's account of the pushes once the workers
+// are done, reports it (ps_pushes, one event a shard and table) and puts
+// the first table's in done.Shards.
+func (p *psLaunch) pushAccounts(ctx context.Context, done *Report) {
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	accounts, err := psAccounts(actx, p.cli, p.keys, p.rec, p.log.Named("accounts"))
+	if err != nil {
+		p.log.Warn("the shards' accounts of the pushes", zap.Error(err))
+		fmt.Fprintf(p.out, "the shards' accounts of the pushes: %v\n", err)
+		return
+	}
+	mode, _ := ps.ParseMode(p.rec.Consistency)
+	done.Shards = nil
+	for _, a := range accounts {
+		if a.Table == p.rec.Tables[0].Id {
+			done.Shards = append(done.Shards, ShardAccount{Shard: a.Shard, Clock: a.Info.Clock, Rows: a.Info.Rows, Pushes: a.Info.LastIDs})
+		}
+		var pushes []map[string]any
+		for share, c := range a.Info.Pushes {
+			pushes = append(pushes, map[string]any{"share": share, "last": c.Last, "applied": c.Applied, "duplicates": c.Duplicates, "base": c.Base})
+		}
+		fields := []events.Field{events.F("table", a.Table), events.F("shard", a.Shard), events.F("clock", a.Info.Clock), events.F("pushes", pushes)}
+		if mode != ps.ASP {
+			fields = append(fields, events.F("exactly_once", a.exactlyOnce(mode, done.Steps)))
+		}
+		p.ev.Emit("ps_pushes", fields...)
+	}
 }
 
 // shardMap reports a new shard map and its failovers.
@@ -332,15 +380,16 @@ func RunPSServer(ctx context.Context, cfg Config, id string, onReady func(addr s
 }
 
 // runPSWorkerProcess is worker index of a parameter-server job: it reads
-// the job's record, follows the shard map, and runs the model's loop,
-// reporting progress and taking the checkpoints (worker 0).
+// the job's record, follows the shard map, claims its own share of the
+// data and trains it, then takes over the shares of workers that died,
+// until every share is done (ps_workers.go). Whoever trains share 0
+// reports progress and takes the checkpoints.
 func runPSWorkerProcess(ctx context.Context, cfg Config, reg *Registry, index int) (*Result, error) {
 	log, cli, keys, done, err := psProcess(&cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	rep := &reporter{f: cfg.Reports}
 	job, err := cluster.ReadJob(ctx, cli, keys)
 	if err != nil {
 		return nil, err
@@ -356,87 +405,20 @@ func runPSWorkerProcess(ctx context.Context, cfg Config, reg *Registry, index in
 	if index < 0 || index >= int(job.Workers) {
 		return nil, bad("Index", index, "worker of a job of %d workers", job.Workers)
 	}
+	if job.RestoreStep < 0 || job.RestoreStep > job.Steps {
+		return nil, fmt.Errorf("phalanx: the checkpoint's step %d is not within the job's %d steps", job.RestoreStep, job.Steps)
+	}
 	dir, err := cluster.NewDirectory(ctx, cli, keys)
 	if err != nil {
 		return nil, err
 	}
-	cl, err := ps.NewClient(ps.ClientConfig{Worker: index, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
-		Sync: spec.Sync, Directory: dir, Logger: log.Named("ps-client"), CacheRows: int(job.CacheRows), CacheStaleness: job.CacheStaleness})
-	if err != nil {
+	host, _ := os.Hostname()
+	w := &psWorkerProc{cfg: cfg, log: log, cli: cli, keys: keys, job: job, spec: spec, model: model, dir: dir,
+		rep: &reporter{f: cfg.Reports}, index: index, id: fmt.Sprintf("%s-%d-w%d", host, os.Getpid(), index)}
+	if err := w.run(ctx); err != nil {
 		return nil, err
 	}
-	defer cl.Close()
-	var saver *cluster.Saver
-	if job.Checkpoint != "" && index == 0 {
-		store, err := checkpoint.OpenURL(ctx, job.Checkpoint, cfg.Credentials)
-		if err != nil {
-			return nil, err
-		}
-		var tables []uint32
-		for _, t := range job.Tables {
-			tables = append(tables, t.Id)
-		}
-		saver = &cluster.Saver{Store: store, Client: cl, Tables: tables, Spec: spec}
-	}
-	if job.RestoreStep < 0 || job.RestoreStep > job.Steps {
-		return nil, fmt.Errorf("phalanx: the checkpoint's step %d is not within the job's %d steps", job.RestoreStep, job.Steps)
-	}
-	for _, t := range job.Tables {
-		if err := cl.SetClock(t.Id, job.RestoreStep); err != nil {
-			return nil, err
-		}
-	}
-	every := int64(job.ReportEvery)
-	if every <= 0 {
-		every = max(1, job.Steps/20)
-	}
-	n, b := int(job.Workers), int(job.Batch)
-	var lossSum float64
-	var stale, since int
-	t0 := cfg.Now
-	if t0 == nil {
-		t0 = time.Now
-	}
-	mark := t0()
-	w := &PSWorker{Client: cl, Options: Options(job.Options), Index: index, Workers: n, Batch: b, Seed: job.Seed,
-		From: job.RestoreStep, Steps: job.Steps}
-	w.Step = func(ctx context.Context, step int64, epoch int, loss float64, st int) error {
-		since++
-		lossSum += loss
-		stale += st
-		if index == 0 && (step%every == 0 || step == job.Steps) {
-			secs := t0().Sub(mark).Seconds()
-			rep.send(Report{Kind: "ps_step", Worker: index, Step: step, Steps: job.Steps, Epoch: int64(epoch), Loss: lossSum / float64(since),
-				SamplesPS: float64(since*b*n) / secs, Stale: stale})
-			lossSum, stale, since, mark = 0, 0, 0, t0()
-		}
-		if saver != nil && ((job.CheckpointEvery > 0 && step%int64(job.CheckpointEvery) == 0) || step == job.Steps) {
-			m, err := saver.Save(ctx, step, step) // every shard at clock step: exactly step steps under bsp
-			if err != nil {
-				return err
-			}
-			rep.send(Report{Kind: "ps_checkpoint", Worker: 0, Step: step, Steps: job.Steps, Shards: make([]ShardAccount, m.Shards)})
-		}
-		return nil
-	}
-	metrics, err := model.PS.Run(ctx, w)
-	if err != nil {
-		return nil, err
-	}
-	if index != 0 {
-		return &Result{Step: job.Steps, Metrics: metrics}, nil
-	}
-	r := Report{Kind: "ps_done", Worker: 0, Step: job.Steps, Steps: job.Steps, Metrics: metrics}
-	table := job.Tables[0].Id
-	for s := range spec.Shards {
-		info, err := cl.Info(ctx, table, s)
-		if err != nil {
-			return nil, fmt.Errorf("phalanx: shard %d's account: %w", s, err)
-		}
-		r.Shards = append(r.Shards, ShardAccount{Shard: s, Clock: info.Clock, Rows: info.Rows, Pushes: info.LastIDs})
-	}
-	rep.send(r)
-	return &Result{Step: job.Steps, Metrics: metrics}, nil
+	return &Result{Step: job.Steps}, nil
 }
 
 // psProcess is the common start of a parameter-server job's processes: a

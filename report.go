@@ -52,6 +52,9 @@ type Report struct {
 	// and Shards the shards' accounts.
 	Metrics map[string]float64 `json:"metrics,omitempty"`
 	Shards  []ShardAccount     `json:"shards,omitempty"`
+	// PSShare is a parameter-server worker's claim or completion of a data
+	// share (ps_share, ps_share_done).
+	PSShare *PSShareReport `json:"ps_share,omitempty"`
 }
 
 // ShardAccount is a parameter-server shard's state at the end of a job: its

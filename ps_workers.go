@@ -1,0 +1,343 @@
+package phalanx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/ps"
+	"github.com/phalanx-rt/phalanx/ps/cluster"
+)
+
+// A parameter-server job's data is cut into shares, one per worker slot
+// (PSJob.Workers); share i is what worker i trains in an undisturbed run,
+// and the ps client of a share pushes as ps worker i whichever process runs
+// it. A worker process registers with a lease, claims its own share under
+// it (coordinator.ClaimPSShare) and, once that is done, stays to take over
+// shares whose worker died (their claim went with its lease) until every
+// share is done. A share taken over resumes at its progress as the shards
+// hold it: the last step of the share each shard applied (a push's id is
+// its step). Steps some shards applied and others not are trained again;
+// the shards that have them answer the push as a duplicate and ignore it,
+// so every step of every share is applied exactly once on every shard.
+
+// PSShareReport is a worker's report of a share it claimed (ps_share) or
+// finished (ps_share_done).
+type PSShareReport struct {
+	Share int `json:"share"`
+	// Reason is own (the worker's own share) or adopted (a share whose
+	// worker died).
+	Reason string `json:"reason"`
+	// From is the step the share resumes after; ReplayedTo the last step
+	// some shard already applied (steps From+1..ReplayedTo are pushed
+	// again, as duplicates where applied).
+	From       int64 `json:"from"`
+	ReplayedTo int64 `json:"replayed_to"`
+	// Steps (done) is the share's last step; Duplicates how many pushes
+	// the shards answered as applied already.
+	Steps      int64 `json:"steps,omitempty"`
+	Duplicates int64 `json:"duplicates,omitempty"`
+}
+
+// orphanGrace is how long a share nobody ever claimed waits before the
+// other workers take it (its worker died before claiming), in lease TTLs.
+const orphanGrace = 10
+
+// errPSLeaseLost ends a worker whose registration's lease was lost: its
+// claims are gone and other workers may be training its shares.
+var errPSLeaseLost = errors.New("phalanx: this parameter-server worker's lease was lost: its shares go to the others")
+
+// psWorkerProc is one parameter-server worker process.
+type psWorkerProc struct {
+	cfg   Config
+	log   *zap.Logger
+	cli   *clientv3.Client
+	keys  coordinator.Keys
+	job   *phalanxpb.PSJob
+	spec  cluster.Spec
+	model ModelSpec
+	dir   *cluster.Directory
+	rep   *reporter
+	index int
+	id    string
+	lease clientv3.LeaseID
+}
+
+// shareEnd is a share's run's end.
+type shareEnd struct {
+	share int
+	err   error
+}
+
+// run claims and trains shares until every share of the job is done.
+func (w *psWorkerProc) run(ctx context.Context) error {
+	host, _ := os.Hostname()
+	lease, err := coordinator.RegisterAt(ctx, w.cli, w.keys.PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
+	if err != nil {
+		return err
+	}
+	w.lease = lease.ID()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer func() {
+		rctx, c := context.WithTimeout(context.WithoutCancel(ctx), min(max(w.cfg.LeaseTTL, time.Second), 5*time.Second))
+		defer c()
+		if err := lease.Close(rctx); err != nil {
+			w.log.Warn("revoking the registration's lease: it goes when the lease expires", zap.Error(err))
+		}
+	}()
+	go func() {
+		select {
+		case <-lease.Lost():
+			cancel(errPSLeaseLost)
+		case <-ctx.Done():
+		}
+	}()
+	tables := make(chan coordinator.PSShares, 1) // the newest table not yet taken
+	watched := make(chan error, 1)
+	go func() {
+		watched <- coordinator.WatchPSShares(ctx, w.cli, w.keys, func(s coordinator.PSShares) bool {
+			c := coordinator.PSShares{Claims: maps.Clone(s.Claims), Seen: maps.Clone(s.Seen), Done: maps.Clone(s.Done)}
+			select { // the only sender: after the drain the send cannot block
+			case <-tables:
+			default:
+			}
+			tables <- c
+			return true
+		})
+	}()
+	n := int(w.job.Workers)
+	running := map[int]bool{}
+	ends := make(chan shareEnd, n)
+	start := func(share int, reason string) error {
+		err := coordinator.ClaimPSShare(ctx, w.cli, w.keys, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
+		var held *coordinator.ClaimedError
+		switch {
+		case errors.As(err, &held), errors.Is(err, coordinator.ErrShareDone):
+			return nil
+		case err != nil:
+			return err
+		}
+		running[share] = true
+		w.log.Info("training a share", zap.Int("share", share), zap.String("reason", reason))
+		go func() { ends <- shareEnd{share, w.runShare(ctx, share, reason)} }()
+		return nil
+	}
+	if err := start(w.index, "own"); err != nil {
+		return err
+	}
+	grace := time.NewTimer(orphanGrace * max(w.cfg.LeaseTTL, time.Second))
+	defer grace.Stop()
+	graceOver := false
+	var last coordinator.PSShares
+	have := false
+	for {
+		select {
+		case s := <-tables:
+			last, have = s, true
+		case e := <-ends:
+			delete(running, e.share)
+			if e.err != nil {
+				return fmt.Errorf("phalanx: share %d: %w", e.share, e.err)
+			}
+			if err := coordinator.MarkPSShareDone(ctx, w.cli, w.keys, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease); err != nil {
+				return err
+			}
+		case <-grace.C:
+			graceOver = true
+		case err := <-watched:
+			if c := context.Cause(ctx); c != nil {
+				return c
+			}
+			return fmt.Errorf("phalanx: following the shares' claims: %w", err)
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		if !have {
+			continue
+		}
+		if len(last.Done) >= n && len(running) == 0 {
+			return nil
+		}
+		for share := range n {
+			if running[share] {
+				continue
+			}
+			_, claimed := last.Claims[share]
+			_, done := last.Done[share]
+			neverClaimed := !last.Seen[share] && !claimed && !done
+			if last.Orphaned(share) || (graceOver && neverClaimed) {
+				if err := start(share, "adopted"); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// progress is a share's progress as the shards hold it: from, the last
+// step every shard of every table applied, and to, the last any applied.
+func (w *psWorkerProc) progress(ctx context.Context, cl *ps.Client, share int) (from, to int64, err error) {
+	from, to = w.job.Steps, w.job.RestoreStep
+	for _, t := range w.job.Tables {
+		for s := range w.spec.Shards {
+			info, err := cl.Info(ctx, t.Id, s)
+			if err != nil {
+				return 0, 0, fmt.Errorf("phalanx: shard %d's account of share %d: %w", s, share, err)
+			}
+			if share >= len(info.LastIDs) {
+				return 0, 0, fmt.Errorf("phalanx: shard %d accounts for %d workers, not share %d", s, len(info.LastIDs), share)
+			}
+			last := int64(info.LastIDs[share])
+			from, to = min(from, last), max(to, last)
+		}
+	}
+	return max(from, w.job.RestoreStep), min(to, w.job.Steps), nil
+}
+
+// runShare trains share from its progress to the job's last step.
+func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) error {
+	job, spec := w.job, w.spec
+	cl, err := ps.NewClient(ps.ClientConfig{Worker: share, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
+		Sync: spec.Sync, Directory: w.dir, Logger: w.log.Named("ps-client").With(zap.Int("share", share)), CacheRows: int(job.CacheRows), CacheStaleness: job.CacheStaleness})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	from, replayedTo, err := w.progress(ctx, cl, share)
+	if err != nil {
+		return err
+	}
+	for _, t := range job.Tables {
+		if err := cl.SetClock(t.Id, from); err != nil {
+			return err
+		}
+	}
+	w.rep.send(Report{Kind: "ps_share", Worker: w.index, Pid: os.Getpid(), Step: from, Steps: job.Steps,
+		PSShare: &PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo}})
+	var saver *cluster.Saver
+	if job.Checkpoint != "" && share == 0 {
+		store, err := checkpoint.OpenURL(ctx, job.Checkpoint, w.cfg.Credentials)
+		if err != nil {
+			return err
+		}
+		var tables []uint32
+		for _, t := range job.Tables {
+			tables = append(tables, t.Id)
+		}
+		saver = &cluster.Saver{Store: store, Client: cl, Tables: tables, Spec: spec}
+	}
+	every := int64(job.ReportEvery)
+	if every <= 0 {
+		every = max(1, job.Steps/20)
+	}
+	n, b := int(job.Workers), int(job.Batch)
+	var lossSum float64
+	var stale, since int
+	now := w.cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	mark := now()
+	pw := &PSWorker{Client: cl, Options: Options(job.Options), Index: share, Workers: n, Batch: b, Seed: job.Seed,
+		From: from, Steps: job.Steps}
+	pw.Step = func(ctx context.Context, step int64, epoch int, loss float64, st int) error {
+		since++
+		lossSum += loss
+		stale += st
+		if share == 0 && (step%every == 0 || step == job.Steps) {
+			secs := now().Sub(mark).Seconds()
+			w.rep.send(Report{Kind: "ps_step", Worker: share, Step: step, Steps: job.Steps, Epoch: int64(epoch), Loss: lossSum / float64(since),
+				SamplesPS: float64(since*b*n) / secs, Stale: stale})
+			lossSum, stale, since, mark = 0, 0, 0, now()
+		}
+		// A step trained again after a takeover was checkpointed (or not)
+		// by the worker that died; the last one is always saved.
+		due := (job.CheckpointEvery > 0 && step%int64(job.CheckpointEvery) == 0 && step > replayedTo) || step == job.Steps
+		if saver != nil && due {
+			m, err := saver.Save(ctx, step, step) // every shard at clock step: exactly step steps under bsp
+			if err != nil {
+				return err
+			}
+			w.rep.send(Report{Kind: "ps_checkpoint", Worker: 0, Step: step, Steps: job.Steps, Shards: make([]ShardAccount, m.Shards)})
+		}
+		return nil
+	}
+	metrics, err := w.model.PS.Run(ctx, pw)
+	if err != nil {
+		return err
+	}
+	if share == 0 {
+		w.rep.send(Report{Kind: "ps_done", Worker: 0, Step: job.Steps, Steps: job.Steps, Metrics: metrics})
+	}
+	var dups int64
+	for _, t := range job.Tables {
+		dups += cl.Duplicates(t.Id)
+	}
+	w.rep.send(Report{Kind: "ps_share_done", Worker: w.index, Pid: os.Getpid(), Step: job.Steps, Steps: job.Steps,
+		PSShare: &PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo, Steps: job.Steps, Duplicates: dups}})
+	return nil
+}
+
+// psAccounts asks every shard of every table for its account of the
+// pushes (after the workers are done): the evidence that no acknowledged
+// push was lost or applied twice.
+func psAccounts(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, job *phalanxpb.PSJob, log *zap.Logger) ([]psShardAccount, error) {
+	spec, err := cluster.SpecOf(job)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := cluster.NewDirectory(ctx, cli, keys)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := ps.NewClient(ps.ClientConfig{Worker: 0, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
+		Sync: spec.Sync, Directory: dir, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []psShardAccount
+	for _, t := range job.Tables {
+		for s := range spec.Shards {
+			info, err := cl.Info(ctx, t.Id, s)
+			if err != nil {
+				return nil, fmt.Errorf("phalanx: shard %d's account of table %d: %w", s, t.Id, err)
+			}
+			out = append(out, psShardAccount{Table: t.Id, Shard: s, Info: info})
+		}
+	}
+	return out, nil
+}
+
+// psShardAccount is one shard's account of one table.
+type psShardAccount struct {
+	Table uint32
+	Shard int
+	Info  ps.ShardInfo
+}
+
+// exactlyOnce reports whether a shard's account shows every step of every
+// share from its base to steps applied once: true only where every step
+// pushes every shard (not asp, where a step pushes only the shards its keys
+// fall on).
+func (a psShardAccount) exactlyOnce(mode ps.Mode, steps int64) bool {
+	if mode == ps.ASP {
+		return false
+	}
+	for _, p := range a.Info.Pushes {
+		if int64(p.Last) != steps || int64(p.Applied) != steps-p.Base {
+			return false
+		}
+	}
+	return true
+}
