@@ -3,12 +3,17 @@ package checkpoint
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -38,6 +43,9 @@ type S3Store struct {
 	cli    *minio.Client
 	opts   S3Options
 	prefix string // "" or "prefix/"
+	// beforeComplete, when set (by tests), runs after a multipart upload's
+	// parts are stored and before it is completed.
+	beforeComplete func(key string)
 }
 
 // NewS3Store connects to the bucket, creating it when missing and allowed.
@@ -108,14 +116,130 @@ func (s *S3Store) Location() string { return Location{S3: &s.opts}.String() }
 
 func (s *S3Store) key(name string) string { return s.prefix + name }
 
-// Put uploads data; large objects go up as parallel multipart uploads.
+// s3PartSize is the size of a multipart upload's parts; an object of at most
+// this size goes up in one PUT.
+const s3PartSize = 16 << 20
+
+// s3PartThreads is how many parts of one object upload at once.
+const s3PartThreads = 4
+
+// putTokenHeader carries a random token per Put in the object's metadata, so
+// that a refusal caused by this Put's own earlier attempt (a request retried
+// by minio-go after its answer was lost) is recognised as success.
+const putTokenHeader = "X-Amz-Meta-Phalanx-Put"
+
+// Put uploads data under name unless an object of that name exists: the
+// object appears complete or not at all, and an existing one is never
+// replaced, even by concurrent puts of the same name (exactly one wins).
+// The refusal is conditional on the server (If-None-Match: *), on the single
+// PUT and on the completion of a multipart upload alike, so it is race-free;
+// it wraps fs.ErrExist (as the local store's does) and is permanent.
+// Objects over 16 MiB go up as multipart uploads, 4 parts at a time.
 func (s *S3Store) Put(ctx context.Context, name string, data []byte) error {
-	_, err := s.cli.PutObject(ctx, s.opts.Bucket, s.key(name), bytes.NewReader(data), int64(len(data)),
-		minio.PutObjectOptions{ContentType: "application/octet-stream", NumThreads: 4, PartSize: 16 << 20})
-	if err != nil {
-		return fmt.Errorf("checkpoint: put %s to %s: %w", name, s.Location(), classify(err))
+	var nonce [12]byte
+	rand.Read(nonce[:])
+	token := hex.EncodeToString(nonce[:])
+	key := s.key(name)
+	var err error
+	if len(data) <= s3PartSize {
+		opts := minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true,
+			UserMetadata: map[string]string{putTokenHeader: token}}
+		opts.SetMatchETagExcept("*")
+		_, err = s.cli.PutObject(ctx, s.opts.Bucket, key, bytes.NewReader(data), int64(len(data)), opts)
+	} else {
+		err = s.putMultipart(ctx, key, data, token)
 	}
-	return nil
+	if err == nil {
+		return nil
+	}
+	if isPreconditionFailed(err) {
+		if s.putLanded(ctx, key, token) {
+			return nil
+		}
+		return fmt.Errorf("checkpoint: put %s to %s: %w", name, s.Location(),
+			permanent(fmt.Errorf("object %s exists (the store refused to replace it): %w", name, fs.ErrExist)))
+	}
+	return fmt.Errorf("checkpoint: put %s to %s: %w", name, s.Location(), classify(err))
+}
+
+// putMultipart uploads data in parts. minio-go's own PutObject (v7.4.1)
+// sends If-None-Match on the initiation of a multipart upload but drops it
+// from the completion (completeUploadOpts keeps only encryption, checksum
+// and replication options), so two uploads initiated before either completes
+// would both succeed; here the condition goes on the completion too, where
+// the server checks it under the object's lock.
+func (s *S3Store) putMultipart(ctx context.Context, key string, data []byte, token string) (err error) {
+	core := minio.Core{Client: s.cli}
+	opts := minio.PutObjectOptions{ContentType: "application/octet-stream", UserMetadata: map[string]string{putTokenHeader: token}}
+	opts.SetMatchETagExcept("*") // refused early when the name exists already
+	id, err := core.NewMultipartUpload(ctx, s.opts.Bucket, key, opts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil { // the parts of a failed upload are not left behind
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			core.AbortMultipartUpload(actx, s.opts.Bucket, key, id)
+			cancel()
+		}
+	}()
+	n := (len(data) + s3PartSize - 1) / s3PartSize
+	parts := make([]minio.CompletePart, n)
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		first error // the first part's failure, as minio-go returned it (classify reads its type)
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, s3PartThreads)
+	for i := 0; i < n && pctx.Err() == nil; i++ {
+		chunk := data[i*s3PartSize : min((i+1)*s3PartSize, len(data))]
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			p, err := core.PutObjectPart(pctx, s.opts.Bucket, key, id, i+1, bytes.NewReader(chunk), int64(len(chunk)), minio.PutObjectPartOptions{})
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+				cancel()
+				return
+			}
+			parts[i] = minio.CompletePart{PartNumber: i + 1, ETag: p.ETag}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	if err := pctx.Err(); err != nil {
+		return err
+	}
+	if s.beforeComplete != nil {
+		s.beforeComplete(key)
+	}
+	var done minio.PutObjectOptions
+	done.SetMatchETagExcept("*")
+	_, err = core.CompleteMultipartUpload(ctx, s.opts.Bucket, key, id, parts, done)
+	return err
+}
+
+// isPreconditionFailed reports whether the server refused a conditional
+// request because its condition (here: no object of the name) failed.
+func isPreconditionFailed(err error) bool {
+	r := minio.ToErrorResponse(err)
+	return r.StatusCode == http.StatusPreconditionFailed || r.Code == "PreconditionFailed"
+}
+
+// putLanded reports whether the object under key is the one a Put with
+// token wrote: its request was retried after its answer was lost.
+func (s *S3Store) putLanded(ctx context.Context, key, token string) bool {
+	info, err := s.cli.StatObject(ctx, s.opts.Bucket, key, minio.StatObjectOptions{})
+	return err == nil && info.Metadata.Get(putTokenHeader) == token
 }
 
 // ReadAt reads a byte range of an object.
@@ -178,7 +302,9 @@ func classify(err error) error {
 	switch {
 	case r.Code == "NoSuchKey" || r.Code == "NoSuchBucket":
 		return fmt.Errorf("%w: %s", ErrNotFound, r.Message)
-	case r.StatusCode == http.StatusRequestTimeout || r.StatusCode == http.StatusTooManyRequests || r.StatusCode >= 500:
+	case r.StatusCode == http.StatusRequestTimeout || r.StatusCode == http.StatusTooManyRequests || r.StatusCode >= 500,
+		r.Code == "ConditionalRequestConflict": // a concurrent conditional write on S3: retry
+
 		return err
 	case r.StatusCode >= 400:
 		return permanent(err)
