@@ -3,7 +3,10 @@ package collective
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"math"
 	"net"
+	"slices"
 	"testing"
 	"time"
 )
@@ -43,11 +46,21 @@ func FuzzDecodeHeader(f *testing.F) {
 }
 
 // FuzzReceive feeds arbitrary bytes to a rank in the middle of an allreduce:
-// it must end with a result or an error, never a panic or a hang.
+// it must end with a result or an error, never a panic or a hang; and a
+// result without an error must be the true sum, bit for bit: its own input
+// plus the payload of the first data frame of the stream (heartbeats before
+// it skipped), the peer's contribution, added in either order.
 func FuzzReceive(f *testing.F) {
 	for _, s := range seedFrames() {
 		f.Add(s)
 	}
+	job := JobHash("fuzz")
+	data := header{kind: kindData, op: opAllReduce, dtype: Float32, src: 1, gen: 1, seq: 1, job: job, count: 2,
+		arg: allreduceArg(Sum, AlgoRecursiveDoubling)}
+	payload := make([]byte, 8)
+	binary.LittleEndian.PutUint32(payload[0:], math.Float32bits(0.1))
+	binary.LittleEndian.PutUint32(payload[4:], math.Float32bits(-2.5e7))
+	f.Add(encoded(data, payload))
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		a, b := net.Pipe()
 		g := newGroup([]net.Conn{nil, a}, Membership{Job: "fuzz", Generation: 1, Rank: 0, Peers: []string{"0", "1"}},
@@ -65,12 +78,50 @@ func FuzzReceive(f *testing.F) {
 			b.Write(stream)
 			b.Close()
 		}()
-		x := []float32{1, 2}
+		in := []float32{1, 2}
+		x := slices.Clone(in)
 		err := g.AllReduceWith(context.Background(), Float32s(x), Sum, AlgoRecursiveDoubling)
-		if err == nil && (x[0] != x[0] || x[1] != x[1]) {
-			return // NaN from fuzzed payload bytes is a legitimate sum
+		if err != nil {
+			return
+		}
+		peer, ok := firstDataPayload(stream)
+		if !ok || len(peer) != 4*len(in) {
+			t.Fatalf("allreduce returned %v and no error from a stream whose first data frame carries %d bytes (found %v), want 8:\n%x",
+				x, len(peer), ok, stream)
+		}
+		for i := range in {
+			want := in[i] + math.Float32frombits(binary.LittleEndian.Uint32(peer[4*i:]))
+			if math.Float32bits(x[i]) != math.Float32bits(want) && !(want != want && x[i] != x[i]) {
+				t.Fatalf("element %d: allreduce returned %v (%#08x) and no error, the sum is %v (%#08x)",
+					i, x[i], math.Float32bits(x[i]), want, math.Float32bits(want))
+			}
 		}
 	})
+}
+
+// firstDataPayload is the payload of the first data frame in stream, after
+// any heartbeats; ok is false if a frame before it does not decode, is of
+// another kind, or the stream ends first.
+func firstDataPayload(stream []byte) (payload []byte, ok bool) {
+	for len(stream) >= headerSize {
+		h, err := decodeHeader(stream)
+		if err != nil {
+			return nil, false
+		}
+		stream = stream[headerSize:]
+		switch h.kind {
+		case kindHeartbeat:
+			continue
+		case kindData:
+			if uint64(h.length) > uint64(len(stream)) {
+				return nil, false
+			}
+			return stream[:h.length], true
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
 }
 
 // FuzzShmControlWords: any bytes in a segment header, hello or slab

@@ -231,11 +231,32 @@ func tell(t testing.TB, procs []*launch.Proc, cmd string) {
 	}
 }
 
+// procWait bounds each wait for a child's line: far above any operation's
+// timeout, so that only a hang trips it, and far below go test's.
+const procWait = 2 * time.Minute
+
+// expect reads p's next line, which must start with prefix, within
+// procWait.
 func expect(t testing.TB, p *launch.Proc, prefix string) string {
 	t.Helper()
-	line, err := p.ReadLine()
-	if err != nil {
-		t.Fatal(err)
+	type read struct {
+		line string
+		err  error
+	}
+	ch := make(chan read, 1)
+	go func() { // a child killed at the test's end ends a read left behind
+		line, err := p.ReadLine()
+		ch <- read{line, err}
+	}()
+	var line string
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		line = r.line
+	case <-time.After(procWait):
+		t.Fatalf("rank %d (pid %d): waited %v for a line starting %q", p.Rank, p.Pid(), procWait, prefix)
 	}
 	if !strings.HasPrefix(line, prefix) {
 		t.Fatalf("rank %d (pid %d): got %q, want %q...", p.Rank, p.Pid(), line, prefix)
@@ -296,11 +317,17 @@ func TestProcessKilledMidOperation(t *testing.T) {
 	rebuild(t, survivors)
 }
 
+// stoppedTimeout is the operation timeout of the SIGSTOP tests: what they
+// prove is that the stopped rank is named, not how soon, and a shorter one
+// lets a loaded machine time out a live rank instead (a survivor naming
+// another survivor, or generation 2's allreduce failing).
+const stoppedTimeout = 10 * time.Second
+
 // TestProcessStoppedMidOperation: SIGSTOP one rank; every survivor gets
 // ErrTimeout naming it; generation 2 without it works; the stopped rank, once
 // continued, fails rather than returning a result.
 func TestProcessStoppedMidOperation(t *testing.T) {
-	victim, survivors := signalMidLoop(t, 2*time.Second, 65536, 1, syscall.SIGSTOP, "timeout")
+	victim, survivors := signalMidLoop(t, stoppedTimeout, 65536, 1, syscall.SIGSTOP, "timeout")
 	rebuild(t, survivors)
 	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -378,7 +405,7 @@ func TestShmProcessKilledMidOperation(t *testing.T) {
 func TestShmProcessStoppedMidOperation(t *testing.T) {
 	dir := t.TempDir()
 	tr := procTransport{kind: "shm", dir: dir}
-	victim, survivors := signalMidLoopOn(t, 2*time.Second, 65536, 1, syscall.SIGSTOP, "timeout", tr)
+	victim, survivors := signalMidLoopOn(t, stoppedTimeout, 65536, 1, syscall.SIGSTOP, "timeout", tr)
 	rebuild(t, survivors)
 	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)

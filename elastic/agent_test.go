@@ -141,15 +141,38 @@ func startCoordinator(t *testing.T, ctx context.Context, keys coordinator.Keys, 
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func waitFor(t *testing.T, ch <-chan string, who string, j *counterJob, step int) {
+// waitFor waits until agent who ("" any) has passed step, and fails the
+// test, naming what it waited for and where each agent stands, if ctx ends
+// first.
+func waitFor(ctx context.Context, t *testing.T, ch <-chan string, who string, j *counterJob, step int) {
 	t.Helper()
-	for id := range ch {
-		j.mu.Lock()
-		s := j.steps[id]
-		j.mu.Unlock()
-		if (who == "" || id == who) && s >= step {
-			return
+	for {
+		select {
+		case id := <-ch:
+			j.mu.Lock()
+			s := j.steps[id]
+			j.mu.Unlock()
+			if (who == "" || id == who) && s >= step {
+				return
+			}
+		case <-ctx.Done():
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			t.Fatalf("waited for agent %q to pass step %d: %v; steps passed: %v", who, step, context.Cause(ctx), j.steps)
 		}
+	}
+}
+
+// result is an agent's Run's error, or a test failure naming the agent if
+// ctx ends first.
+func result(ctx context.Context, t *testing.T, who string, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		t.Fatalf("waited for agent %s to return: %v", who, context.Cause(ctx))
+		return nil
 	}
 }
 
@@ -169,22 +192,22 @@ func TestAgentsCloseRanks(t *testing.T) {
 	a := startAgent(t, ctx, keys, "a", j)
 	b := startAgent(t, ctx, keys, "b", j)
 	c := startAgent(t, ctx, keys, "c", j)
-	waitFor(t, j.reached, "", j, 300)
+	waitFor(ctx, t, j.reached, "", j, 300)
 	c.cancel()
-	if err := <-c.done; !errors.Is(err, context.Canceled) {
+	if err := result(ctx, t, "c", c.done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("the stopped agent returned %v", err)
 	}
 	j.mu.Lock()
 	left := j.steps["c"]
 	j.mu.Unlock()
-	waitFor(t, j.reached, "a", j, left+100)
+	waitFor(ctx, t, j.reached, "a", j, left+100)
 	d := startAgent(t, ctx, keys, "d", j)
-	waitFor(t, j.reached, "d", j, 1)
+	waitFor(ctx, t, j.reached, "d", j, 1)
 	j.mu.Lock()
 	j.target = j.steps["d"] + 500
 	j.mu.Unlock()
 	for name, r := range map[string]*runner{"a": a, "b": b, "d": d} {
-		if err := <-r.done; err != nil {
+		if err := result(ctx, t, name, r.done); err != nil {
 			t.Fatalf("agent %s: %v", name, err)
 		}
 	}
@@ -218,7 +241,7 @@ func TestConfigMismatchRefused(t *testing.T) {
 	}
 	j := &counterJob{target: 1, steps: map[string]int{}, worlds: map[int]bool{}, reached: make(chan string, 1)}
 	r := startAgent(t, ctx, keys, "x", j)
-	err := <-r.done
+	err := result(ctx, t, "x", r.done)
 	var me *ConfigMismatchError
 	if !errors.As(err, &me) || me.Ours != "cfg-1" || me.Theirs != "cfg-other" {
 		t.Fatalf("got %v, want a configuration mismatch", err)
@@ -230,7 +253,8 @@ func TestConfigMismatchRefused(t *testing.T) {
 
 // TestEtcdUnreachable: with etcd gone, the ring keeps training (membership
 // is unchanged), and each worker fails with ErrUnreachable once its lease
-// cannot be renewed for longer than the bound.
+// cannot be renewed for longer than the bound. The bound (6 s) leaves a
+// loaded machine ample time for the 1000 steps that show training goes on.
 func TestEtcdUnreachable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -271,7 +295,7 @@ func TestEtcdUnreachable(t *testing.T) {
 		}
 		defer wcli.Close()
 		a, err := New(Config{Client: wcli, Keys: keys, Job: "unreachable", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
-			RankHint: -1, LeaseTTL: time.Second, Unreachable: 2 * time.Second, ID: id})
+			RankHint: -1, LeaseTTL: time.Second, Unreachable: 6 * time.Second, ID: id})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,15 +303,15 @@ func TestEtcdUnreachable(t *testing.T) {
 		go func() { done <- a.Run(ctx, j.body(id)); tr.Close() }()
 		runs = append(runs, done)
 	}
-	waitFor(t, j.reached, "u1", j, 100)
+	waitFor(ctx, t, j.reached, "u1", j, 100)
 	e.Close()
 	closed = true
 	j.mu.Lock()
 	at := j.steps["u1"]
 	j.mu.Unlock()
-	waitFor(t, j.reached, "u1", j, at+1000) // training goes on without etcd
-	for _, done := range runs {
-		if err := <-done; !errors.Is(err, ErrUnreachable) {
+	waitFor(ctx, t, j.reached, "u1", j, at+1000) // training goes on without etcd
+	for i, done := range runs {
+		if err := result(ctx, t, fmt.Sprintf("u%d", i+1), done); !errors.Is(err, ErrUnreachable) {
 			t.Fatalf("a worker without etcd returned %v, want ErrUnreachable", err)
 		}
 	}
