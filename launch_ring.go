@@ -196,7 +196,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 	fmt.Fprintf(r.out, "done: %d steps in %s; held-out loss %.4f, accuracy %.2f%%\n",
 		d.Step, time.Since(r.start).Round(time.Millisecond), d.Loss, 100*d.Accuracy)
 	return &Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
-		ParametersIdentical: d.Identical != nil && *d.Identical}, nil
+		ParametersIdentical: d.Identical != nil && *d.Identical, ParametersCRC: d.ParamsCRC}, nil
 }
 
 // exitStopped is a worker's exit status when the job stopped (below its
@@ -341,7 +341,8 @@ func (r *ringJob) handle(l launch.Line) error {
 		if r.done == nil {
 			r.done = &rep
 			r.ev.Emit("done", events.F("step", rep.Step), events.F("accuracy", rep.Accuracy), events.F("loss", rep.Loss),
-				events.F("generation", rep.Generation), events.F("world", rep.World), events.F("parameters_identical", rep.Identical != nil && *rep.Identical))
+				events.F("generation", rep.Generation), events.F("world", rep.World), events.F("parameters_identical", rep.Identical != nil && *rep.Identical),
+				events.F("parameters_crc32c", rep.ParamsCRC))
 		}
 	}
 	return nil

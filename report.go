@@ -43,10 +43,11 @@ type Report struct {
 	DataPlane    string            `json:"data_plane,omitempty"` // restored: how rank 0 reaches its peers (collective.Group.DataPlane)
 	Reason       string            `json:"reason,omitempty"`
 	Restarts     int               `json:"restarts,omitempty"`
-	Replayed     bool              `json:"replayed,omitempty"`     // a step report repeated after a ring change
-	Identical    *bool             `json:"identical,omitempty"`    // done: every rank ends with bitwise the same parameters
-	Participants int               `json:"participants,omitempty"` // ranks whose gradients entered the step's update
-	Stale        int               `json:"stale,omitempty"`        // ranks (or pushes) that missed the step
+	Replayed     bool              `json:"replayed,omitempty"`      // a step report repeated after a ring change
+	Identical    *bool             `json:"identical,omitempty"`     // done: every rank ends with bitwise the same parameters
+	ParamsCRC    uint32            `json:"params_crc32c,omitempty"` // done: rank 0's parameters' CRC32C
+	Participants int               `json:"participants,omitempty"`  // ranks whose gradients entered the step's update
+	Stale        int               `json:"stale,omitempty"`         // ranks (or pushes) that missed the step
 	Checkpoint   *checkpoint.Event `json:"checkpoint,omitempty"`
 	// Metrics are a parameter-server model's held-out measures (ps_done),
 	// and Shards the shards' accounts.

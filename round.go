@@ -105,7 +105,7 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	if r.Rank == 0 {
 		same := res2.ParametersIdentical
 		w.rep.send(Report{Kind: "done", Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
-			Identical: &same})
+			Identical: &same, ParamsCRC: res2.ParametersCRC})
 	}
 	w.mu.Lock()
 	w.result = res2
@@ -184,11 +184,11 @@ func (w *ringWorker) finish(ctx context.Context, g *collective.Group) (*Result, 
 			return nil, err
 		}
 	}
-	same, err := parametersAgree(ctx, g, w.params)
+	same, crc, err := parametersAgree(ctx, g, w.params)
 	if err != nil {
 		return nil, err
 	}
-	res.ParametersIdentical = same
+	res.ParametersIdentical, res.ParametersCRC = same, crc
 	return res, nil
 }
 
@@ -335,18 +335,18 @@ func evaluate(ctx context.Context, g *collective.Group, m worker.Evaluator, data
 
 // parametersAgree checks that every rank holds bitwise the same parameters:
 // a CRC32C of this rank's, and its negation, reduced with max, agree only if
-// every rank's checksum is the same.
-func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Param) (bool, error) {
+// every rank's checksum is the same. It also returns this rank's checksum.
+func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Param) (bool, uint32, error) {
 	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	for _, p := range params {
 		h.Write(collective.Float32s(p.Value).Raw())
 	}
-	sum := float64(h.Sum32())
-	v := []float64{sum, -sum}
+	crc := h.Sum32()
+	v := []float64{float64(crc), -float64(crc)}
 	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Max); err != nil {
-		return false, fmt.Errorf("comparing the ranks' parameters: %w", err)
+		return false, 0, fmt.Errorf("comparing the ranks' parameters: %w", err)
 	}
-	return v[0] == -v[1], nil
+	return v[0] == -v[1], crc, nil
 }
 
 // participants is how many ranks' gradients entered a step: all of them

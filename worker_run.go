@@ -59,6 +59,10 @@ type Result struct {
 	// ParametersIdentical: every rank ended with bitwise the same
 	// parameters.
 	ParametersIdentical bool
+	// ParametersCRC is the CRC32C (Castagnoli) of rank 0's parameters, in
+	// order, as float32 little-endian: two runs whose checksums match ended
+	// with the same model (chaos compares a run with its undisturbed twin).
+	ParametersCRC uint32
 	// Metrics are a parameter-server model's held-out measures.
 	Metrics map[string]float64
 }

@@ -34,6 +34,7 @@ Usage:
   phalanx bench checkpoint [flags]  checkpoint save, stall and resume figures against plain minio-go
   phalanx bench ps [flags]          sparse push+pull throughput against raw loopback TCP
   phalanx ckpt ls|inspect|verify|rm list, show, verify or delete the checkpoints at --checkpoint URL
+  phalanx chaos run|list|soak       seeded fault schedules against real jobs, invariants checked, reports
   phalanx version                   print the version
 
 Run "phalanx <command> [<subcommand>] --help" for the flags of each.
@@ -107,6 +108,8 @@ func run(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stde
 	switch args[0] {
 	case "train":
 		return runTrain(ctx, reg, args[1:], stdout, stderr)
+	case "chaos":
+		return runChaos(ctx, reg, args[1:], stdout, stderr)
 	case "worker":
 		return runWorker(ctx, reg, args[1:], stdout, stderr)
 	case "coordinator":

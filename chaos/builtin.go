@@ -1,0 +1,166 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// smallJob is the built-in scenarios' job: the mlp example on synthetic
+// data, small enough for a run in seconds on two cores, long enough for a
+// fault, the rebuilt ring and a good many steps after it.
+func smallJob(workers int, checkpointEvery int64) JobSpec {
+	return JobSpec{Model: "mlp", Options: map[string]string{"samples": "6000", "hidden": "32"},
+		Workers: workers, Steps: 150, Batch: 128, Seed: 7, CheckpointEvery: checkpointEvery}
+}
+
+// Builtin are the built-in scenarios, by name; CISet names the short set
+// `.ci/run` runs, which covers every built-in fault kind.
+func Builtin() []Scenario {
+	return []Scenario{
+		{Name: "kill-random", Description: "SIGKILL of a random worker at a random step; the others close ranks",
+			Job:    smallJob(4, 0),
+			Faults: []FaultSpec{{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 20, StepMax: 100}}}},
+		{Name: "stop-cont", Description: "SIGSTOP of a worker for 1.5s (under the lease and the operation timeout), then SIGCONT: the ring waits, the model is the undisturbed one bitwise",
+			Job:    smallJob(3, 0),
+			Faults: []FaultSpec{{Kind: "sigstop", Target: "rank:1", Trigger: Trigger{Step: 30}, Duration: Duration(1500 * time.Millisecond)}}},
+		{Name: "term-leave", Description: "SIGTERM of a random worker: it leaves gracefully and the ring shrinks",
+			Job:    smallJob(3, 0),
+			Faults: []FaultSpec{{Kind: "sigterm", Target: "random", Trigger: Trigger{Step: 30, StepMax: 90}}}},
+		{Name: "kill-all-resize", Description: "every worker SIGKILLed; the job is launched again on 2 workers and resumes from its newest checkpoint",
+			Job:    smallJob(3, 20),
+			Faults: []FaultSpec{{Kind: "kill-all", Trigger: Trigger{Step: 50, StepMax: 70}, World: 2}}},
+		{Name: "corrupt-resume", Description: "a byte flipped in the newest checkpoint, then every worker killed: the resume refuses it and takes the one before",
+			Job: smallJob(3, 20),
+			Faults: []FaultSpec{
+				{Kind: "flip-checkpoint", Trigger: Trigger{Step: 65}},
+				{Kind: "kill-all", Trigger: Trigger{Step: 70}},
+			}},
+		{Name: "lost-manifest", Description: "the newest checkpoint's manifest deleted, then every worker killed: the resume takes the one before",
+			Job: smallJob(3, 20),
+			Faults: []FaultSpec{
+				{Kind: "delete-manifest", Trigger: Trigger{Step: 65}},
+				{Kind: "kill-all", Trigger: Trigger{Step: 70}},
+			}},
+		{Name: "garbage", Description: "garbage, truncated, oversized and foreign-job frames to every data-plane port: refused, and the ring trains on bitwise",
+			Job:    smallJob(3, 0),
+			Faults: []FaultSpec{{Kind: "garbage-frames", Trigger: Trigger{Step: 30}}}},
+	}
+}
+
+// CISet is the short set of built-in scenarios `.ci/run` runs: every
+// built-in fault kind at least once.
+func CISet() []string {
+	return []string{"kill-random", "stop-cont", "term-leave", "kill-all-resize", "corrupt-resume", "lost-manifest", "garbage"}
+}
+
+// Lookup finds a built-in scenario.
+func Lookup(name string) (Scenario, error) {
+	for _, s := range Builtin() {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	var names []string
+	for _, s := range Builtin() {
+		names = append(names, s.Name)
+	}
+	return Scenario{}, fmt.Errorf("%w: no built-in scenario %q (built in: %v)", ErrScenario, name, names)
+}
+
+// SoakConfig is a soak: faults drawn at random for Duration.
+type SoakConfig struct {
+	Duration time.Duration
+	// MeanInterval is the mean time between faults (default 20s).
+	MeanInterval time.Duration
+	Seed         uint64
+	// Kinds drawn from (default: sigkill, sigstop, sigterm, garbage-frames).
+	Kinds []string
+	// Workers per job (default 4).
+	Workers int
+}
+
+// soakKinds are the faults a soak draws by default: those a running ring
+// survives without a relaunch.
+func soakKinds() []string { return []string{"sigkill", "sigstop", "sigterm", "garbage-frames"} }
+
+// Soak runs jobs back to back for the soak's duration, each with faults
+// drawn at random at the mean interval (a job loses at most all but one
+// of its workers), and returns every run's report.
+func (r *Runner) Soak(ctx context.Context, sc SoakConfig) ([]*Report, error) {
+	if sc.Duration <= 0 {
+		return nil, fmt.Errorf("%w: a soak needs a positive duration", ErrScenario)
+	}
+	if sc.MeanInterval <= 0 {
+		sc.MeanInterval = 20 * time.Second
+	}
+	if sc.Workers == 0 {
+		sc.Workers = 4
+	}
+	if sc.Workers < 2 {
+		return nil, fmt.Errorf("%w: a soak needs at least 2 workers", ErrScenario)
+	}
+	kinds := sc.Kinds
+	if len(kinds) == 0 {
+		kinds = soakKinds()
+	}
+	known := r.kinds()
+	for _, k := range kinds {
+		if _, ok := known[k]; !ok || k == "kill-all" || known[k].NeedsCheckpoints {
+			return nil, fmt.Errorf("%w: soak fault kind %q: want one of %v", ErrScenario, k, soakKinds())
+		}
+	}
+	rng := rand.New(rand.NewPCG(sc.Seed, 0x50a4))
+	job := smallJob(sc.Workers, 0)
+	job.Steps = 600
+	base := Scenario{Name: "soak", Job: job}
+	ref, err := r.Reference(ctx, &base)
+	if err != nil {
+		return nil, err
+	}
+	// Steps per second of the undisturbed job, to place faults in time.
+	rate := float64(job.Steps) / max(ref.Events[len(ref.Events)-1].At.Sub(ref.Events[0].At).Seconds(), 1)
+	end := r.now().Add(sc.Duration)
+	var reports []*Report
+	for k := 0; r.now().Before(end) && ctx.Err() == nil; k++ {
+		s := base
+		s.Name = fmt.Sprintf("soak-%d", k)
+		kills := 0
+		for step := int64(0); ; {
+			step += max(1, int64(rng.ExpFloat64()*sc.MeanInterval.Seconds()*rate))
+			if step >= job.Steps-20 {
+				break
+			}
+			kind := kinds[rng.IntN(len(kinds))]
+			if (kind == "sigkill" || kind == "sigterm") && kills >= sc.Workers-1 {
+				kind = "sigstop"
+			}
+			f := FaultSpec{Kind: kind, Trigger: Trigger{Step: step}}
+			switch kind {
+			case "sigkill", "sigterm":
+				kills++
+				f.Target = "random"
+			case "sigstop":
+				f.Target, f.Duration = "random", Duration(time.Second)
+			}
+			s.Faults = append(s.Faults, f)
+		}
+		rep, err := r.Run(ctx, s, sc.Seed+uint64(k))
+		if err != nil {
+			return reports, err
+		}
+		reports = append(reports, rep)
+	}
+	return reports, nil
+}
+
+// FaultCount is how many faults reports injected.
+func FaultCount(reports []*Report) int {
+	n := 0
+	for _, r := range reports {
+		n += len(slices.DeleteFunc(slices.Clone(r.Faults), func(f *FaultRecord) bool { return f.Injected.IsZero() }))
+	}
+	return n
+}

@@ -1,0 +1,402 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// check builds the run's report and checks every invariant.
+func (ru *run) check(ctx context.Context, out, ref *Outcome, seed uint64) *Report {
+	sc := ru.sc
+	rep := &Report{Scenario: sc.Name, Description: sc.Description, Seed: seed, Started: ru.start,
+		DurationS: ru.r.now().Sub(ru.start).Seconds(), Plan: ru.plan, Faults: ru.faults, Launches: out.Launches}
+	if out.Err != nil {
+		rep.Error = out.Err.Error()
+	}
+	if out.Result != nil {
+		rep.Step, rep.Accuracy, rep.ParametersCRC = out.Result.Step, out.Result.Accuracy, out.Result.ParametersCRC
+	}
+	rep.RefAccuracy, rep.RefCRC = ref.Result.Accuracy, ref.Result.ParametersCRC
+	rep.timeline(out.Events, ru.start)
+	bound := time.Duration(sc.RecoveryBound)
+	if bound == 0 {
+		bound = time.Minute
+	}
+	rep.RecoveryBoundS = bound.Seconds()
+
+	rep.Invariants = []Verdict{
+		ru.checkSchedule(),
+		ru.checkEnd(out),
+		ru.checkSamples(out.Events),
+		checkIdentical(out.Events),
+		ru.checkReference(out, ref),
+		ru.checkCheckpoints(ctx),
+		notApplicable(6, "a ring job has no parameter server"),
+		ru.checkLeftovers(out.Events),
+		ru.checkRecovery(rep, bound),
+	}
+	rep.Passed = true
+	for _, v := range rep.Invariants {
+		if v.Status == "fail" {
+			rep.Passed = false
+		}
+	}
+	return rep
+}
+
+func (r *Report) timeline(evs []Event, start time.Time) {
+	launch := 0
+	for _, e := range evs {
+		t := e.At.Sub(start).Seconds()
+		switch e.Kind {
+		case "job_started":
+			launch++
+		case "step":
+			loss, _ := e.Fields["loss"].(float64)
+			r.Steps = append(r.Steps, StepPoint{T: t, Step: e.num("step"), Loss: loss, World: e.num("world"),
+				Generation: e.num("generation"), Launch: launch})
+		case "generation":
+			reason, _ := e.Fields["reason"].(string)
+			r.Generations = append(r.Generations, GenPoint{T: t, Generation: e.num("generation"), World: e.num("world"),
+				Reason: reason, Launch: launch})
+		}
+	}
+}
+
+func (ru *run) checkSchedule() Verdict {
+	var bad, did []string
+	for _, f := range ru.faults {
+		switch {
+		case f.Error != "":
+			bad = append(bad, fmt.Sprintf("fault %d (%s): %s", f.Index, f.Kind, f.Error))
+		case f.Injected.IsZero():
+			bad = append(bad, fmt.Sprintf("fault %d (%s): never triggered (step %d)", f.Index, f.Kind, f.Step))
+		case f.Duration > 0 && f.Healed.IsZero():
+			bad = append(bad, fmt.Sprintf("fault %d (%s): never healed", f.Index, f.Kind))
+		default:
+			did = append(did, fmt.Sprintf("fault %d at step %d: %s", f.Index, f.AtStep, f.What))
+		}
+	}
+	if len(bad) > 0 {
+		return verdict(0, false, "%s", joinLimited(bad, 5))
+	}
+	return verdict(0, true, "%s", joinLimited(did, 5))
+}
+
+func (ru *run) checkEnd(out *Outcome) Verdict {
+	var stopped *phalanx.StoppedError
+	switch {
+	case ru.sc.Expect == "stop":
+		if errors.As(out.Err, &stopped) {
+			return verdict(1, true, "stopped as expected: %v", out.Err)
+		}
+		return verdict(1, false, "expected a stop; the job ended with %v", out.Err)
+	case out.Err != nil:
+		return verdict(1, false, "the job failed after %d launches: %v", out.Launches, out.Err)
+	case out.Result == nil || out.Result.Step != ru.sc.Job.Steps:
+		return verdict(1, false, "the job ended at step %v, want %d", stepOf(out.Result), ru.sc.Job.Steps)
+	}
+	return verdict(1, true, "finished all %d steps in %d launch(es); held-out accuracy %.4f", out.Result.Step, out.Launches, out.Result.Accuracy)
+}
+
+func stepOf(r *phalanx.Result) any {
+	if r == nil {
+		return "none"
+	}
+	return r.Step
+}
+
+// trainedSteps are the step events whose work is in the final model: a
+// relaunch that resumed from step S drops the earlier launches' steps
+// after S, whose updates died with them, and one that found no checkpoint
+// drops them all.
+func trainedSteps(evs []Event) []Event {
+	var steps []Event
+	for i, e := range evs {
+		switch e.Kind {
+		case "job_started":
+			if !restoresNext(evs[i+1:]) {
+				steps = steps[:0]
+			}
+		case "checkpoint_restored":
+			s := e.num("step")
+			steps = slices.DeleteFunc(steps, func(x Event) bool { return x.num("step") > s })
+		case "step":
+			steps = append(steps, e)
+		}
+	}
+	return steps
+}
+
+// restoresNext says whether a launch whose events follow restores from a
+// checkpoint before its first step.
+func restoresNext(evs []Event) bool {
+	for _, e := range evs {
+		switch e.Kind {
+		case "checkpoint_restored":
+			return true
+		case "step", "job_started":
+			return false
+		}
+	}
+	return false
+}
+
+func (ru *run) checkSamples(evs []Event) Verdict {
+	steps := trainedSteps(evs)
+	total := ru.sc.Job.Steps
+	if ru.sc.Expect == "stop" && len(steps) > 0 {
+		total = steps[len(steps)-1].num("step")
+	}
+	if int64(len(steps)) != total {
+		seen := map[int64]bool{}
+		for _, e := range steps {
+			if seen[e.num("step")] {
+				return verdict(2, false, "%d step events for %d steps: step %d trained twice", len(steps), total, e.num("step"))
+			}
+			seen[e.num("step")] = true
+		}
+		return verdict(2, false, "%d step events for %d steps", len(steps), total)
+	}
+	lc := ru.r.launchConfig(ru.sc, "check", ru.sc.Job.Workers, "", "", nil)
+	samples := ru.r.samples(&lc)
+	hybrid := lc.Sync.Mode == "hybrid"
+	var s *worker.Sampler
+	if samples > 0 {
+		var err error
+		if s, err = worker.NewSampler(samples, lc.Seed); err != nil {
+			return verdict(2, false, "the sampler: %v", err)
+		}
+	}
+	var pos worker.Position
+	dropped := 0
+	for i, e := range steps {
+		if e.num("step") != int64(i+1) {
+			return verdict(2, false, "step event %d is of step %d", i+1, e.num("step"))
+		}
+		if s == nil {
+			continue
+		}
+		idx, _, next, err := s.Batch(pos, lc.Batch, 1, 0, nil)
+		if err != nil {
+			return verdict(2, false, "the sampler at step %d: %v", i+1, err)
+		}
+		want := worker.FingerprintOf(idx)
+		var got worker.Fingerprint
+		fp, _ := e.Fields["fingerprint"].([]any)
+		for k := range min(len(fp), len(got)) {
+			got[k], _ = fp[k].(float64)
+		}
+		stale := e.num("stale")
+		switch {
+		case got == want:
+		case hybrid && stale > 0 && got[0] < want[0]:
+			dropped++ // recorded as dropped-stale: a subset of the batch
+		default:
+			return verdict(2, false, "step %d (generation %d, world %d) trained samples with fingerprint %v; the sampler's global batch has %v",
+				i+1, e.num("generation"), e.num("world"), got, want)
+		}
+		if e.num("epoch") != next.Epoch || e.num("offset") != next.Offset {
+			return verdict(2, false, "step %d ended at sampler position %d/%d, want %d/%d", i+1, e.num("epoch"), e.num("offset"), next.Epoch, next.Offset)
+		}
+		pos = next
+	}
+	if s == nil {
+		return verdict(2, true, "steps 1..%d each trained once; the job's sample count is unknown, so batches were not fingerprinted", total)
+	}
+	extra := ""
+	if dropped > 0 {
+		extra = fmt.Sprintf("; %d steps recorded stale ranks' samples as dropped", dropped)
+	}
+	return verdict(2, true, "steps 1..%d each trained once, each on exactly the sampler's global batch (%d samples, epoch %d at the end)%s",
+		total, samples, pos.Epoch, extra)
+}
+
+// samples is the job's training-set size: the model's "samples" option
+// when it has one.
+func (r *Runner) samples(lc *phalanx.LaunchConfig) int {
+	spec, err := r.Registry.Lookup(lc.Model)
+	if err != nil {
+		return 0
+	}
+	o, err := spec.Resolve(lc.ModelOptions)
+	if err != nil {
+		return 0
+	}
+	n, err := o.Int("samples")
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+func lastOf(evs []Event, kind string) (Event, bool) {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Kind == kind {
+			return evs[i], true
+		}
+	}
+	return Event{}, false
+}
+
+func checkIdentical(evs []Event) Verdict {
+	d, ok := lastOf(evs, "done")
+	if !ok {
+		return verdict(3, false, "no done event: the ranks' parameters were never compared")
+	}
+	same, _ := d.Fields["parameters_identical"].(bool)
+	return verdict(3, same, "done at step %d on %d ranks: parameters_identical=%v (a CRC32C reduced over the ring)", d.num("step"), d.num("world"), same)
+}
+
+func (ru *run) checkReference(out, ref *Outcome) Verdict {
+	if out.Result == nil {
+		return verdict(4, false, "the job has no final model")
+	}
+	refWorld := int64(ref.Result.World)
+	bitwise := true
+	var why string
+	for _, f := range ru.faults {
+		if f.Changes == "ring" {
+			bitwise, why = false, fmt.Sprintf("fault %d (%s) changed the ring", f.Index, f.Kind)
+		}
+	}
+	for _, e := range out.Events {
+		if e.Kind == "step" && e.num("world") != refWorld && bitwise {
+			bitwise, why = false, fmt.Sprintf("step %d ran on %d ranks, the reference on %d", e.num("step"), e.num("world"), refWorld)
+		}
+	}
+	got, want := out.Result, ref.Result
+	if bitwise {
+		return verdict(4, got.ParametersCRC == want.ParametersCRC, "bitwise: parameters CRC32C %08x, the undisturbed run's %08x (accuracy %.4f vs %.4f)",
+			got.ParametersCRC, want.ParametersCRC, got.Accuracy, want.Accuracy)
+	}
+	tol := ru.sc.Tolerance
+	if tol == 0 {
+		tol = 0.01
+	}
+	diff := math.Abs(got.Accuracy - want.Accuracy)
+	return verdict(4, diff <= tol, "not bitwise (%s): held-out accuracy %.4f, the undisturbed run's %.4f: %.4f apart (tolerance %.4f)",
+		why, got.Accuracy, want.Accuracy, diff, tol)
+}
+
+func (ru *run) checkCheckpoints(ctx context.Context) Verdict {
+	if ru.store == nil {
+		return notApplicable(5, "the job takes no checkpoints")
+	}
+	infos, err := checkpoint.List(ctx, ru.store)
+	if err != nil {
+		return verdict(5, false, "listing the checkpoints: %v", err)
+	}
+	var bad, refused []string
+	verified := 0
+	for _, in := range infos {
+		if !in.Complete {
+			if ru.damaged[in.ID] {
+				refused = append(refused, in.ID+": no manifest")
+			}
+			continue
+		}
+		m, err := checkpoint.ReadManifest(ctx, ru.store, in.ID)
+		if err == nil {
+			err = checkpoint.Verify(ctx, ru.store, m)
+		}
+		switch {
+		case ru.damaged[in.ID] && err == nil:
+			bad = append(bad, in.ID+" was damaged on purpose and still verifies")
+		case ru.damaged[in.ID]:
+			refused = append(refused, fmt.Sprintf("%s: %v", in.ID, err))
+		case err != nil:
+			bad = append(bad, fmt.Sprintf("%s: %v", in.ID, err))
+		default:
+			verified++
+			if sums, ok := ru.saved[in.ID]; ok && !slices.Equal(sums, tensorSums(m)) {
+				bad = append(bad, in.ID+" changed after it was saved")
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return verdict(5, false, "%s", joinLimited(bad, 5))
+	}
+	ev := fmt.Sprintf("%d complete checkpoints verify (every object, block and tensor checksum); %d recorded at save unchanged", verified, len(ru.saved))
+	if len(refused) > 0 {
+		ev += "; damaged on purpose and refused: " + joinLimited(refused, 3)
+	}
+	return verdict(5, verified > 0, "%s", ev)
+}
+
+func (ru *run) checkLeftovers(evs []Event) Verdict {
+	var bad []string
+	for pid := range ru.pids {
+		if err := syscall.Kill(int(pid), 0); err == nil || !errors.Is(err, syscall.ESRCH) {
+			bad = append(bad, fmt.Sprintf("process %d still exists", pid))
+		}
+	}
+	for addr := range ru.addrs {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			bad = append(bad, "port "+addr+" still accepts connections")
+		}
+	}
+	var jobs []string
+	for _, e := range evs {
+		if e.Kind == "job_started" {
+			j, _ := e.Fields["job"].(string)
+			jobs = append(jobs, fmt.Sprintf("phalanx-%016x-", collective.JobHash(j)))
+		}
+	}
+	if ents, err := os.ReadDir("/dev/shm"); err == nil {
+		for _, ent := range ents {
+			for _, p := range jobs {
+				if strings.HasPrefix(ent.Name(), p) {
+					bad = append(bad, "shared-memory file "+filepath.Join("/dev/shm", ent.Name()))
+				}
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return verdict(7, false, "%s", joinLimited(bad, 5))
+	}
+	return verdict(7, true, "%d worker processes gone, %d data-plane ports closed, no shared-memory file of the job's %d launch(es)",
+		len(ru.pids), len(ru.addrs), len(jobs))
+}
+
+func (ru *run) checkRecovery(rep *Report, bound time.Duration) Verdict {
+	var bad, got []string
+	timed := 0
+	for _, f := range ru.faults {
+		if f.Changes != "ring" && f.Changes != "resume" || f.Injected.IsZero() || f.Error != "" {
+			continue
+		}
+		timed++
+		if f.RecoveredAt.IsZero() {
+			bad = append(bad, fmt.Sprintf("fault %d (%s): no step of a new ring after it", f.Index, f.Kind))
+			continue
+		}
+		rep.RecoveryMaxS = max(rep.RecoveryMaxS, f.RecoveryS)
+		got = append(got, fmt.Sprintf("fault %d (%s) %.2fs", f.Index, f.Kind, f.RecoveryS))
+		if f.RecoveryS > bound.Seconds() {
+			bad = append(bad, fmt.Sprintf("fault %d (%s): %.2fs, over the bound %v", f.Index, f.Kind, f.RecoveryS, bound))
+		}
+	}
+	switch {
+	case timed == 0:
+		return notApplicable(8, "no fault changed the ring")
+	case len(bad) > 0:
+		return verdict(8, false, "%s", joinLimited(bad, 5))
+	}
+	return verdict(8, true, "injection to the first step of the new ring: %s (bound %v)", joinLimited(got, 5), bound)
+}

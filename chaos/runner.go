@@ -1,0 +1,562 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// Runner runs scenarios: each run is the scenario's job launched through
+// phalanx.Launch (real worker processes of this program, which must call
+// phalanx.Main first thing), its faults injected as their triggers fire,
+// and its invariants checked against an undisturbed run of the same job.
+type Runner struct {
+	// Registry resolves the job's model, here and in every worker.
+	Registry *phalanx.Registry
+	// Kinds are the fault kinds scenarios may name (default DefaultKinds).
+	Kinds Kinds
+	// Configure, if set, adjusts every launch after the scenario's job is
+	// applied: an embedder's own model, options or data.
+	Configure func(*phalanx.LaunchConfig)
+	// Dir holds the runs' checkpoints and job directories (default: a new
+	// temporary directory per run). A run whose invariants all hold is
+	// removed; a failed one is kept and named in its report.
+	Dir string
+	// Output receives a line per run and per fault (nil: none).
+	Output io.Writer
+	Log    *zap.Logger
+	Now    func() time.Time
+
+	refs map[string]*Outcome // undisturbed runs, by job
+}
+
+// Event is one event of a job's log, as a launcher emitted it.
+type Event struct {
+	At     time.Time      `json:"-"`
+	Kind   string         `json:"event"`
+	Fields map[string]any `json:"fields"`
+}
+
+func (e Event) num(k string) int64 {
+	switch v := e.Fields[k].(type) {
+	case float64:
+		return int64(v)
+	case json.Number:
+		n, _ := v.Int64()
+		return n
+	}
+	return 0
+}
+
+// recorder is the events.Sink of a launch: it keeps every event and hands
+// each to the run's scheduler.
+type recorder struct {
+	now func() time.Time
+	mu  sync.Mutex
+	all []Event
+	ch  chan Event
+}
+
+func (r *recorder) Emit(kind string, fields ...events.Field) error {
+	m := make(map[string]any, len(fields))
+	for _, f := range fields {
+		b, err := json.Marshal(f.Value)
+		if err != nil {
+			return fmt.Errorf("chaos: event %s.%s: %w", kind, f.Key, err)
+		}
+		var v any
+		if err := json.Unmarshal(b, &v); err != nil {
+			return err
+		}
+		m[f.Key] = v
+	}
+	e := Event{At: r.now(), Kind: kind, Fields: m}
+	r.mu.Lock()
+	r.all = append(r.all, e)
+	r.mu.Unlock()
+	r.ch <- e
+	return nil
+}
+
+// Outcome is how one launch sequence of a job ended.
+type Outcome struct {
+	Err      error
+	Result   *phalanx.Result
+	Launches int
+	Events   []Event
+}
+
+// Member is a rank of the ring as faults see it.
+type Member struct {
+	Rank     int
+	ID       string
+	Pid      int64
+	DataAddr string
+}
+
+// Env is the running job as a fault sees it.
+type Env struct {
+	// Members is the ring when the fault fires, by rank; Rank the target.
+	Members []Member
+	Rank    int
+	// Store is the job's checkpoint store (nil without checkpoints).
+	Store checkpoint.Store
+	run   *run
+}
+
+func (e *Env) target() (Member, error) {
+	if e.Rank < 0 || e.Rank >= len(e.Members) {
+		return Member{}, fmt.Errorf("rank %d is not in the ring of %d", e.Rank, len(e.Members))
+	}
+	return e.Members[e.Rank], nil
+}
+
+// Relaunch asks the runner to launch the job again, on world workers (0:
+// as many as the ring had), once the current launch has ended.
+func (e *Env) Relaunch(world int) {
+	if world == 0 {
+		world = len(e.Members)
+	}
+	e.run.relaunch = world
+}
+
+// Damaged records checkpoint id as damaged on purpose: invariant 5 expects
+// it not to verify.
+func (e *Env) Damaged(id string) { e.run.damaged[id] = true }
+
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Runner) log() *zap.Logger {
+	if r.Log != nil {
+		return r.Log
+	}
+	return zap.NewNop()
+}
+
+func (r *Runner) kinds() Kinds {
+	if r.Kinds != nil {
+		return r.Kinds
+	}
+	return DefaultKinds()
+}
+
+func (r *Runner) say(format string, a ...any) {
+	if r.Output != nil {
+		fmt.Fprintf(r.Output, format+"\n", a...)
+	}
+}
+
+// launchConfig is the scenario's job as a launch of workers workers, with
+// its checkpoints in ckpt ("" : none) and its directory jobDir.
+func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobDir string, ev events.Sink) phalanx.LaunchConfig {
+	j := sc.Job
+	lc := phalanx.DefaultLaunchConfig()
+	lc.Registry = r.Registry
+	lc.Job = name
+	lc.Model = j.Model
+	if lc.Model == "" {
+		lc.Model = "mlp"
+	}
+	lc.ModelOptions = j.Options
+	lc.Workers, lc.MaxWorkers = workers, max(workers, sc.Job.Workers)
+	lc.MinWorkers = max(j.MinWorkers, 1)
+	lc.Steps = j.Steps
+	if j.Batch > 0 {
+		lc.Batch = j.Batch
+	}
+	if j.Seed > 0 {
+		lc.Seed = j.Seed
+	}
+	if j.Kind == "hybrid" {
+		lc.Sync.Mode = "hybrid"
+	}
+	if j.LeaseTTL > 0 {
+		lc.LeaseTTL = time.Duration(j.LeaseTTL)
+	}
+	lc.Threads = 1
+	lc.JobDir = jobDir
+	lc.Events = ev
+	if ckpt != "" {
+		lc.Checkpoint.Location = ckpt
+		lc.Checkpoint.EverySteps = j.CheckpointEvery
+		lc.Checkpoint.KeepLast = 0 // keep every checkpoint: invariant 5 checks them all
+	}
+	if r.Configure != nil {
+		r.Configure(&lc)
+	}
+	return lc
+}
+
+// Reference runs the scenario's job once, undisturbed (remembered for the
+// runner's later runs of the same job).
+func (r *Runner) Reference(ctx context.Context, sc *Scenario) (*Outcome, error) {
+	key, _ := json.Marshal(sc.Job)
+	if o := r.refs[string(key)]; o != nil {
+		return o, nil
+	}
+	dir, err := r.runDir("reference-" + sc.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	rec := &recorder{now: r.now, ch: make(chan Event, 1<<16)}
+	go func() {
+		for range rec.ch {
+		}
+	}()
+	ckpt := ""
+	if sc.Job.CheckpointEvery > 0 {
+		ckpt = filepath.Join(dir, "checkpoints")
+	}
+	lc := r.launchConfig(sc, "chaos-ref-"+sc.Name, sc.Job.Workers, ckpt, filepath.Join(dir, "job"), rec)
+	r.say("chaos: %s: the undisturbed reference run", sc.Name)
+	res, err := phalanx.Launch(ctx, lc)
+	close(rec.ch)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %s: the undisturbed reference run failed: %w", sc.Name, err)
+	}
+	o := &Outcome{Result: res, Launches: 1, Events: rec.all}
+	if r.refs == nil {
+		r.refs = map[string]*Outcome{}
+	}
+	r.refs[string(key)] = o
+	return o, nil
+}
+
+func (r *Runner) runDir(name string) (string, error) {
+	if r.Dir != "" {
+		if err := os.MkdirAll(r.Dir, 0o755); err != nil {
+			return "", fmt.Errorf("chaos: %w", err)
+		}
+	}
+	d, err := os.MkdirTemp(r.Dir, "chaos-"+name+"-")
+	if err != nil {
+		return "", fmt.Errorf("chaos: %w", err)
+	}
+	return d, nil
+}
+
+// run is one run's state, shared by its scheduler and the faults.
+type run struct {
+	r        *Runner
+	sc       *Scenario
+	plan     []Planned
+	kinds    Kinds
+	store    checkpoint.Store
+	cli      *clientv3.Client
+	job      string // the current launch's job name
+	relaunch int
+	damaged  map[string]bool
+	faults   []*FaultRecord
+	saved    map[string][]uint32 // checkpoint id → its tensor checksums when saved
+	pids     map[int64]bool
+	addrs    map[string]bool
+	start    time.Time
+}
+
+// Run runs the scenario once with seed and checks its invariants. The
+// error is for a run that could not be carried out (a bad scenario, no
+// reference); a job that breaks an invariant is a report whose Passed is
+// false.
+func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, error) {
+	kinds := r.kinds()
+	if err := sc.Validate(kinds); err != nil {
+		return nil, err
+	}
+	ref, err := r.Reference(ctx, &sc)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := r.runDir(sc.Name)
+	if err != nil {
+		return nil, err
+	}
+	ru := &run{r: r, sc: &sc, plan: sc.Plan(seed), kinds: kinds, damaged: map[string]bool{}, saved: map[string][]uint32{},
+		pids: map[int64]bool{}, addrs: map[string]bool{}, start: r.now()}
+	for _, p := range ru.plan {
+		ru.faults = append(ru.faults, &FaultRecord{Planned: p, Changes: kinds[p.Kind].Changes})
+	}
+	ckpt := ""
+	if sc.Job.CheckpointEvery > 0 {
+		ckpt = filepath.Join(dir, "checkpoints")
+		if ru.store, err = checkpoint.OpenURL(ctx, ckpt, checkpoint.Credentials{}); err != nil {
+			return nil, fmt.Errorf("chaos: the run's checkpoint store: %w", err)
+		}
+	}
+	r.say("chaos: %s seed %d: %d faults planned", sc.Name, seed, len(ru.plan))
+	out := &Outcome{}
+	workers := sc.Job.Workers
+	for attempt := 1; ; attempt++ {
+		rec := &recorder{now: r.now, ch: make(chan Event, 1<<16)}
+		name := fmt.Sprintf("chaos-%s-%d-%d", sc.Name, seed, attempt)
+		lc := r.launchConfig(&sc, name, workers, ckpt, filepath.Join(dir, "job-"+strconv.Itoa(attempt)), rec)
+		ru.relaunch, ru.job = 0, name
+		lctx, cancel := context.WithCancel(ctx)
+		sched := make(chan struct{})
+		go func() {
+			defer close(sched)
+			ru.schedule(lctx, rec.ch, attempt)
+		}()
+		res, err := phalanx.Launch(ctx, lc)
+		close(rec.ch)
+		<-sched
+		cancel()
+		if ru.cli != nil {
+			ru.cli.Close()
+			ru.cli = nil
+		}
+		out.Events = append(out.Events, rec.all...)
+		out.Launches = attempt
+		out.Result, out.Err = res, err
+		if ru.relaunch == 0 || ctx.Err() != nil {
+			break
+		}
+		r.say("chaos: %s seed %d: launch %d ended (%v); launching again on %d workers", sc.Name, seed, attempt, err, ru.relaunch)
+		workers = ru.relaunch
+	}
+	rep := ru.check(ctx, out, ref, seed)
+	rep.Dir = dir
+	if rep.Passed {
+		os.RemoveAll(dir)
+		rep.Dir = ""
+	}
+	return rep, nil
+}
+
+// schedule reads a launch's events as they come and fires the plan's
+// faults when their triggers do, until the events end.
+func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
+	var (
+		members  []Member
+		gen      int64
+		firstAt  time.Time
+		timer    *time.Timer
+		timerC   <-chan time.Time
+		step     int64
+		endpoint string
+	)
+	log := ru.r.log()
+	// next returns the earliest pending time-triggered fault or heal.
+	arm := func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		timerC = nil
+		var soonest time.Time
+		for _, f := range ru.faults {
+			var at time.Time
+			switch {
+			case f.Injected.IsZero() && f.Step == 0 && !firstAt.IsZero() && f.Error == "":
+				at = firstAt.Add(time.Duration(f.After))
+			case !f.Injected.IsZero() && f.Healed.IsZero() && f.Duration > 0 && f.Error == "":
+				at = f.Injected.Add(time.Duration(f.Duration))
+			default:
+				continue
+			}
+			if soonest.IsZero() || at.Before(soonest) {
+				soonest = at
+			}
+		}
+		if !soonest.IsZero() {
+			timer = time.NewTimer(max(soonest.Sub(ru.r.now()), 0))
+			timerC = timer.C
+		}
+	}
+	fire := func(f *FaultRecord) {
+		env := &Env{Members: ru.ring(ctx, endpoint, members), Rank: f.Rank, Store: ru.store, run: ru}
+		if f.RandomRank && len(env.Members) > 0 {
+			env.Rank = int(f.Pick % uint64(len(env.Members)))
+		}
+		f.Attempt, f.Generation, f.AtStep, f.TargetRank = attempt, gen, step, env.Rank
+		fault := ru.kinds[f.Kind].New(f.Planned)
+		f.fault, f.env = fault, env
+		what, err := fault.Inject(ctx, env)
+		f.Injected = ru.r.now()
+		if err != nil {
+			f.Error = err.Error()
+			log.Warn("chaos: a fault could not be injected", zap.String("kind", f.Kind), zap.Error(err))
+			ru.r.say("chaos:   fault %d (%s) FAILED to inject: %v", f.Index, f.Kind, err)
+			return
+		}
+		f.What = what
+		ru.r.say("chaos:   fault %d at step %d: %s", f.Index, step, what)
+	}
+	heal := func(f *FaultRecord) {
+		what, err := f.fault.Heal(ctx, f.env)
+		f.Healed = ru.r.now()
+		if err != nil {
+			f.Error = "heal: " + err.Error()
+			return
+		}
+		f.HealWhat = what
+		if what != "" {
+			ru.r.say("chaos:   fault %d healed: %s", f.Index, what)
+		}
+	}
+	for {
+		select {
+		case e, ok := <-evs:
+			if !ok {
+				if timer != nil {
+					timer.Stop()
+				}
+				for _, f := range ru.faults { // a stopped process must not outlive its run
+					if !f.Injected.IsZero() && f.Healed.IsZero() && f.fault != nil {
+						heal(f)
+					}
+				}
+				return
+			}
+			switch e.Kind {
+			case "job_started":
+				endpoint, _ = e.Fields["etcd_endpoints"].(string)
+			case "worker_started":
+				ru.pids[e.num("pid")] = true
+			case "generation":
+				gen = e.num("generation")
+				members = members[:0]
+				ms, _ := e.Fields["members"].([]any)
+				for _, m := range ms {
+					mm, _ := m.(map[string]any)
+					ev := Event{Fields: mm}
+					id, _ := mm["id"].(string)
+					members = append(members, Member{Rank: int(ev.num("rank")), ID: id, Pid: ev.num("pid")})
+				}
+			case "checkpoint_saved":
+				ru.recordSaved(ctx, e.num("step"))
+			case "step":
+				step = e.num("step")
+				if firstAt.IsZero() {
+					firstAt = e.At
+				}
+				for _, f := range ru.faults {
+					if f.RecoveredAt.IsZero() && !f.Injected.IsZero() && f.Error == "" && f.recovers(attempt, gen) {
+						f.RecoveredAt = e.At
+						f.RecoveryS = e.At.Sub(f.Injected).Seconds()
+					}
+				}
+				for _, f := range ru.faults {
+					if f.Injected.IsZero() && f.Error == "" && f.Step > 0 && step >= f.Step && len(members) > 0 {
+						fire(f)
+					}
+				}
+			}
+			arm()
+		case <-timerC:
+			now := ru.r.now()
+			for _, f := range ru.faults {
+				switch {
+				case f.Injected.IsZero() && f.Step == 0 && f.Error == "" && !firstAt.IsZero() && !now.Before(firstAt.Add(time.Duration(f.After))):
+					fire(f)
+				case !f.Injected.IsZero() && f.Healed.IsZero() && f.Duration > 0 && f.Error == "" && !now.Before(f.Injected.Add(time.Duration(f.Duration))):
+					heal(f)
+				}
+			}
+			arm()
+		}
+	}
+}
+
+// recovers says whether a step of generation gen in launch attempt ends
+// the fault's recovery: the first step of a new ring (or of the next
+// launch, for a fault that kills the job).
+func (f *FaultRecord) recovers(attempt int, gen int64) bool {
+	switch f.Changes {
+	case "ring":
+		return attempt > f.Attempt || gen > f.Generation
+	case "resume":
+		return attempt > f.Attempt
+	}
+	return false
+}
+
+// ring is the current ring with data-plane addresses from the job's etcd,
+// or from the latest generation event when etcd cannot be read.
+func (ru *run) ring(ctx context.Context, endpoint string, fallback []Member) []Member {
+	out := append([]Member(nil), fallback...)
+	if endpoint == "" {
+		return out
+	}
+	if ru.cli == nil {
+		cli, err := coordinator.Connect([]string{endpoint}, ru.r.log())
+		if err != nil {
+			return out
+		}
+		ru.cli = cli
+	}
+	keys, err := coordinator.KeysFor(ru.job)
+	if err != nil {
+		return out
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	g, _, err := coordinator.CurrentGeneration(cctx, ru.cli, keys)
+	if err != nil || g == nil {
+		return out
+	}
+	ms := membersOf(g)
+	for _, m := range ms {
+		if m.DataAddr != "" {
+			ru.addrs[m.DataAddr] = true
+		}
+	}
+	return ms
+}
+
+func membersOf(g *phalanxpb.Generation) []Member {
+	out := make([]Member, len(g.Members))
+	for i, m := range g.Members {
+		out[i] = Member{Rank: i, ID: m.Id, Pid: m.Pid, DataAddr: m.DataAddr}
+	}
+	return out
+}
+
+// recordSaved remembers a new checkpoint's tensor checksums, to prove at
+// the end that it was never overwritten.
+func (ru *run) recordSaved(ctx context.Context, step int64) {
+	if ru.store == nil {
+		return
+	}
+	infos, err := checkpoint.List(ctx, ru.store)
+	if err != nil {
+		return
+	}
+	for _, in := range infos {
+		if in.Step != step || !in.Complete {
+			continue
+		}
+		if m, err := checkpoint.ReadManifest(ctx, ru.store, in.ID); err == nil {
+			ru.saved[in.ID] = tensorSums(m)
+		}
+	}
+}
+
+func tensorSums(m *phalanxpb.Manifest) []uint32 {
+	var out []uint32
+	for _, t := range m.Tensors {
+		for _, s := range t.Segments {
+			out = append(out, s.Crc32C)
+		}
+	}
+	return out
+}

@@ -1,0 +1,223 @@
+package chaos
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Scenario is a job, and a schedule of faults to run against it. The same
+// scenario and seed always give the same schedule (Plan).
+type Scenario struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// Job is what runs. Configure (package API only) adjusts the launch
+	// after Job is applied: an embedder's own registry, model and options.
+	Job JobSpec `json:"job"`
+	// Faults are injected in the order their triggers fire.
+	Faults []FaultSpec `json:"faults"`
+	// Expect is how the job must end: "finish" (the default) or "stop" (a
+	// stop the scenario causes on purpose: the launcher's StoppedError).
+	Expect string `json:"expect,omitempty"`
+	// RecoveryBound is invariant 8's bound: the longest a fault may take
+	// from injection to the first step of the rebuilt ring (default 60s).
+	RecoveryBound Duration `json:"recovery_bound,omitempty"`
+	// Tolerance is invariant 4's bound when the world or the order of the
+	// arithmetic changed: the held-out accuracy within this of the
+	// undisturbed run's (default 0.01, one point).
+	Tolerance float64 `json:"tolerance,omitempty"`
+}
+
+// JobSpec is a job in the terms of the phalanx command's flags.
+type JobSpec struct {
+	// Kind is "ring" (bulk-synchronous data parallel, the default) or
+	// "hybrid" (--sync hybrid).
+	Kind    string            `json:"kind,omitempty"`
+	Model   string            `json:"model,omitempty"`   // default mlp
+	Options map[string]string `json:"options,omitempty"` // the model's options (mlp: samples, hidden, ...)
+	Workers int               `json:"workers"`
+	// MinWorkers is the smallest ring that trains (default 1).
+	MinWorkers int    `json:"min_workers,omitempty"`
+	Steps      int64  `json:"steps"`
+	Batch      int    `json:"batch,omitempty"`
+	Seed       uint64 `json:"seed,omitempty"`
+	// CheckpointEvery: steps between checkpoints (0: none; faults on
+	// checkpoints need them).
+	CheckpointEvery int64 `json:"checkpoint_every,omitempty"`
+	// LeaseTTL: how long a silent worker keeps its place (default the
+	// library's).
+	LeaseTTL Duration `json:"lease_ttl,omitempty"`
+}
+
+// FaultSpec is one fault of a schedule.
+type FaultSpec struct {
+	// Kind names the fault (see Kinds).
+	Kind    string  `json:"kind"`
+	Trigger Trigger `json:"trigger"`
+	// Target is "rank:N", "random" (a random rank of the ring at the
+	// trigger), or empty for faults that pick their own (checkpoints, every
+	// port).
+	Target string `json:"target,omitempty"`
+	// Duration: how long a fault with a heal lasts (SIGSTOP until SIGCONT).
+	Duration Duration `json:"duration,omitempty"`
+	// World: for kill-all, how many workers the resumed job has.
+	World int `json:"world,omitempty"`
+}
+
+// Trigger says when a fault is injected: at a step (or a random step in
+// [Step, StepMax]), or After the first step.
+type Trigger struct {
+	Step    int64    `json:"step,omitempty"`
+	StepMax int64    `json:"step_max,omitempty"`
+	After   Duration `json:"after,omitempty"`
+}
+
+// Duration is a time.Duration written as "1.5s" in JSON and YAML.
+type Duration time.Duration
+
+// MarshalJSON writes d as a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a Go duration string ("90s", "1m30s").
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration is a string such as \"1.5s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Planned is a fault with every random choice of its spec made.
+type Planned struct {
+	Index int    `json:"index"`
+	Kind  string `json:"kind"`
+	// Step is the step after which it is injected (0: After the first).
+	Step  int64    `json:"step,omitempty"`
+	After Duration `json:"after,omitempty"`
+	// Rank is the target rank (-1: none; RandomRank picks from the ring at
+	// the trigger with Pick, which also seeds the fault's other choices).
+	Rank       int      `json:"rank"`
+	RandomRank bool     `json:"random_rank,omitempty"`
+	Pick       uint64   `json:"pick"`
+	Duration   Duration `json:"duration,omitempty"`
+	World      int      `json:"world,omitempty"`
+}
+
+// Plan resolves the scenario's random choices with seed: the same scenario
+// and seed give the same schedule.
+func (s *Scenario) Plan(seed uint64) []Planned {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	out := make([]Planned, 0, len(s.Faults))
+	for i, f := range s.Faults {
+		p := Planned{Index: i, Kind: f.Kind, Step: f.Trigger.Step, After: f.Trigger.After, Rank: -1,
+			Duration: f.Duration, World: f.World}
+		if f.Trigger.StepMax > f.Trigger.Step {
+			p.Step = f.Trigger.Step + rng.Int64N(f.Trigger.StepMax-f.Trigger.Step+1)
+		}
+		p.Pick = rng.Uint64()
+		switch {
+		case f.Target == "random":
+			p.RandomRank = true
+		case strings.HasPrefix(f.Target, "rank:"):
+			fmt.Sscanf(f.Target, "rank:%d", &p.Rank)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// ErrScenario is wrapped by every error about a scenario's text.
+var ErrScenario = errors.New("chaos: bad scenario")
+
+// Validate checks the scenario against the fault kinds it may use.
+func (s *Scenario) Validate(kinds Kinds) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w %q: %s", ErrScenario, s.Name, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case s.Name == "":
+		return fmt.Errorf("%w: it has no name", ErrScenario)
+	case s.Job.Workers < 1 || s.Job.Workers > 64:
+		return bad("job.workers %d: want 1..64", s.Job.Workers)
+	case s.Job.Steps < 1:
+		return bad("job.steps %d: want at least 1", s.Job.Steps)
+	case s.Job.Kind != "" && s.Job.Kind != "ring" && s.Job.Kind != "hybrid":
+		return bad("job.kind %q: want ring or hybrid", s.Job.Kind)
+	case s.Expect != "" && s.Expect != "finish" && s.Expect != "stop":
+		return bad("expect %q: want finish or stop", s.Expect)
+	case s.Tolerance < 0 || s.Tolerance >= 1:
+		return bad("tolerance %v: want 0 (default) or in (0, 1)", s.Tolerance)
+	}
+	for i, f := range s.Faults {
+		k, ok := kinds[f.Kind]
+		if !ok {
+			return bad("fault %d: unknown kind %q (known: %s)", i, f.Kind, strings.Join(kinds.Names(), ", "))
+		}
+		switch {
+		case f.Trigger.Step < 0 || f.Trigger.StepMax < 0:
+			return bad("fault %d (%s): negative trigger step", i, f.Kind)
+		case f.Trigger.Step == 0 && f.Trigger.After == 0:
+			return bad("fault %d (%s): its trigger needs a step or an after", i, f.Kind)
+		case f.Trigger.Step >= s.Job.Steps || f.Trigger.StepMax >= s.Job.Steps:
+			return bad("fault %d (%s): trigger step %d is not before the job's last step %d", i, f.Kind, max(f.Trigger.Step, f.Trigger.StepMax), s.Job.Steps)
+		case f.Target != "" && f.Target != "random" && !strings.HasPrefix(f.Target, "rank:"):
+			return bad("fault %d (%s): target %q: want rank:N or random", i, f.Kind, f.Target)
+		case k.NeedsRank && f.Target == "":
+			return bad("fault %d (%s): it needs a target (rank:N or random)", i, f.Kind)
+		case k.NeedsCheckpoints && s.Job.CheckpointEvery == 0:
+			return bad("fault %d (%s): the job takes no checkpoints (job.checkpoint_every)", i, f.Kind)
+		case f.Kind == "sigstop" && f.Duration <= 0:
+			return bad("fault %d (sigstop): it needs a duration before SIGCONT", i)
+		}
+		if strings.HasPrefix(f.Target, "rank:") {
+			var r int
+			if _, err := fmt.Sscanf(f.Target, "rank:%d", &r); err != nil || r < 0 || r >= s.Job.Workers {
+				return bad("fault %d (%s): target %q: want a rank below %d", i, f.Kind, f.Target, s.Job.Workers)
+			}
+		}
+		if f.Kind == "kill-all" && (f.World < 0 || f.World > 64) {
+			return bad("fault %d (kill-all): world %d: want 0 (the same) or 1..64", i, f.World)
+		}
+	}
+	return nil
+}
+
+// LoadScenario reads a scenario from a JSON or YAML file (by its
+// extension: .json, or .yaml/.yml).
+func LoadScenario(path string) (Scenario, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Scenario{}, fmt.Errorf("chaos: reading scenario: %w", err)
+	}
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".yaml", ".yml":
+		if raw, err = yaml.YAMLToJSON(raw); err != nil {
+			return Scenario{}, fmt.Errorf("%w %s: %v", ErrScenario, path, err)
+		}
+	case ".json":
+	default:
+		return Scenario{}, fmt.Errorf("%w %s: want a .json, .yaml or .yml file", ErrScenario, path)
+	}
+	var s Scenario
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return Scenario{}, fmt.Errorf("%w %s: %v", ErrScenario, path, err)
+	}
+	if s.Name == "" {
+		s.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	return s, nil
+}
