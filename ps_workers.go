@@ -118,6 +118,12 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 	n := int(w.job.Workers)
 	running := map[int]bool{}
 	ends := make(chan shareEnd, n)
+	defer func() { // no share's goroutine outlives run
+		cancel(nil)
+		for range running {
+			<-ends
+		}
+	}()
 	start := func(share int, reason string) error {
 		err := coordinator.ClaimPSShare(ctx, w.cli, w.keys, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
 		var held *coordinator.ClaimedError
@@ -168,20 +174,31 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 		if len(last.Done) >= n && len(running) == 0 {
 			return nil
 		}
-		for share := range n {
-			if running[share] {
-				continue
-			}
-			_, claimed := last.Claims[share]
-			_, done := last.Done[share]
-			neverClaimed := !last.Seen[share] && !claimed && !done
-			if last.Orphaned(share) || (graceOver && neverClaimed) {
-				if err := start(share, "adopted"); err != nil {
-					return err
-				}
+		for _, share := range sharesToTake(last, n, running, graceOver) {
+			if err := start(share, "adopted"); err != nil {
+				return err
 			}
 		}
 	}
+}
+
+// sharesToTake are the shares of n a worker running those in running
+// should try to claim, given the claim table: the orphaned ones (claimed
+// once, the claim gone with its worker's lease, not done) and, once the
+// grace is over, those nobody ever claimed (a worker that died first).
+func sharesToTake(t coordinator.PSShares, n int, running map[int]bool, graceOver bool) []int {
+	var out []int
+	for share := range n {
+		if running[share] {
+			continue
+		}
+		_, claimed := t.Claims[share]
+		_, done := t.Done[share]
+		if t.Orphaned(share) || (graceOver && !t.Seen[share] && !claimed && !done) {
+			out = append(out, share)
+		}
+	}
+	return out
 }
 
 // progress is a share's progress as the shards hold it: from, the last
