@@ -16,6 +16,14 @@ func smallJob(workers int, checkpointEvery int64) JobSpec {
 		Workers: workers, Steps: 150, Batch: 128, Seed: 7, CheckpointEvery: checkpointEvery}
 }
 
+// wholeRing is a job that trains only on all its workers: its first ring
+// waits for every one of them, so a run and its undisturbed twin sum over
+// the same ranks and can be compared bitwise.
+func wholeRing(j JobSpec) JobSpec {
+	j.MinWorkers = j.Workers
+	return j
+}
+
 // Builtin are the built-in scenarios, by name; CISet names the short set
 // `.ci/run` runs, which covers every built-in fault kind.
 func Builtin() []Scenario {
@@ -24,7 +32,7 @@ func Builtin() []Scenario {
 			Job:    smallJob(4, 0),
 			Faults: []FaultSpec{{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 20, StepMax: 100}}}},
 		{Name: "stop-cont", Description: "SIGSTOP of a worker for 1.5s (under the lease and the operation timeout), then SIGCONT: the ring waits, the model is the undisturbed one bitwise",
-			Job:    smallJob(3, 0),
+			Job:    wholeRing(smallJob(3, 0)),
 			Faults: []FaultSpec{{Kind: "sigstop", Target: "rank:1", Trigger: Trigger{Step: 30}, Duration: Duration(1500 * time.Millisecond)}}},
 		{Name: "term-leave", Description: "SIGTERM of a random worker: it leaves gracefully and the ring shrinks",
 			Job:    smallJob(3, 0),
@@ -33,19 +41,19 @@ func Builtin() []Scenario {
 			Job:    smallJob(3, 20),
 			Faults: []FaultSpec{{Kind: "kill-all", Trigger: Trigger{Step: 50, StepMax: 70}, World: 2}}},
 		{Name: "corrupt-resume", Description: "a byte flipped in the newest checkpoint, then every worker killed: the resume refuses it and takes the one before",
-			Job: smallJob(3, 20),
+			Job: wholeRing(smallJob(3, 20)),
 			Faults: []FaultSpec{
 				{Kind: "flip-checkpoint", Trigger: Trigger{Step: 65}},
 				{Kind: "kill-all", Trigger: Trigger{Step: 70}},
 			}},
 		{Name: "lost-manifest", Description: "the newest checkpoint's manifest deleted, then every worker killed: the resume takes the one before",
-			Job: smallJob(3, 20),
+			Job: wholeRing(smallJob(3, 20)),
 			Faults: []FaultSpec{
 				{Kind: "delete-manifest", Trigger: Trigger{Step: 65}},
 				{Kind: "kill-all", Trigger: Trigger{Step: 70}},
 			}},
 		{Name: "garbage", Description: "garbage, truncated, oversized and foreign-job frames to every data-plane port: refused, and the ring trains on bitwise",
-			Job:    smallJob(3, 0),
+			Job:    wholeRing(smallJob(3, 0)),
 			Faults: []FaultSpec{{Kind: "garbage-frames", Trigger: Trigger{Step: 30}}}},
 	}
 }

@@ -136,19 +136,16 @@ func signalName(s syscall.Signal) string {
 type killAll struct{ world int }
 
 func (f *killAll) Inject(_ context.Context, env *Env) (string, error) {
+	// Every process the launch started, in the ring or still joining.
 	var pids []string
-	for _, m := range env.Members {
-		if err := syscall.Kill(int(m.Pid), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return "", fmt.Errorf("SIGKILL to pid %d: %w", m.Pid, err)
+	for _, pid := range env.Started {
+		if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return "", fmt.Errorf("SIGKILL to pid %d: %w", pid, err)
 		}
-		pids = append(pids, fmt.Sprint(m.Pid))
+		pids = append(pids, fmt.Sprint(pid))
 	}
 	env.Relaunch(f.world)
-	world := f.world
-	if world == 0 {
-		world = len(env.Members)
-	}
-	return fmt.Sprintf("SIGKILL to every worker (pids %s); relaunch on %d workers", strings.Join(pids, ", "), world), nil
+	return fmt.Sprintf("SIGKILL to every worker (pids %s); relaunch on %d workers", strings.Join(pids, ", "), env.run.relaunch), nil
 }
 
 func (f *killAll) Heal(context.Context, *Env) (string, error) { return "", nil }

@@ -114,6 +114,9 @@ type Env struct {
 	// Members is the ring when the fault fires, by rank; Rank the target.
 	Members []Member
 	Rank    int
+	// Started are the pids of every worker process the current launch
+	// started (in the ring or not yet).
+	Started []int64
 	// Store is the job's checkpoint store (nil without checkpoints).
 	Store checkpoint.Store
 	run   *run
@@ -127,10 +130,10 @@ func (e *Env) target() (Member, error) {
 }
 
 // Relaunch asks the runner to launch the job again, on world workers (0:
-// as many as the ring had), once the current launch has ended.
+// the scenario's number), once the current launch has ended.
 func (e *Env) Relaunch(world int) {
 	if world == 0 {
-		world = len(e.Members)
+		world = e.run.sc.Job.Workers
 	}
 	e.run.relaunch = world
 }
@@ -179,7 +182,7 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 	}
 	lc.ModelOptions = j.Options
 	lc.Workers, lc.MaxWorkers = workers, max(workers, sc.Job.Workers)
-	lc.MinWorkers = max(j.MinWorkers, 1)
+	lc.MinWorkers = min(max(j.MinWorkers, 1), workers)
 	lc.Steps = j.Steps
 	if j.Batch > 0 {
 		lc.Batch = j.Batch
@@ -354,6 +357,7 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 		timerC   <-chan time.Time
 		step     int64
 		endpoint string
+		started  []int64 // this launch's worker pids
 	)
 	log := ru.r.log()
 	// next returns the earliest pending time-triggered fault or heal.
@@ -383,7 +387,7 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 		}
 	}
 	fire := func(f *FaultRecord) {
-		env := &Env{Members: ru.ring(ctx, endpoint, members), Rank: f.Rank, Store: ru.store, run: ru}
+		env := &Env{Members: ru.ring(ctx, endpoint, members), Rank: f.Rank, Store: ru.store, Started: started, run: ru}
 		if f.RandomRank && len(env.Members) > 0 {
 			env.Rank = int(f.Pick % uint64(len(env.Members)))
 		}
@@ -432,6 +436,7 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 				endpoint, _ = e.Fields["etcd_endpoints"].(string)
 			case "worker_started":
 				ru.pids[e.num("pid")] = true
+				started = append(started, e.num("pid"))
 			case "generation":
 				gen = e.num("generation")
 				members = members[:0]
