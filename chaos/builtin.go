@@ -27,6 +27,15 @@ func wholeRing(j JobSpec) JobSpec {
 // Builtin are the built-in scenarios, by name; CISet names the short set
 // `.ci/run` runs, which covers every built-in fault kind.
 func Builtin() []Scenario {
+	out := ringScenarios()
+	for _, more := range [][]Scenario{etcdScenarios(), minioScenarios(), netnsScenarios(), psScenarios()} {
+		out = append(out, more...)
+	}
+	return out
+}
+
+// ringScenarios are the built-in scenarios of ring jobs on loopback.
+func ringScenarios() []Scenario {
 	return []Scenario{
 		{Name: "kill-random", Description: "SIGKILL of a random worker at a random step; the others close ranks",
 			Job:    smallJob(4, 0),
@@ -60,8 +69,15 @@ func Builtin() []Scenario {
 
 // CISet is the short set of built-in scenarios `.ci/run` runs: every
 // built-in fault kind at least once.
+// Besides the ring scenarios, every built-in scenario marked CI joins it.
 func CISet() []string {
-	return []string{"kill-random", "stop-cont", "term-leave", "kill-all-resize", "corrupt-resume", "lost-manifest", "garbage"}
+	out := []string{"kill-random", "stop-cont", "term-leave", "kill-all-resize", "corrupt-resume", "lost-manifest", "garbage"}
+	for _, s := range Builtin() {
+		if s.CI && !slices.Contains(out, s.Name) {
+			out = append(out, s.Name)
+		}
+	}
+	return out
 }
 
 // Lookup finds a built-in scenario.

@@ -36,6 +36,9 @@ type Kind struct {
 	NeedsRank bool
 	// NeedsCheckpoints: the fault acts on the job's checkpoints.
 	NeedsCheckpoints bool
+	// Needs names the Service the fault acts on (its scenario's job must
+	// ask for it), or "".
+	Needs string
 	// Changes says what the fault does to the job, which decides the
 	// invariants that apply: "ring" (a new generation: recovery is timed,
 	// the model is compared within the tolerance), "none" (the job must
@@ -82,6 +85,10 @@ func DefaultKinds() Kinds {
 			Changes: "none",
 			New:     func(p Planned) Fault { return &garbageFrames{seed: p.Pick} }},
 	}
+	ks = append(ks, etcdKinds()...)
+	ks = append(ks, minioKinds()...)
+	ks = append(ks, netnsKinds()...)
+	ks = append(ks, psKinds()...)
 	out := Kinds{}
 	for _, k := range ks {
 		out[k.Name] = k

@@ -49,6 +49,11 @@ func (ru *run) check(ctx context.Context, out, ref *Outcome, seed uint64) *Repor
 		ru.checkLeftovers(out.Events),
 		ru.checkRecovery(rep, bound),
 	}
+	if sc.Job.Kind == "ps" {
+		for _, v := range psVerdicts(ctx, ru, out, ref) {
+			rep.Invariants[v.N] = v
+		}
+	}
 	rep.Passed = true
 	for _, v := range rep.Invariants {
 		if v.Status == "fail" {
@@ -372,6 +377,11 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 					bad = append(bad, "shared-memory file "+filepath.Join("/dev/shm", ent.Name()))
 				}
 			}
+		}
+	}
+	for _, s := range ru.services {
+		for _, l := range s.Leftovers() {
+			bad = append(bad, s.Name()+": "+l)
 		}
 	}
 	if len(bad) > 0 {

@@ -171,7 +171,7 @@ func (r *Runner) say(format string, a ...any) {
 
 // launchConfig is the scenario's job as a launch of workers workers, with
 // its checkpoints in ckpt ("" : none) and its directory jobDir.
-func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobDir string, ev events.Sink) phalanx.LaunchConfig {
+func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobDir string, ev events.Sink, svcs ...Service) phalanx.LaunchConfig {
 	j := sc.Job
 	lc := phalanx.DefaultLaunchConfig()
 	lc.Registry = r.Registry
@@ -190,8 +190,11 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 	if j.Seed > 0 {
 		lc.Seed = j.Seed
 	}
-	if j.Kind == "hybrid" {
+	switch j.Kind {
+	case "hybrid":
 		lc.Sync.Mode = "hybrid"
+	case "ps":
+		psConfigure(sc, &lc)
 	}
 	if j.LeaseTTL > 0 {
 		lc.LeaseTTL = time.Duration(j.LeaseTTL)
@@ -203,6 +206,9 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 		lc.Checkpoint.Location = ckpt
 		lc.Checkpoint.EverySteps = j.CheckpointEvery
 		lc.Checkpoint.KeepLast = 0 // keep every checkpoint: invariant 5 checks them all
+	}
+	for _, s := range svcs {
+		s.Configure(&lc)
 	}
 	if r.Configure != nil {
 		r.Configure(&lc)
@@ -268,6 +274,8 @@ type run struct {
 	store    checkpoint.Store
 	cli      *clientv3.Client
 	job      string // the current launch's job name
+	services []Service
+	closed   bool // services closed
 	relaunch int
 	damaged  map[string]bool
 	faults   []*FaultRecord
@@ -299,10 +307,20 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 	for _, p := range ru.plan {
 		ru.faults = append(ru.faults, &FaultRecord{Planned: p, Changes: kinds[p.Kind].Changes})
 	}
+	if err := ru.startServices(ctx, dir); err != nil {
+		return nil, err
+	}
+	defer ru.closeServices()
 	ckpt := ""
 	if sc.Job.CheckpointEvery > 0 {
 		ckpt = filepath.Join(dir, "checkpoints")
-		if ru.store, err = checkpoint.OpenURL(ctx, ckpt, checkpoint.Credentials{}); err != nil {
+		creds := checkpoint.Credentials{}
+		for _, s := range ru.services {
+			if st, ok := s.(storeService); ok {
+				ckpt, creds = st.CheckpointLocation()
+			}
+		}
+		if ru.store, err = checkpoint.OpenURL(ctx, ckpt, creds); err != nil {
 			return nil, fmt.Errorf("chaos: the run's checkpoint store: %w", err)
 		}
 	}
@@ -312,7 +330,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 	for attempt := 1; ; attempt++ {
 		rec := &recorder{now: r.now, ch: make(chan Event, 1<<16)}
 		name := fmt.Sprintf("chaos-%s-%d-%d", sc.Name, seed, attempt)
-		lc := r.launchConfig(&sc, name, workers, ckpt, filepath.Join(dir, "job-"+strconv.Itoa(attempt)), rec)
+		lc := r.launchConfig(&sc, name, workers, ckpt, filepath.Join(dir, "job-"+strconv.Itoa(attempt)), rec, ru.services...)
 		ru.relaunch, ru.job = 0, name
 		lctx, cancel := context.WithCancel(ctx)
 		sched := make(chan struct{})
@@ -337,6 +355,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 		r.say("chaos: %s seed %d: launch %d ended (%v); launching again on %d workers", sc.Name, seed, attempt, err, ru.relaunch)
 		workers = ru.relaunch
 	}
+	ru.closeServices()
 	rep := ru.check(ctx, out, ref, seed)
 	rep.Dir = dir
 	if rep.Passed {

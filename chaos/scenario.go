@@ -29,6 +29,8 @@ type Scenario struct {
 	// RecoveryBound is invariant 8's bound: the longest a fault may take
 	// from injection to the first step of the rebuilt ring (default 60s).
 	RecoveryBound Duration `json:"recovery_bound,omitempty"`
+	// CI puts a built-in scenario in the CI set (CISet).
+	CI bool `json:"-"`
 	// Tolerance is invariant 4's bound when the world or the order of the
 	// arithmetic changed: the held-out accuracy within this of the
 	// undisturbed run's (default 0.01, one point).
@@ -54,6 +56,29 @@ type JobSpec struct {
 	// LeaseTTL: how long a silent worker keeps its place (default the
 	// library's).
 	LeaseTTL Duration `json:"lease_ttl,omitempty"`
+	// Etcd is "embedded" (the launcher's, the default) or "cluster" (three
+	// members and Coordinators coordinator processes the harness starts).
+	Etcd         string `json:"etcd,omitempty"`
+	Coordinators int    `json:"coordinators,omitempty"`
+	// Store is "dir" (a directory, the default) or "minio" (a MinIO server
+	// the harness starts).
+	Store string `json:"store,omitempty"`
+	// Network is "loopback" (the default) or "netns": each worker in a
+	// network namespace of its own (root only).
+	Network string `json:"network,omitempty"`
+}
+
+// has says whether the job runs beside the named service.
+func (j JobSpec) has(service string) bool {
+	switch service {
+	case "etcd":
+		return j.Etcd == "cluster"
+	case "minio":
+		return j.Store == "minio"
+	case "netns":
+		return j.Network == "netns"
+	}
+	return false
 }
 
 // FaultSpec is one fault of a schedule.
@@ -153,8 +178,14 @@ func (s *Scenario) Validate(kinds Kinds) error {
 		return bad("job.workers %d: want 1..64", s.Job.Workers)
 	case s.Job.Steps < 1:
 		return bad("job.steps %d: want at least 1", s.Job.Steps)
-	case s.Job.Kind != "" && s.Job.Kind != "ring" && s.Job.Kind != "hybrid":
-		return bad("job.kind %q: want ring or hybrid", s.Job.Kind)
+	case s.Job.Kind != "" && s.Job.Kind != "ring" && s.Job.Kind != "hybrid" && s.Job.Kind != "ps":
+		return bad("job.kind %q: want ring, hybrid or ps", s.Job.Kind)
+	case s.Job.Etcd != "" && s.Job.Etcd != "embedded" && s.Job.Etcd != "cluster":
+		return bad("job.etcd %q: want embedded or cluster", s.Job.Etcd)
+	case s.Job.Store != "" && s.Job.Store != "dir" && s.Job.Store != "minio":
+		return bad("job.store %q: want dir or minio", s.Job.Store)
+	case s.Job.Network != "" && s.Job.Network != "loopback" && s.Job.Network != "netns":
+		return bad("job.network %q: want loopback or netns", s.Job.Network)
 	case s.Expect != "" && s.Expect != "finish" && s.Expect != "stop":
 		return bad("expect %q: want finish or stop", s.Expect)
 	case s.Tolerance < 0 || s.Tolerance >= 1:
@@ -176,6 +207,8 @@ func (s *Scenario) Validate(kinds Kinds) error {
 			return bad("fault %d (%s): target %q: want rank:N or random", i, f.Kind, f.Target)
 		case k.NeedsRank && f.Target == "":
 			return bad("fault %d (%s): it needs a target (rank:N or random)", i, f.Kind)
+		case k.Needs != "" && !s.Job.has(k.Needs):
+			return bad("fault %d (%s): it needs the job's %s (job.%s)", i, f.Kind, k.Needs, map[string]string{"etcd": "etcd: cluster", "minio": "store: minio", "netns": "network: netns"}[k.Needs])
 		case k.NeedsCheckpoints && s.Job.CheckpointEvery == 0:
 			return bad("fault %d (%s): the job takes no checkpoints (job.checkpoint_every)", i, f.Kind)
 		case f.Kind == "sigstop" && f.Duration <= 0:
