@@ -277,6 +277,14 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 				SamplesPS: float64(since*b*n) / secs, Stale: stale})
 			lossSum, stale, since, mark = 0, 0, 0, now()
 		}
+		if share == 0 && step == job.Steps && spec.Sync.Mode != ps.BSP {
+			// The held-out measures and the last checkpoint are of every
+			// share's last step: under asp, ssp and hybrid the others (a
+			// share taken over in particular) may still be training.
+			if err := w.awaitOtherShares(ctx); err != nil {
+				return err
+			}
+		}
 		// A step trained again after a takeover was checkpointed (or not)
 		// by the worker that died; the last one is always saved.
 		due := (job.CheckpointEvery > 0 && step%int64(job.CheckpointEvery) == 0 && step > replayedTo) || step == job.Steps
@@ -302,6 +310,28 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 	}
 	w.rep.send(Report{Kind: "ps_share_done", Worker: w.index, Pid: os.Getpid(), Step: job.Steps, Steps: job.Steps,
 		PSShare: &PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo, Steps: job.Steps, Duplicates: dups}})
+	return nil
+}
+
+// awaitOtherShares waits until every share but 0 is done.
+func (w *psWorkerProc) awaitOtherShares(ctx context.Context) error {
+	n := int(w.job.Workers)
+	all := false
+	err := coordinator.WatchPSShares(ctx, w.cli, w.keys, func(s coordinator.PSShares) bool {
+		for share := 1; share < n; share++ {
+			if _, ok := s.Done[share]; !ok {
+				return true
+			}
+		}
+		all = true
+		return false
+	})
+	if err == nil && !all {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("phalanx: waiting for the other shares' last steps: %w", err)
+	}
 	return nil
 }
 
