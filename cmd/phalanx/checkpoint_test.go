@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -248,7 +249,8 @@ func TestCkptCommand(t *testing.T) {
 
 // TestCheckpointStoppedBelowMinimum: killing one of 3 workers of a job that
 // needs 3 makes the coordinator stop it; one survivor (the one that claims
-// it in etcd) writes a final checkpoint of the last commit alone.
+// it in etcd) writes a final checkpoint of the last commit alone; the
+// launcher exits with status 4, the job stopped.
 func TestCheckpointStoppedBelowMinimum(t *testing.T) {
 	dir := t.TempDir()
 	args := append([]string{"--workers", "3", "--min-workers", "3", "--min-workers-timeout", "500ms", "--checkpoint", dir}, ckptJobArgs...)
@@ -259,8 +261,10 @@ func TestCheckpointStoppedBelowMinimum(t *testing.T) {
 		t.Fatal(err)
 	}
 	saved := j.Until(t, "the final checkpoint", jobtest.Kind("checkpoint_saved"))
-	if _, err := j.End(); err == nil || !strings.Contains(j.Out.String(), "the coordinator stopped the job") {
-		t.Fatalf("launcher: %v, want the coordinator's stop reported", err)
+	_, err := j.End()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || !strings.Contains(j.Out.String(), "the coordinator stopped the job") {
+		t.Fatalf("launcher: %v, want exit status 4 (the job stopped) with the coordinator's stop reported", err)
 	}
 	last := 0
 	for _, e := range j.Seen {

@@ -207,6 +207,13 @@ func TestElasticFifthWorker(t *testing.T) {
 // TestCoordinatorLeaderKilled: two coordinator processes campaign; the
 // leader is killed mid-run. Training goes on in the same ring, and when a
 // worker is then lost, the standby, now leading, decides the new ring.
+//
+// Leases are 10 s, not the 2 s that would make the test quicker: no
+// generation is allowed between the kills, and on a loaded machine a
+// worker's 2 s lease can lapse between two keep-alives. The standby takes
+// over within one lease, whatever its length. The join window is 10 s so
+// that the first ring waits for all three workers however slowly they
+// start (it is decided as soon as the third registers; nobody joins later).
 func TestCoordinatorLeaderKilled(t *testing.T) {
 	e, err := coordinator.StartEmbedded(context.Background(), coordinator.EmbeddedOptions{Dir: t.TempDir()})
 	if err != nil {
@@ -214,15 +221,16 @@ func TestCoordinatorLeaderKilled(t *testing.T) {
 	}
 	defer e.Close()
 	ep := strings.Join(e.Endpoints(), ",")
+	const leaderTTL = "10s"
 	job := fmt.Sprintf("leader-kill-%d", time.Now().UnixNano())
 	coords := map[string]*exec.Cmd{}
 	for _, id := range []string{"coord-a", "coord-b"} {
 		cmd, _, _ := startProcess(t, id, "coordinator", "--etcd-endpoints", ep, "--job", job, "--id", id,
-			"--lease-ttl", "2s", "--join-window", "300ms", "--max-workers", "3")
+			"--lease-ttl", leaderTTL, "--join-window", "10s", "--max-workers", "3")
 		coords[id] = cmd
 	}
 	j := startJob(t, append([]string{"--workers", "3", "--coordinator=false", "--etcd-endpoints", ep, "--job", job,
-		"--lease-ttl", "2s"}, elasticJobArgs...)...)
+		"--lease-ttl", leaderTTL}, elasticJobArgs...)...)
 	g := j.Until(t, "a ring of 3", jobtest.WorldIs(3))
 	leader := g["decided_by"].(string)
 	standby := map[string]string{"coord-a": "coord-b", "coord-b": "coord-a"}[leader]
@@ -323,18 +331,27 @@ func TestEtcdLeaderKilled(t *testing.T) {
 // TestElasticFrozenWorker: a worker frozen with SIGSTOP keeps its sockets
 // open, so nobody's connection resets; its lease expires and the others go on
 // without it. Resumed with SIGCONT, the same process finds itself out of the
-// ring, registers again and is readmitted; nobody's state is corrupted.
+// ring, registers again and is readmitted; nobody's state is corrupted: every
+// sample is trained once and every rank ends with the same parameters.
+//
+// The lease is 10 s: long enough that no running worker's lease lapses on a
+// loaded machine (only the frozen one's may expire), and the survivors are
+// frozen in turn while the thawed worker registers again, so that the job
+// cannot end before it is readmitted (their leases outlast that pause).
 func TestElasticFrozenWorker(t *testing.T) {
-	j := startJob(t, append([]string{"--workers", "4", "--lease-ttl", "2s", "--join-window", "200ms"}, elasticJobArgs...)...)
+	j := startJob(t, append([]string{"--workers", "4", "--lease-ttl", "10s", "--join-window", "200ms"}, elasticJobArgs...)...)
 	j.Until(t, "step 20 in a ring of 4", jobtest.StepIn(4, 20))
-	victim := j.WorkerPids()[1]
+	pids := j.WorkerPids()
+	victim := pids[1]
 	stopped := time.Now()
 	jobtest.Freeze(t, victim)
 	j.Until(t, "a ring of 3", jobtest.WorldIs(3))
 	next := j.Until(t, "a step in the ring of 3", func(e jobtest.Event) bool { return e["event"] == "step" && e["world"] == 3.0 })
-	t.Logf("SIGSTOP → step %v in the new ring: %.3fs (lease TTL 2s)", next["step"], next["ts"].(float64)-float64(stopped.UnixNano())/1e9)
+	t.Logf("SIGSTOP → step %v in the new ring: %.3fs (lease TTL 10s)", next["step"], next["ts"].(float64)-float64(stopped.UnixNano())/1e9)
+	jobtest.Freeze(t, pids[0], pids[2], pids[3])
 	jobtest.Thaw(victim)
 	back := j.Until(t, "the thawed worker back in the ring", jobtest.WorldIs(4))
+	jobtest.Thaw(pids[0], pids[2], pids[3])
 	ev := j.Finish(t)
 	jobtest.CheckSamples(t, ev["step"], elasticSteps, 8000, 256, 3)
 	lost := ev["worker_lost"]
@@ -348,27 +365,39 @@ func TestElasticFrozenWorker(t *testing.T) {
 	if !found {
 		t.Errorf("ring of 4 %v without the thawed process %d", back["members"], victim)
 	}
+	if d := ev["done"]; len(d) != 1 || d[0]["parameters_identical"] != true || jobtest.Num(d[0], "world") != 4 {
+		t.Errorf("done %v: want every rank of the ring of 4 (the thawed one too) with bitwise the same parameters", d)
+	}
 }
 
-// TestHybridExcludesStraggler: in hybrid mode a worker made 10x slower (steps
+// TestHybridExcludesStraggler: in hybrid mode a worker made 30x slower (steps
 // 10 to 80) misses its step deadlines and is excluded through the
 // coordinator within the configured window (a generation without it, with a
 // straggler_excluded event); on probation it keeps receiving the ring's
 // parameters and times its own steps against the ring's pace, and once the
 // injection ends it is readmitted (straggler_readmitted). Every rank ends
 // with the same parameters, at the accuracy of an undisturbed run.
+//
+// The deadline is 3x the ring's pace and the straggler 30x slower, so that
+// on a loaded machine no worker but the injected one misses 6 steps of 8,
+// and the injected one misses all of them. The exclusion's own record
+// (late_in of window) shows the window's rule excluded it; the step it came
+// at is only bounded by the injection's span: under load the adaptive
+// deadline (a factor of the median rank's readiness) lets the straggler in
+// time now and then, and detection at step 25 has been seen.
 func TestHybridExcludesStraggler(t *testing.T) {
 	const from, to, window = 10, 80, 8
 	args := []string{"--workers", "4", "--steps", "200", "--samples", "8000", "--batch", "256", "--seed", "3", "--threads", "1"}
 	clean := startJob(t, args...).Finish(t)
-	j := startJob(t, append(args, "--sync", "hybrid", "--deadline-factor", "1.5", "--exclude-after", fmt.Sprintf("6/%d", window),
-		"--inject-slow", fmt.Sprintf("rank=3,factor=10,from=%d,to=%d", from, to), "--readmit-after", "3")...)
+	j := startJob(t, append(args, "--sync", "hybrid", "--deadline-factor", "3", "--exclude-after", fmt.Sprintf("6/%d", window),
+		"--inject-slow", fmt.Sprintf("rank=3,factor=30,from=%d,to=%d", from, to), "--readmit-after", "3")...)
 	j.Until(t, "step 5 in a ring of 4", jobtest.StepIn(4, 5))
 	slow := j.WorkerPids()[3]
 	ev := j.Finish(t)
 	ex := ev["straggler_excluded"]
-	if len(ex) == 0 || jobtest.Num(ex[0], "late_in") < 6 || jobtest.Num(ex[0], "window") != window || jobtest.Num(ex[0], "step") > from+window {
-		t.Fatalf("straggler_excluded events %v: want the first by step %d, late in at least 6 of %d", ex, from+window, window)
+	if len(ex) == 0 || jobtest.Num(ex[0], "late_in") < 6 || jobtest.Num(ex[0], "window") != window ||
+		jobtest.Num(ex[0], "step") < from+5 || jobtest.Num(ex[0], "step") >= to {
+		t.Fatalf("straggler_excluded events %v: want the first between steps %d and %d, late in at least 6 of %d", ex, from+5, to, window)
 	}
 	for _, e := range ex {
 		if jobtest.Num(e, "pid") != slow {
@@ -392,12 +421,12 @@ func TestHybridExcludesStraggler(t *testing.T) {
 			t.Fatalf("step %v of generation %d: the straggler's last readmission came before its injection ended (step %d)", e["step"], back, to)
 		}
 	}
-	stale := 0
+	staleReports := 0
 	for _, e := range ev["step"] {
-		stale += jobtest.Num(e, "stale")
+		staleReports += jobtest.Num(e, "stale")
 	}
-	if last := ev["generation"][len(ev["generation"])-1]; stale == 0 || last["world"] != 4.0 || len(ev["worker_lost"]) != 0 {
-		t.Fatalf("%d stale step reports, final generation %v, lost %v", stale, last, ev["worker_lost"])
+	if last := ev["generation"][len(ev["generation"])-1]; staleReports == 0 || last["world"] != 4.0 || len(ev["worker_lost"]) != 0 {
+		t.Fatalf("%d stale step reports, final generation %v, lost %v", staleReports, last, ev["worker_lost"])
 	}
 	a, b := clean["done"][0]["accuracy"].(float64), ev["done"][0]["accuracy"].(float64)
 	if math.Abs(a-b) > 0.01 {
@@ -427,7 +456,9 @@ func TestHybridPausedRank(t *testing.T) {
 // TestHybridStoppedProcess: a worker process stopped with SIGSTOP for three
 // step deadlines and resumed with SIGCONT freezes its data plane too, so the
 // others wait in the step's reduction rather than close without it; resumed,
-// it goes on in the same ring, without a restart and without a loss.
+// it goes on in the same ring, without a restart and without a loss. Every
+// sample was trained once or recorded as dropped with its stale rank, and
+// every rank ends with the same parameters.
 func TestHybridStoppedProcess(t *testing.T) {
 	args := []string{"--workers", "4", "--steps", "60", "--samples", "8000", "--hidden", "64", "--seed", "3", "--threads", "1",
 		"--sync", "hybrid", "--step-deadline", "100ms", "--exclude-after", "0/0"}
@@ -440,4 +471,9 @@ func TestHybridStoppedProcess(t *testing.T) {
 	if len(ev["generation"]) != 1 || len(ev["worker_lost"]) != 0 || len(ev["rank_restarted"]) != 0 || len(ev["step"]) != 60 {
 		t.Fatalf("generations %d, lost %v, restarts %v, %d steps", len(ev["generation"]), ev["worker_lost"], ev["rank_restarted"], len(ev["step"]))
 	}
+	dropped := jobtest.CheckHybridSamples(t, ev["step"], 60, 8000, 256, 3)
+	if d := ev["done"]; len(d) != 1 || d[0]["parameters_identical"] != true {
+		t.Fatalf("done %v: the ranks' parameters differ", d)
+	}
+	t.Logf("%d samples dropped with stale ranks", dropped)
 }

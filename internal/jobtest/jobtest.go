@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -50,13 +52,32 @@ func (s *Buffer) String() string {
 // its events.
 var EventsFlag = []string{"--events", "/dev/fd/3"}
 
+// DefaultDeadline bounds every wait of a Job (Until, End, Finish) and of a
+// Process's wait when the environment does not say otherwise: generous, so
+// that a loaded machine is never mistaken for a hang, yet short of go test's
+// own timeout, so that a hang is reported as what was awaited rather than
+// as a dump of every goroutine. PHALANX_TEST_WAIT (a time.Duration) changes
+// it for a whole run.
+const DefaultDeadline = 4 * time.Minute
+
+// deadline is PHALANX_TEST_WAIT, or DefaultDeadline.
+func deadline() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("PHALANX_TEST_WAIT")); err == nil && d > 0 {
+		return d
+	}
+	return DefaultDeadline
+}
+
 // Job is a launcher process whose events the test reads as they happen.
 type Job struct {
-	Cmd    *exec.Cmd
-	Out    *Buffer // its stdout and stderr
-	Seen   []Event // the events read so far
-	events chan Event
-	exited chan error
+	Cmd  *exec.Cmd
+	Out  *Buffer // its stdout and stderr
+	Seen []Event // the events read so far
+	// Deadline bounds each wait (Until, End, Finish) from its start; Start
+	// sets it to PHALANX_TEST_WAIT or DefaultDeadline.
+	Deadline time.Duration
+	events   chan Event
+	exited   chan error
 }
 
 // Start starts cmd, which must write its events to /dev/fd/3 (EventsFlag),
@@ -68,7 +89,7 @@ func Start(t testing.TB, cmd *exec.Cmd) *Job {
 		t.Fatal(err)
 	}
 	cmd.ExtraFiles = []*os.File{w}
-	j := &Job{Cmd: cmd, Out: &Buffer{}, events: make(chan Event, 1<<16), exited: make(chan error, 1)}
+	j := &Job{Cmd: cmd, Out: &Buffer{}, Deadline: deadline(), events: make(chan Event, 1<<16), exited: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = j.Out, j.Out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -99,26 +120,80 @@ func Start(t testing.TB, cmd *exec.Cmd) *Job {
 	return j
 }
 
-// Until reads events until one satisfies pred, and returns it.
+// Until reads events until one satisfies pred, and returns it. It fails the
+// test if the job ends first, or if none came within j.Deadline, naming
+// what it waited for and the last events read.
 func (j *Job) Until(t testing.TB, what string, pred func(Event) bool) Event {
 	t.Helper()
-	for e := range j.events {
-		j.Seen = append(j.Seen, e)
-		if pred(e) {
-			return e
+	timer := time.NewTimer(j.Deadline)
+	defer timer.Stop()
+	for {
+		select {
+		case e, ok := <-j.events:
+			if !ok {
+				t.Fatalf("the job ended before %s; last events:\n%s", what, j.lastEvents(10))
+				return nil
+			}
+			j.Seen = append(j.Seen, e)
+			if pred(e) {
+				return e
+			}
+		case <-timer.C:
+			t.Fatalf("waited %v for %s; last events:\n%s", j.Deadline, what, j.lastEvents(10))
+			return nil
 		}
 	}
-	t.Fatalf("the job ended before %s", what)
-	return nil
+}
+
+// lastEvents are the last n events seen, one a line.
+func (j *Job) lastEvents(n int) string {
+	var b strings.Builder
+	for _, e := range j.Seen[max(0, len(j.Seen)-n):] {
+		line, _ := json.Marshal(e)
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	if len(j.Seen) == 0 {
+		b.WriteString("(none)\n")
+	}
+	return b.String()
+}
+
+// DeadlineError is End's error when the launcher neither exited nor closed
+// its event log within Job.Deadline; End kills it then.
+type DeadlineError struct {
+	Waited time.Duration
+	Last   string // the last events seen, one a line
+}
+
+func (e *DeadlineError) Error() string {
+	return fmt.Sprintf("waited %v for the job to end; killed it; last events:\n%s", e.Waited, e.Last)
 }
 
 // End reads the remaining events and waits for the launcher's exit; it
-// returns every event by kind and the exit error.
+// returns every event by kind and the exit error: a *DeadlineError if that
+// took longer than j.Deadline (the launcher is killed then).
 func (j *Job) End() (map[string][]Event, error) {
-	for e := range j.events {
+	timer := time.NewTimer(j.Deadline)
+	defer timer.Stop()
+	var err error
+	timedOut := false
+	for e := range j.eventsUntil(timer.C, &timedOut) {
 		j.Seen = append(j.Seen, e)
 	}
-	err := <-j.exited
+	if timedOut {
+		j.Cmd.Process.Kill()
+		<-j.exited
+		err = &DeadlineError{Waited: j.Deadline, Last: j.lastEvents(10)}
+	} else {
+		select {
+		case err = <-j.exited:
+		case <-timer.C:
+			j.Cmd.Process.Kill()
+			<-j.exited
+			err = &DeadlineError{Waited: j.Deadline, Last: j.lastEvents(10)}
+		}
+	}
 	j.exited <- err // for a second call
 	by := map[string][]Event{}
 	for _, e := range j.Seen {
@@ -126,6 +201,24 @@ func (j *Job) End() (map[string][]Event, error) {
 		by[k] = append(by[k], e)
 	}
 	return by, err
+}
+
+// eventsUntil yields j's events until the log closes or stop fires (then
+// *timedOut is set).
+func (j *Job) eventsUntil(stop <-chan time.Time, timedOut *bool) func(func(Event) bool) {
+	return func(yield func(Event) bool) {
+		for {
+			select {
+			case e, ok := <-j.events:
+				if !ok || !yield(e) {
+					return
+				}
+			case <-stop:
+				*timedOut = true
+				return
+			}
+		}
+	}
 }
 
 // Finish is End for a job that must succeed.
@@ -190,7 +283,9 @@ func LastLines(s string, n int) string {
 
 // Process starts cmd as a helper process (a worker added by hand, a
 // coordinator, an etcd member), killed when the test ends; its output is
-// logged if the test failed. wait returns its exit error.
+// logged if the test failed. wait returns its exit error, or, if it has not
+// exited within PHALANX_TEST_WAIT or DefaultDeadline, kills it and returns
+// an error saying so.
 func Process(t testing.TB, name string, cmd *exec.Cmd) (out *Buffer, wait func() error) {
 	t.Helper()
 	out = &Buffer{}
@@ -201,7 +296,19 @@ func Process(t testing.TB, name string, cmd *exec.Cmd) (out *Buffer, wait func()
 	exited := make(chan struct{})
 	var werr error
 	go func() { werr = cmd.Wait(); close(exited) }()
-	wait = func() error { <-exited; return werr }
+	limit := deadline()
+	wait = func() error {
+		timer := time.NewTimer(limit)
+		defer timer.Stop()
+		select {
+		case <-exited:
+			return werr
+		case <-timer.C:
+			cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("waited %v for %s to exit; killed it (%v)", limit, name, werr)
+		}
+	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		<-exited
@@ -273,6 +380,75 @@ func CheckSamples(t testing.TB, steps []Event, total, samples, batch int, seed u
 		}
 		pos = next
 	}
+}
+
+// CheckHybridSamples is CheckSamples for a hybrid-mode job, whose steps may
+// close without some ranks: every step was trained once, in order, and
+// every sample of the sampler's global batch was either trained in it or
+// recorded as dropped (the step's stale ranks' shards). A step's
+// fingerprint must be that of the shards of exactly its participants ranks
+// of its world, participants + stale = world. It returns the number of
+// samples dropped.
+func CheckHybridSamples(t testing.TB, steps []Event, total, samples, batch int, seed uint64) (dropped int) {
+	t.Helper()
+	s, err := worker.NewSampler(samples, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != total {
+		t.Fatalf("%d step events, want %d", len(steps), total)
+	}
+	var pos worker.Position
+	for i, e := range steps {
+		if Num(e, "step") != i+1 {
+			t.Fatalf("step event %d is of step %d", i+1, Num(e, "step"))
+		}
+		world, parts, stale := Num(e, "world"), Num(e, "participants"), Num(e, "stale")
+		if parts+stale != world || parts < 1 {
+			t.Fatalf("step %d: %d participants and %d stale in a world of %d", i+1, parts, stale, world)
+		}
+		shards := make([]worker.Fingerprint, world)
+		var next worker.Position
+		for r := range world {
+			idx, _, n, err := s.Batch(pos, batch, world, r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shards[r], next = worker.FingerprintOf(idx), n
+		}
+		var got worker.Fingerprint
+		for k, v := range e["fingerprint"].([]any) {
+			got[k] = v.(float64)
+		}
+		found := false
+		for set := 0; set < 1<<world && !found; set++ {
+			var sum worker.Fingerprint
+			n, lost := 0, 0.0
+			for r := range world {
+				if set&(1<<r) == 0 {
+					lost += shards[r][0]
+					continue
+				}
+				n++
+				for k := range sum {
+					sum[k] += shards[r][k]
+				}
+			}
+			if n == parts && sum == got {
+				found = true
+				dropped += int(lost)
+			}
+		}
+		if !found {
+			t.Fatalf("step %d (generation %v, world %v, %d participants) trained on samples with fingerprint %v: not the shards of %d of its ranks (global batch: %v)",
+				i+1, e["generation"], world, parts, got, parts, shards)
+		}
+		if int64(Num(e, "epoch")) != next.Epoch || int64(Num(e, "offset")) != next.Offset {
+			t.Fatalf("step %d ended at %v/%v, want %+v", i+1, e["epoch"], e["offset"], next)
+		}
+		pos = next
+	}
+	return dropped
 }
 
 // NewestComplete is the manifest of the newest complete checkpoint in s.
