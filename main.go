@@ -69,6 +69,8 @@ func runProcess(raw string, reg *Registry, stdout, stderr io.Writer) int {
 		err = RunPSServer(ctx, cfg, fmt.Sprintf("ps-%d", spec.Index), nil)
 	case "ps-worker":
 		_, err = runPSWorkerProcess(ctx, cfg, reg, spec.Index)
+	case "etcd-member", "coordinator":
+		err = runServiceProcess(ctx, raw, log, stdout)
 	default:
 		err = fmt.Errorf("phalanx: unknown process role %q", spec.Role)
 	}

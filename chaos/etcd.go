@@ -1,11 +1,68 @@
 package chaos
 
-// etcdService is the 3-member external etcd cluster and the coordinator
-// processes a scenario with job.etcd "cluster" runs against (nil: none).
-func etcdService(*Scenario) (Service, error) { return nil, nil }
+import "time"
 
-// etcdKinds are the faults on the etcd cluster and the coordinators.
-func etcdKinds() []Kind { return nil }
+// etcdKinds are the faults on the etcd cluster and the coordinators. None
+// changes the ring by itself: a 3-member cluster keeps its quorum with one
+// member lost, and the ring trains on while its coordinator fails over.
+// Each heal's evidence carries the recovery figures, against the lease
+// TTL: when another etcd member led and the cluster took a write again,
+// or when a standby coordinator led and decided its first generation.
+func etcdKinds() []Kind {
+	return []Kind{
+		{Name: "etcd-kill", Doc: "SIGKILL an etcd member (target rank:N is member N, random a random one, none the leader); with a duration it is restarted on its data after it, else it stays dead (two of three keep the quorum)",
+			Needs: "etcd", Changes: "none",
+			New: func(p Planned) Fault { return &memberFault{p: p} }},
+		{Name: "etcd-pause", Doc: "SIGSTOP an etcd member (target as etcd-kill; none: the leader) for the fault's duration, then SIGCONT; keep it under the lease TTL",
+			Needs: "etcd", Changes: "none",
+			New: func(p Planned) Fault { return &memberFault{p: p, stop: true} }},
+		{Name: "coordinator-leader-kill", Doc: "SIGKILL the coordinator process that leads the job's election: a standby takes over within the lease TTL and decides the next generations",
+			Needs: "etcd", Changes: "none",
+			New: func(p Planned) Fault { return &coordinatorKill{} }},
+	}
+}
+
+// clusterJob is smallJob on a 3-member etcd cluster with two coordinator
+// processes.
+func clusterJob(workers int) JobSpec {
+	j := smallJob(workers, 0)
+	j.Etcd, j.Coordinators = "cluster", 2
+	return j
+}
 
 // etcdScenarios are the built-in scenarios of etcd and coordinator faults.
-func etcdScenarios() []Scenario { return nil }
+// Each kills a worker after its fault, so that the job's coordinator must
+// decide a new ring through what is left of the cluster, or (after a
+// coordinator's loss) the standby must.
+func etcdScenarios() []Scenario {
+	return []Scenario{
+		{Name: "etcd-leader-kill", CI: true,
+			Description: "SIGKILL of the etcd cluster's leader (it stays dead: two of three keep the quorum), then of a worker: the coordinator decides the new ring through the two members left",
+			Job:         clusterJob(3),
+			Faults: []FaultSpec{
+				{Kind: "etcd-kill", Trigger: Trigger{Step: 20}},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 60, StepMax: 80}},
+			}},
+		{Name: "etcd-pause", CI: true,
+			Description: "SIGSTOP of the etcd cluster's leader for 2s (under the lease TTL), then SIGCONT, then SIGKILL of a worker: the ring trains on, and the new ring is decided",
+			Job:         clusterJob(3),
+			Faults: []FaultSpec{
+				{Kind: "etcd-pause", Trigger: Trigger{Step: 20}, Duration: Duration(2 * time.Second)},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 70, StepMax: 90}},
+			}},
+		{Name: "coordinator-failover", CI: true,
+			Description: "SIGKILL of the coordinator that leads, then of a worker: the standby coordinator takes over within the lease TTL and decides the new ring",
+			Job:         clusterJob(3),
+			Faults: []FaultSpec{
+				{Kind: "coordinator-leader-kill", Trigger: Trigger{Step: 20}},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 40, StepMax: 60}},
+			}},
+		{Name: "etcd-member-restart",
+			Description: "SIGKILL of etcd member 1 for 3s, then restarted on its data; then SIGKILL of a worker",
+			Job:         clusterJob(3),
+			Faults: []FaultSpec{
+				{Kind: "etcd-kill", Target: "rank:1", Trigger: Trigger{Step: 20}, Duration: Duration(3 * time.Second)},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 80, StepMax: 100}},
+			}},
+	}
+}

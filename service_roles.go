@@ -1,0 +1,110 @@
+package phalanx
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/coordinator"
+)
+
+// EtcdMember is one member of an etcd cluster run as a process of this
+// program (EtcdMemberCommand): the embedded server on loopback.
+type EtcdMember struct {
+	Name string `json:"name"`
+	Dir  string `json:"dir"`
+	// ClientPort and PeerPort are fixed: the cluster's members name each
+	// other's peer ports in InitialCluster (name=http://host:port,...).
+	ClientPort     int    `json:"client_port"`
+	PeerPort       int    `json:"peer_port"`
+	InitialCluster string `json:"initial_cluster"`
+}
+
+// CoordinatorProcess is a standby-capable coordinator of a job run as a
+// process of this program (CoordinatorCommand): RunCoordinator's
+// configuration without its logger and callback.
+type CoordinatorProcess struct {
+	Job               string        `json:"job"`
+	Etcd              []string      `json:"etcd"`
+	ID                string        `json:"id"`
+	MinWorkers        int           `json:"min_workers"`
+	MaxWorkers        int           `json:"max_workers"`
+	MinWorkersTimeout time.Duration `json:"min_workers_timeout"`
+	JoinWindow        time.Duration `json:"join_window"`
+	LeaseTTL          time.Duration `json:"lease_ttl"`
+}
+
+// EtcdMemberServing starts the line an etcd member process prints on its
+// stdout once it serves, followed by its client endpoint.
+const EtcdMemberServing = "etcd member serving "
+
+// serviceSpec is what a service process (an etcd member, a coordinator)
+// is told beyond processSpec.
+type serviceSpec struct {
+	processSpec
+	EtcdMember  *EtcdMember         `json:"etcd_member,omitempty"`
+	Coordinator *CoordinatorProcess `json:"coordinator,omitempty"`
+}
+
+// EtcdMemberCommand is a command of this program (which must call Main
+// first thing) that runs m until killed: it prints EtcdMemberServing and
+// its client endpoint on stdout once it serves, and logs to stderr at
+// logLevel. A SIGTERM closes it cleanly.
+func EtcdMemberCommand(m EtcdMember, logLevel string) (*exec.Cmd, error) {
+	return serviceCommand(serviceSpec{processSpec: processSpec{Role: "etcd-member", LogLevel: logLevel}, EtcdMember: &m})
+}
+
+// CoordinatorCommand is a command of this program (which must call Main
+// first thing) that runs a coordinator of c.Job against c.Etcd until the
+// job is done (exit 0) or it is signalled.
+func CoordinatorCommand(c CoordinatorProcess, logLevel string) (*exec.Cmd, error) {
+	return serviceCommand(serviceSpec{processSpec: processSpec{Role: "coordinator", LogLevel: logLevel}, Coordinator: &c})
+}
+
+func serviceCommand(s serviceSpec) (*exec.Cmd, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	cmd, err := selfCommand()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Env = append(os.Environ(), workerEnv+"="+string(b))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the harness
+	return cmd, nil
+}
+
+// runServiceProcess runs a service process's role from its raw spec.
+func runServiceProcess(ctx context.Context, raw string, log *zap.Logger, stdout io.Writer) error {
+	var s serviceSpec
+	if err := json.Unmarshal([]byte(raw), &s); err != nil {
+		return fmt.Errorf("phalanx: a service process spec: %w", err)
+	}
+	switch {
+	case s.Role == "etcd-member" && s.EtcdMember != nil:
+		m := s.EtcdMember
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: m.Dir, Name: m.Name, Logger: log,
+			ClientPort: m.ClientPort, PeerPort: m.PeerPort, InitialCluster: m.InitialCluster, ReadyTimeout: time.Minute})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		fmt.Fprintf(stdout, "%s%s\n", EtcdMemberServing, strings.Join(e.Endpoints(), ","))
+		<-ctx.Done()
+		return nil
+	case s.Role == "coordinator" && s.Coordinator != nil:
+		c := s.Coordinator
+		return RunCoordinator(ctx, CoordinatorConfig{Job: c.Job, Etcd: c.Etcd, ID: c.ID, MinWorkers: c.MinWorkers, MaxWorkers: c.MaxWorkers,
+			MinWorkersTimeout: c.MinWorkersTimeout, JoinWindow: c.JoinWindow, LeaseTTL: c.LeaseTTL, Logger: log})
+	}
+	return fmt.Errorf("phalanx: a %s process without its spec", s.Role)
+}
