@@ -2,20 +2,649 @@ package chaos
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
 
 	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/coordinator"
 )
+
+// A parameter-server job (job.kind ps) is the sparse-lr example (or
+// job.model) over parameter servers. Besides the model's own options,
+// job.options takes these, which configure the servers and are not passed
+// to the model:
+//
+//	consistency   bsp (default), ssp or asp
+//	ps-servers    server processes (default 2)
+//	ps-shards     shards of the parameters (default one per server)
+//	ps-replicas   backups of each shard (default 1: a primary can be killed)
+//	ps-partition  hash (default) or range
+//	report-every  steps between step events (default a fiftieth of the job)
+//
+// job.steps must be the model's step count: for sparse-lr, (examples /
+// workers / (batch / workers)) × epochs (psModelSteps).
+const (
+	psOptConsistency = "consistency"
+	psOptServers     = "ps-servers"
+	psOptShards      = "ps-shards"
+	psOptReplicas    = "ps-replicas"
+	psOptPartition   = "ps-partition"
+	psOptReportEvery = "report-every"
+)
+
+// psDefaultModel is the model of a ps job that names none.
+const psDefaultModel = "sparse-lr"
+
+// psDefaultTolerance is invariant 4's AUC bound for a ps job whose
+// scenario sets none: a lost worker's or primary's steps are applied once
+// either way, only the order of the servers' float sums differs (the
+// command's own tests hold a lost worker within 0.002, a lost primary
+// within 0.005).
+const psDefaultTolerance = 0.005
+
+func isPSOption(k string) bool {
+	switch k {
+	case psOptConsistency, psOptServers, psOptShards, psOptReplicas, psOptPartition, psOptReportEvery:
+		return true
+	}
+	return false
+}
 
 // psConfigure makes a launch of a scenario's job.kind "ps" a
 // parameter-server job.
-func psConfigure(sc *Scenario, lc *phalanx.LaunchConfig) {}
+func psConfigure(sc *Scenario, lc *phalanx.LaunchConfig) {
+	j := sc.Job
+	if j.Model == "" {
+		lc.Model = psDefaultModel
+	}
+	model := map[string]string{}
+	for k, v := range j.Options {
+		if !isPSOption(k) {
+			model[k] = v
+		}
+	}
+	lc.ModelOptions = model
+	opt := func(k string, def int) int {
+		if n, err := strconv.Atoi(j.Options[k]); err == nil {
+			return n
+		}
+		return def
+	}
+	lc.PS.Servers = opt(psOptServers, 2)
+	lc.PS.Shards = opt(psOptShards, lc.PS.Servers)
+	lc.PS.Replicas = opt(psOptReplicas, min(1, lc.PS.Servers-1))
+	if p := j.Options[psOptPartition]; p != "" {
+		lc.PS.Partition = p
+	}
+	lc.PS.ReportEvery = opt(psOptReportEvery, int(max(1, j.Steps/50)))
+	lc.Sync.Mode = "bsp"
+	if c := j.Options[psOptConsistency]; c != "" {
+		lc.Sync.Mode = c
+	}
+	if j.LeaseTTL == 0 {
+		lc.LeaseTTL = 2 * time.Second // a dead primary's or worker's lease goes soon
+	}
+}
+
+// psModelSteps is the step count of a scenario's sparse-lr job (what its
+// job.steps must be), or 0 for another model.
+func psModelSteps(r *Runner, sc *Scenario) int64 {
+	lc := r.launchConfig(sc, "steps", sc.Job.Workers, "", "", nil)
+	g, ok := psGeometryOf(r, &lc)
+	if !ok {
+		return 0
+	}
+	return g.perEpoch * g.epochs
+}
+
+// psGeometry is how sparse-lr lays its examples out: share s trains, at
+// step k (from 0) of each epoch, examples s*examples/workers + k*batch
+// + 0..batch-1.
+type psGeometry struct {
+	examples, workers, batch, perEpoch, epochs int64
+}
+
+func psGeometryOf(r *Runner, lc *phalanx.LaunchConfig) (psGeometry, bool) {
+	if lc.Model != psDefaultModel || r.Registry == nil || lc.Workers < 1 {
+		return psGeometry{}, false
+	}
+	spec, err := r.Registry.Lookup(lc.Model)
+	if err != nil {
+		return psGeometry{}, false
+	}
+	o, err := spec.Resolve(lc.ModelOptions)
+	if err != nil {
+		return psGeometry{}, false
+	}
+	ex, err1 := o.Int("examples")
+	ep, err2 := o.Int("epochs")
+	if err1 != nil || err2 != nil {
+		return psGeometry{}, false
+	}
+	g := psGeometry{examples: int64(ex), workers: int64(lc.Workers), batch: int64(lc.Batch / lc.Workers), epochs: int64(ep)}
+	if g.batch < 1 {
+		return psGeometry{}, false
+	}
+	g.perEpoch = g.examples / g.workers / g.batch
+	return g, g.perEpoch > 0
+}
+
+// psPush is a shard's account of one share's pushes (ps_pushes).
+type psPush struct{ share, last, applied, dups, base int64 }
+
+// psAccount is one ps_pushes event.
+type psAccount struct {
+	table, shard, clock int64
+	exactlyOnce         any // bool, or nil under asp
+	pushes              []psPush
+}
+
+// psFacts are the events of a ps job's last launch, read.
+type psFacts struct {
+	workers, shards, steps      int64
+	consistency                 string
+	done                        *Event
+	accounts                    []psAccount
+	claims, finished            map[int64][]Event // ps_share and ps_share_done by share
+	failovers, lost, stepEvents []Event
+}
+
+func psFactsOf(evs []Event) psFacts {
+	for i := len(evs) - 1; i >= 0; i-- { // the last launch's
+		if evs[i].Kind == "job_started" {
+			evs = evs[i:]
+			break
+		}
+	}
+	f := psFacts{claims: map[int64][]Event{}, finished: map[int64][]Event{}}
+	for i, e := range evs {
+		switch e.Kind {
+		case "job_started":
+			f.workers, f.shards = e.num("workers"), e.num("ps_shards")
+			f.consistency, _ = e.Fields["consistency"].(string)
+		case "done":
+			f.done = &evs[i]
+			f.steps = e.num("steps")
+		case "ps_pushes":
+			a := psAccount{table: e.num("table"), shard: e.num("shard"), clock: e.num("clock"), exactlyOnce: e.Fields["exactly_once"]}
+			ps, _ := e.Fields["pushes"].([]any)
+			for _, p := range ps {
+				m, _ := p.(map[string]any)
+				x := Event{Fields: m}
+				a.pushes = append(a.pushes, psPush{share: x.num("share"), last: x.num("last"), applied: x.num("applied"),
+					dups: x.num("duplicates"), base: x.num("base")})
+			}
+			slices.SortFunc(a.pushes, func(x, y psPush) int { return int(x.share - y.share) })
+			f.accounts = append(f.accounts, a)
+		case "ps_share":
+			f.claims[e.num("share")] = append(f.claims[e.num("share")], e)
+		case "ps_share_done":
+			f.finished[e.num("share")] = append(f.finished[e.num("share")], e)
+		case "ps_failover":
+			f.failovers = append(f.failovers, e)
+		case "ps_worker_lost":
+			f.lost = append(f.lost, e)
+		case "step":
+			f.stepEvents = append(f.stepEvents, e)
+		}
+	}
+	return f
+}
 
 // psVerdicts replace the ring invariants that do not fit a
-// parameter-server job (2, 3, 4, 6) with its own.
-func psVerdicts(ctx context.Context, ru *run, out, ref *Outcome) []Verdict { return nil }
+// parameter-server job (2, 3, 4, 6) with its own, and time its faults'
+// recovery (8): a ps job has no ring generations to time it by.
+func psVerdicts(ctx context.Context, ru *run, out, ref *Outcome) []Verdict {
+	f, rf := psFactsOf(out.Events), psFactsOf(ref.Events)
+	lc := ru.r.launchConfig(ru.sc, "check", int(max(f.workers, 1)), "", "", nil)
+	g, geo := psGeometryOf(ru.r, &lc)
+	return []Verdict{
+		psCheckExamples(f, g, geo),
+		psCheckReplicas(f, rf),
+		psCheckModel(out, ref, ru.sc.Tolerance),
+		psCheckPushes(f, rf),
+		psCheckRecovery(ru.faults, f, time.Duration(ru.sc.RecoveryBound)),
+	}
+}
+
+// psCheckExamples is invariant 2: every share trained to the end by one
+// worker at a time, and (sparse-lr, a push every step) every example of
+// every epoch trained exactly once, on every shard, from the shards' own
+// accounts of the steps they applied.
+func psCheckExamples(f psFacts, g psGeometry, geo bool) Verdict {
+	if f.done == nil {
+		return verdict(2, false, "no done event: the job did not finish")
+	}
+	var bad, adopted []string
+	for share := range f.workers {
+		if n := len(f.finished[share]); n != 1 {
+			bad = append(bad, fmt.Sprintf("share %d finished %d times", share, n))
+		}
+		for _, c := range f.claims[share] {
+			if c.Fields["reason"] == "adopted" {
+				adopted = append(adopted, fmt.Sprintf("share %d adopted by worker %d (pid %d) from step %d, replayed to %d",
+					share, c.num("worker"), c.num("pid"), c.num("from"), c.num("replayed_to")))
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return verdict(2, false, "%s", joinLimited(bad, 5))
+	}
+	claims := fmt.Sprintf("%d shares each finished once (%d claims", f.workers, len(flatten(f.claims)))
+	if len(adopted) > 0 {
+		claims += "; " + joinLimited(adopted, 3)
+	}
+	claims += ")"
+	if len(f.accounts) == 0 {
+		return verdict(2, false, "%s, but no shard accounted for its pushes (no ps_pushes event)", claims)
+	}
+	if f.consistency == "asp" || !geo {
+		// A step pushes only the shards its keys fall on (asp), or the
+		// model's examples are not laid out as sparse-lr's: the steps each
+		// share trained, from the shards' highest step.
+		for share := range f.workers {
+			var last int64
+			for _, a := range f.accounts {
+				for _, p := range a.pushes {
+					if p.share == share {
+						last = max(last, p.last)
+					}
+				}
+			}
+			if last != f.steps {
+				return verdict(2, false, "%s; but share %d's last step on any shard is %d of %d", claims, share, last, f.steps)
+			}
+		}
+		return verdict(2, true, "%s; every share's last step %d reached the shards (%s: examples not mapped to steps)", claims, f.steps, f.consistency)
+	}
+	trained := g.workers * g.perEpoch * g.batch
+	epochs := (f.steps + g.perEpoch - 1) / g.perEpoch
+	for _, a := range f.accounts {
+		counts := make([][]uint8, epochs)
+		for e := range counts {
+			counts[e] = make([]uint8, g.examples)
+		}
+		var from int64 = -1
+		for _, p := range a.pushes {
+			if p.applied != p.last-p.base {
+				return verdict(2, false, "shard %d's account of share %d: %d steps applied after step %d, up to step %d: a step skipped or applied twice",
+					a.shard, p.share, p.applied, p.base, p.last)
+			}
+			if from < 0 || p.base < from {
+				from = p.base
+			}
+			lo := p.share * g.examples / g.workers
+			for step := p.base + 1; step <= p.last; step++ {
+				e, k := (step-1)/g.perEpoch, (step-1)%g.perEpoch
+				for i := range g.batch {
+					x := lo + k*g.batch + i
+					if counts[e][x]++; counts[e][x] > 1 {
+						return verdict(2, false, "shard %d: example %d of epoch %d trained twice (share %d, step %d)", a.shard, x, e+1, p.share, step)
+					}
+				}
+			}
+		}
+		for e := max(from, 0) / g.perEpoch; e < epochs; e++ {
+			n := int64(0)
+			for _, c := range counts[e] {
+				n += int64(c)
+			}
+			if n != trained {
+				return verdict(2, false, "shard %d: %d examples of epoch %d trained, want %d (%d shares × %d steps × %d)",
+					a.shard, n, e+1, trained, g.workers, g.perEpoch, g.batch)
+			}
+		}
+	}
+	return verdict(2, true, "%s; on each of the %d shards, each of the %d epochs trained each of its %d examples exactly once (%d shares × %d steps × batch %d; %d of %d examples outside every share's steps)",
+		claims, len(f.accounts), epochs, trained, g.workers, g.perEpoch, g.batch, g.examples-trained, g.examples)
+}
+
+func flatten(m map[int64][]Event) []Event {
+	var out []Event
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, m[k]...)
+	}
+	return out
+}
+
+// psCheckReplicas is invariant 3 as far as it can be checked: a backup's
+// rows are never read (the servers end with the job), but a shard that
+// failed over ends on its promoted backup, whose account of every share's
+// pushes must be the undisturbed run's primary's.
+func psCheckReplicas(f, rf psFacts) Verdict {
+	if len(f.failovers) == 0 {
+		return notApplicable(3, "no shard failed over: a backup's rows are not read (the servers end with the job)")
+	}
+	var got []string
+	for _, fo := range f.failovers {
+		shard := fo.num("shard")
+		a, ok := accountOf(f.accounts, shard)
+		b, ok2 := accountOf(rf.accounts, shard)
+		switch {
+		case !ok:
+			return verdict(3, false, "shard %d failed over from %v to %v and gave no account at the end", shard, fo.Fields["old"], fo.Fields["new"])
+		case !ok2:
+			return verdict(3, false, "the undisturbed run has no account of shard %d", shard)
+		case a.clock != b.clock || !sameApplied(a.pushes, b.pushes):
+			return verdict(3, false, "shard %d's promoted backup %v ended at clock %d with pushes %v; the undisturbed primary at clock %d with %v",
+				shard, fo.Fields["new"], a.clock, a.pushes, b.clock, b.pushes)
+		}
+		got = append(got, fmt.Sprintf("shard %d's backup %v, promoted from %v, ended at clock %d with every share's %d pushes, as the undisturbed primary",
+			shard, fo.Fields["new"], fo.Fields["old"], a.clock, a.pushes[0].applied))
+	}
+	return verdict(3, true, "%s (backups not promoted are not read)", joinLimited(got, 3))
+}
+
+func accountOf(as []psAccount, shard int64) (psAccount, bool) {
+	for _, a := range as {
+		if a.shard == shard {
+			return a, len(a.pushes) > 0
+		}
+	}
+	return psAccount{}, false
+}
+
+// sameApplied: the same steps of every share applied (duplicates refused
+// may differ: a disturbed run replays some).
+func sameApplied(a, b []psPush) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].share != b[i].share || a[i].last != b[i].last || a[i].applied != b[i].applied || a[i].base != b[i].base {
+			return false
+		}
+	}
+	return true
+}
+
+// psCheckModel is invariant 4: the held-out AUC within the tolerance of
+// the undisturbed run's. Never bitwise: a ps job's result has no
+// parameters checksum, and its servers sum pushes in arrival order.
+func psCheckModel(out, ref *Outcome, tol float64) Verdict {
+	if out.Result == nil || ref.Result == nil {
+		return verdict(4, false, "the job has no final model")
+	}
+	got, ok1 := out.Result.Metrics["auc"]
+	want, ok2 := ref.Result.Metrics["auc"]
+	if !ok1 || !ok2 {
+		return verdict(4, false, "no held-out AUC: the run's metrics %v, the undisturbed run's %v", out.Result.Metrics, ref.Result.Metrics)
+	}
+	if tol == 0 {
+		tol = psDefaultTolerance
+	}
+	d := math.Abs(got - want)
+	return verdict(4, d <= tol, "not bitwise (servers sum pushes in arrival order): held-out AUC %.5f, the undisturbed run's %.5f: %.5f apart (tolerance %.4f); log-loss %.5f vs %.5f; the teacher's AUC %.4f",
+		got, want, d, tol, out.Result.Metrics["logloss"], ref.Result.Metrics["logloss"], out.Result.Metrics["bayes_auc"])
+}
+
+// psCheckPushes is invariant 6: on every shard, every share's steps
+// pushed once each (a push's id is its step), the replays after a
+// takeover or a failover refused as duplicates and counted.
+func psCheckPushes(f, rf psFacts) Verdict {
+	if f.done == nil {
+		return verdict(6, false, "no done event: the shards' accounts were not read")
+	}
+	if want := f.shards; want > 0 && int64(len(f.accounts)) < want {
+		return verdict(6, false, "%d shard accounts (ps_pushes) for %d shards", len(f.accounts), want)
+	}
+	var refused, counted, refRefused int64
+	for _, a := range f.accounts {
+		if int64(len(a.pushes)) != f.workers {
+			return verdict(6, false, "shard %d accounts for %d shares, not %d", a.shard, len(a.pushes), f.workers)
+		}
+		for _, p := range a.pushes {
+			refused += p.dups
+			switch {
+			case f.consistency == "asp" && p.applied > p.last-p.base:
+				return verdict(6, false, "shard %d took %d pushes of share %d for steps %d..%d: one applied twice", a.shard, p.applied, p.share, p.base+1, p.last)
+			case f.consistency != "asp" && (p.last != f.steps || p.applied != p.last-p.base):
+				return verdict(6, false, "shard %d's account of share %d: last step %d of %d, %d pushes taken since step %d: a push lost or applied twice",
+					a.shard, p.share, p.last, f.steps, p.applied, p.base)
+			}
+		}
+		if f.consistency != "asp" && a.exactlyOnce != true {
+			return verdict(6, false, "shard %d: exactly_once %v", a.shard, a.exactlyOnce)
+		}
+		if f.consistency != "asp" && a.clock != f.steps {
+			return verdict(6, false, "shard %d closed %d clocks of %d", a.shard, a.clock, f.steps)
+		}
+	}
+	for _, d := range flatten(f.finished) {
+		counted += d.num("duplicates")
+	}
+	for _, a := range rf.accounts {
+		for _, p := range a.pushes {
+			refRefused += p.dups
+		}
+	}
+	what := fmt.Sprintf("each share's steps 1..%d taken exactly once on every shard (applied = last − base, clock %d)", f.steps, f.steps)
+	if f.consistency == "asp" {
+		what = fmt.Sprintf("no share's step taken twice on any shard (asp: a step pushes only the shards its keys fall on; last step %d)", f.steps)
+	}
+	return verdict(6, true, "%d shard accounts × %d shares: %s; %d replayed pushes refused as duplicates by the shards (the workers finishing the shares counted %d; the undisturbed run's shards %d)",
+		len(f.accounts), f.workers, what, refused, counted, refRefused)
+}
+
+// psCheckRecovery is invariant 8 for a ps job: from a fault's injection to
+// the first step after the job took it in (a shard's failover, or the lost
+// worker's shares adopted), within the bound.
+func psCheckRecovery(faults []*FaultRecord, f psFacts, bound time.Duration) Verdict {
+	if bound == 0 {
+		bound = time.Minute
+	}
+	var got, bad []string
+	timed := 0
+	for _, fr := range faults {
+		if fr.Injected.IsZero() || fr.Error != "" {
+			continue
+		}
+		var took time.Time
+		var what string
+		switch x := fr.fault.(type) {
+		case *psPrimaryKill:
+			for _, fo := range f.failovers {
+				if fo.num("shard") == x.shard && fo.Fields["old"] == x.server && fo.At.After(fr.Injected) {
+					took, what = fo.At, fmt.Sprintf("shard %d failed over to %v after %.2fs", x.shard, fo.Fields["new"], fo.At.Sub(fr.Injected).Seconds())
+					break
+				}
+			}
+		case *psWorkerKill:
+			left := map[int64]bool{}
+			for _, s := range x.shares {
+				left[s] = true
+			}
+			for _, c := range flatten(f.claims) {
+				if left[c.num("share")] && c.Fields["reason"] == "adopted" && c.At.After(fr.Injected) {
+					delete(left, c.num("share"))
+					if c.At.After(took) {
+						took = c.At
+					}
+				}
+			}
+			if len(left) > 0 {
+				took = time.Time{}
+			} else {
+				what = fmt.Sprintf("shares %v adopted after %.2fs", x.shares, took.Sub(fr.Injected).Seconds())
+			}
+		default:
+			continue
+		}
+		timed++
+		if took.IsZero() {
+			bad = append(bad, fmt.Sprintf("fault %d (%s): the job never took it in (no failover or adoption after it)", fr.Index, fr.Kind))
+			continue
+		}
+		for _, s := range f.stepEvents {
+			if !s.At.Before(took) {
+				fr.RecoveredAt, fr.RecoveryS = s.At, s.At.Sub(fr.Injected).Seconds()
+				break
+			}
+		}
+		if fr.RecoveredAt.IsZero() {
+			bad = append(bad, fmt.Sprintf("fault %d (%s): %s, and no step after", fr.Index, fr.Kind, what))
+			continue
+		}
+		got = append(got, fmt.Sprintf("fault %d (%s): %s, first step (%d) after %.2fs", fr.Index, fr.Kind, what,
+			stepAt(f.stepEvents, fr.RecoveredAt), fr.RecoveryS))
+		if fr.RecoveryS > bound.Seconds() {
+			bad = append(bad, fmt.Sprintf("fault %d (%s): %.2fs, over the bound %v", fr.Index, fr.Kind, fr.RecoveryS, bound))
+		}
+	}
+	switch {
+	case timed == 0:
+		return notApplicable(8, "no fault of the parameter-server job was timed")
+	case len(bad) > 0:
+		return verdict(8, false, "%s", joinLimited(bad, 5))
+	}
+	return verdict(8, true, "injection to the first step after the job took the fault in: %s (bound %v)", joinLimited(got, 5), bound)
+}
+
+func stepAt(steps []Event, at time.Time) int64 {
+	for _, s := range steps {
+		if s.At.Equal(at) {
+			return s.num("step")
+		}
+	}
+	return 0
+}
 
 // psKinds are the parameter-server faults.
-func psKinds() []Kind { return nil }
+func psKinds() []Kind {
+	return []Kind{
+		{Name: "ps-primary-kill", Doc: "SIGKILL the parameter server that is primary of a shard (the fault's pick chooses the shard; job.kind ps with a backup per shard): its backup takes over once the lease expires, the workers resend what was not acknowledged",
+			Changes: "ring",
+			New:     func(p Planned) Fault { return &psPrimaryKill{pick: p.Pick} }},
+		{Name: "ps-worker-kill", Doc: "SIGKILL a parameter-server worker process (the fault's pick chooses among those training a share; job.kind ps): another worker adopts its shares and resumes them where the shards say they stopped",
+			Changes: "ring",
+			New:     func(p Planned) Fault { return &psWorkerKill{pick: p.Pick} }},
+	}
+}
+
+// psEtcd is the running job's etcd keys; the scheduler connected its
+// client (env.run.cli, from the job_started event) before injecting.
+func psEtcd(env *Env) (coordinator.Keys, error) {
+	if env.run == nil || env.run.cli == nil {
+		return coordinator.Keys{}, fmt.Errorf("the job's etcd is not connected (no job_started event yet?)")
+	}
+	if env.run.sc.Job.Kind != "ps" {
+		return coordinator.Keys{}, fmt.Errorf("not a parameter-server job (job.kind %q)", env.run.sc.Job.Kind)
+	}
+	return coordinator.KeysFor(env.run.job)
+}
+
+// psPrimaryKill SIGKILLs the primary of a shard.
+type psPrimaryKill struct {
+	pick   uint64
+	shard  int64
+	server string
+	pid    int
+}
+
+func (f *psPrimaryKill) Inject(ctx context.Context, env *Env) (string, error) {
+	keys, err := psEtcd(env)
+	if err != nil {
+		return "", err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, _, err := coordinator.ReadShardMap(cctx, env.run.cli, keys)
+	if err != nil {
+		return "", err
+	}
+	if m == nil || len(m.Shards) == 0 {
+		return "", fmt.Errorf("the job has no shard map yet")
+	}
+	s := m.Shards[f.pick%uint64(len(m.Shards))]
+	f.shard, f.server = int64(s.Shard), s.Primary
+	for _, srv := range m.Servers {
+		if srv.Id == s.Primary {
+			f.pid = int(srv.Pid)
+		}
+	}
+	if f.pid <= 0 {
+		return "", fmt.Errorf("shard %d's primary %s has no pid in shard map %d", s.Shard, s.Primary, m.Generation)
+	}
+	if len(s.Backups) == 0 {
+		return "", fmt.Errorf("shard %d has no backup (job.options %s): its primary's death would end the job", s.Shard, psOptReplicas)
+	}
+	if err := syscall.Kill(f.pid, syscall.SIGKILL); err != nil {
+		return "", fmt.Errorf("SIGKILL to parameter server %s (pid %d): %w", f.server, f.pid, err)
+	}
+	return fmt.Sprintf("SIGKILL to parameter server %s (pid %d), primary of shard %d of %d in shard map %d (backups %s)",
+		f.server, f.pid, s.Shard, len(m.Shards), m.Generation, strings.Join(s.Backups, ", ")), nil
+}
+
+func (f *psPrimaryKill) Heal(context.Context, *Env) (string, error) { return "", nil }
+
+// psWorkerKill SIGKILLs a worker process training a share.
+type psWorkerKill struct {
+	pick   uint64
+	pid    int
+	shares []int64
+}
+
+func (f *psWorkerKill) Inject(ctx context.Context, env *Env) (string, error) {
+	keys, err := psEtcd(env)
+	if err != nil {
+		return "", err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	t, _, err := coordinator.ReadPSShares(cctx, env.run.cli, keys)
+	if err != nil {
+		return "", err
+	}
+	byPid := map[int][]int64{}
+	index := map[int]int{}
+	for share, c := range t.Claims {
+		if _, done := t.Done[share]; !done {
+			byPid[c.Pid] = append(byPid[c.Pid], int64(share))
+			index[c.Pid] = c.Index
+		}
+	}
+	if len(byPid) == 0 {
+		return "", fmt.Errorf("no worker is training a share (%d claims, %d shares done)", len(t.Claims), len(t.Done))
+	}
+	pids := slices.Sorted(maps.Keys(byPid))
+	f.pid = pids[f.pick%uint64(len(pids))]
+	f.shares = byPid[f.pid]
+	slices.Sort(f.shares)
+	if err := syscall.Kill(f.pid, syscall.SIGKILL); err != nil {
+		return "", fmt.Errorf("SIGKILL to ps worker pid %d: %w", f.pid, err)
+	}
+	return fmt.Sprintf("SIGKILL to ps worker %d (pid %d), training share(s) %v; %d workers were training, %d shares done",
+		index[f.pid], f.pid, f.shares, len(pids), len(t.Done)), nil
+}
+
+func (f *psWorkerKill) Heal(context.Context, *Env) (string, error) { return "", nil }
+
+// psJob is a built-in ps scenario's job: sparse-lr on 3 workers and 2
+// servers (2 shards, a backup each), bsp, 48,000 examples in 2 epochs of
+// 250 steps of 64 examples per worker (a global batch of 192).
+func psJob() JobSpec {
+	return JobSpec{Kind: "ps", Model: psDefaultModel,
+		Options: map[string]string{"examples": "48000", "ids": "100000", "held-out": "20000", "epochs": "2",
+			psOptServers: "2", psOptReplicas: "1", psOptConsistency: "bsp", psOptReportEvery: "10"},
+		Workers: 3, Steps: 500, Batch: 192, Seed: 11}
+}
 
 // psScenarios are the built-in scenarios of parameter-server jobs.
-func psScenarios() []Scenario { return nil }
+func psScenarios() []Scenario {
+	return []Scenario{
+		{Name: "ps-primary-kill", CI: true,
+			Description: "SIGKILL of the parameter server that is primary of a shard mid-training: its backup takes over, every push applied once, the AUC the undisturbed run's",
+			Job:         psJob(),
+			Faults:      []FaultSpec{{Kind: "ps-primary-kill", Trigger: Trigger{After: Duration(2 * time.Second)}}}},
+		{Name: "ps-worker-kill", CI: true,
+			Description: "SIGKILL of a parameter-server worker mid-training: another adopts its share where the shards say it stopped; every example of every epoch trained once",
+			Job:         psJob(),
+			Faults:      []FaultSpec{{Kind: "ps-worker-kill", Trigger: Trigger{After: Duration(2 * time.Second)}}}},
+	}
+}
