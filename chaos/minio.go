@@ -1,11 +1,330 @@
 package chaos
 
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/checkpoint"
+)
+
+// ErrNoMinIO: a scenario's job.store is "minio" and there is no MinIO
+// server binary.
+var ErrNoMinIO = errors.New("chaos: job.store minio needs the MinIO server binary: run scripts/install-minio (or set PHALANX_MINIO)")
+
+// minioBucket is the bucket a run's checkpoints go to, under minioPrefix.
+const (
+	minioBucket = "phalanx-chaos"
+	minioPrefix = "checkpoints"
+)
+
+// minioReadyWait bounds how long a MinIO start may take to answer ready.
+const minioReadyWait = time.Minute
+
+// minioCloseGrace is how long a closed MinIO keeps serving for the run's
+// checks (invariant 5 lists and verifies its checkpoints after the
+// services are closed) before it is stopped anyway; Leftovers stops it at
+// once.
+const minioCloseGrace = time.Minute
+
 // minioService is the MinIO server a scenario with job.store "minio" keeps
 // its checkpoints in (nil: none).
-func minioService(*Scenario) (Service, error) { return nil, nil }
+func minioService(sc *Scenario) (Service, error) {
+	if sc.Job.Store != "minio" {
+		return nil, nil
+	}
+	bin, err := minioBinary()
+	if err != nil {
+		return nil, fmt.Errorf("scenario %q: %w", sc.Name, err)
+	}
+	return &minioServer{bin: bin}, nil
+}
+
+// minioBinary finds the MinIO server at $PHALANX_MINIO, on PATH, or in
+// $(go env GOPATH)/bin, where scripts/install-minio puts it.
+func minioBinary() (string, error) {
+	if p := os.Getenv("PHALANX_MINIO"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%w: PHALANX_MINIO=%s: %v", ErrNoMinIO, p, err)
+		}
+		return p, nil
+	}
+	if p, err := exec.LookPath("minio"); err == nil {
+		return p, nil
+	}
+	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+		p := filepath.Join(strings.TrimSpace(string(out)), "bin", "minio")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", ErrNoMinIO
+}
+
+// minioServer is a real MinIO server process on a loopback port chosen at
+// run time, its data in the run's directory. Faults stop, kill, pause and
+// restart it on the same port and data.
+type minioServer struct {
+	bin string
+
+	mu       sync.Mutex
+	log      *zap.Logger
+	endpoint string // 127.0.0.1:port
+	data     string
+	logFile  *os.File
+	creds    checkpoint.Credentials
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	pids     []int // every server process started
+	closed   bool
+	grace    *time.Timer
+}
+
+func (s *minioServer) Name() string { return "minio" }
+
+// Start starts MinIO with its data in dir/minio and creates the bucket.
+func (s *minioServer) Start(ctx context.Context, dir string, log *zap.Logger) error {
+	s.log = log
+	s.data = filepath.Join(dir, "minio")
+	if err := os.MkdirAll(s.data, 0o755); err != nil {
+		return fmt.Errorf("chaos: minio: %w", err)
+	}
+	f, err := os.Create(filepath.Join(dir, "minio.log"))
+	if err != nil {
+		return fmt.Errorf("chaos: minio: %w", err)
+	}
+	s.logFile = f
+	var secret [12]byte
+	rand.Read(secret[:])
+	s.creds = checkpoint.Credentials{AccessKey: "phalanx-chaos", SecretKey: hex.EncodeToString(secret[:])}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("chaos: minio: a port: %w", err)
+	}
+	s.endpoint = l.Addr().String()
+	l.Close()
+	if _, err := s.start(ctx); err != nil {
+		return err
+	}
+	url, creds := s.CheckpointLocation()
+	if _, err := checkpoint.OpenURL(ctx, url, creds); err != nil { // creates the bucket
+		return fmt.Errorf("chaos: minio: creating the bucket: %w", err)
+	}
+	return nil
+}
+
+// start runs a server process on the endpoint and data, and waits until it
+// answers ready; it returns its pid.
+func (s *minioServer) start(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, errors.New("chaos: minio: closed")
+	}
+	if s.cmd != nil {
+		return 0, fmt.Errorf("chaos: minio: already running (pid %d)", s.cmd.Process.Pid)
+	}
+	cmd := exec.Command(s.bin, "server", s.data, "--address", s.endpoint, "--console-address", "127.0.0.1:0", "--quiet")
+	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.creds.AccessKey, "MINIO_ROOT_PASSWORD="+s.creds.SecretKey,
+		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "CI=")
+	cmd.Stdout, cmd.Stderr = s.logFile, s.logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("chaos: starting MinIO (%s): %w", s.bin, err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
+	s.pids = append(s.pids, cmd.Process.Pid)
+	if err := waitMinIOReady(ctx, s.endpoint, exited); err != nil {
+		syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+		s.cmd = nil
+		return 0, err
+	}
+	s.log.Info("chaos: MinIO ready", zap.String("endpoint", s.endpoint), zap.Int("pid", cmd.Process.Pid))
+	return cmd.Process.Pid, nil
+}
+
+// waitMinIOReady polls MinIO's readiness endpoint until it answers 200.
+func waitMinIOReady(ctx context.Context, endpoint string, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, minioReadyWait)
+	defer cancel()
+	url := "http://" + endpoint + "/minio/health/ready"
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return fmt.Errorf("chaos: minio: %w", err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("chaos: MinIO exited before it was ready on %s (its log: minio.log in the run's directory)", endpoint)
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: MinIO on %s not ready within %v: %v", endpoint, minioReadyWait, err)
+		case <-tick.C:
+		}
+	}
+}
+
+// kill SIGKILLs the running server and waits for it; it returns its pid.
+func (s *minioServer) kill(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0, errors.New("chaos: minio: not running")
+	}
+	pid := s.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return 0, fmt.Errorf("chaos: SIGKILL to MinIO (pid %d): %w", pid, err)
+	}
+	select {
+	case <-s.exited:
+	case <-ctx.Done():
+		return 0, fmt.Errorf("chaos: MinIO (pid %d) SIGKILLed, not yet gone: %w", pid, ctx.Err())
+	}
+	s.cmd = nil
+	return pid, nil
+}
+
+// signal sends sig to the running server; it returns its pid.
+func (s *minioServer) signal(sig syscall.Signal) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0, errors.New("chaos: minio: not running")
+	}
+	pid := s.cmd.Process.Pid
+	if err := syscall.Kill(pid, sig); err != nil {
+		return 0, fmt.Errorf("chaos: %s to MinIO (pid %d): %w", signalName(sig), pid, err)
+	}
+	return pid, nil
+}
+
+// CheckpointLocation is the bucket's URL on this server and its
+// credentials.
+func (s *minioServer) CheckpointLocation() (string, checkpoint.Credentials) {
+	return "s3://" + minioBucket + "/" + minioPrefix + "?endpoint=" + s.endpoint, s.creds
+}
+
+// Configure gives the launch MinIO's credentials, which reach the workers
+// in their environment (never on a command line).
+func (s *minioServer) Configure(lc *phalanx.LaunchConfig) { lc.Credentials = s.creds }
+
+// Close stops MinIO: after minioCloseGrace, or at once when Leftovers is
+// asked (the run's checks read the checkpoints between the two).
+func (s *minioServer) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.grace = time.AfterFunc(minioCloseGrace, func() { s.stop() })
+	return nil
+}
+
+// stop kills the server for good and closes its log.
+func (s *minioServer) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.grace != nil {
+		s.grace.Stop()
+	}
+	if s.cmd != nil {
+		pid := s.cmd.Process.Pid
+		syscall.Kill(pid, syscall.SIGCONT) // a paused server dies as well, but say so
+		syscall.Kill(pid, syscall.SIGKILL)
+		<-s.exited
+		s.cmd = nil
+	}
+	if s.logFile != nil {
+		s.logFile.Close()
+		s.logFile = nil
+	}
+}
+
+// Leftovers stops MinIO and names any server process still alive, or its
+// port still answering.
+func (s *minioServer) Leftovers() []string {
+	s.stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, pid := range s.pids {
+		if err := syscall.Kill(pid, 0); err == nil || !errors.Is(err, syscall.ESRCH) {
+			out = append(out, fmt.Sprintf("MinIO server process %d still exists", pid))
+		}
+	}
+	if s.endpoint != "" {
+		if c, err := net.DialTimeout("tcp", s.endpoint, time.Second); err == nil {
+			c.Close()
+			out = append(out, "MinIO's port "+s.endpoint+" still accepts connections")
+		}
+	}
+	return out
+}
 
 // minioKinds are the faults on MinIO.
-func minioKinds() []Kind { return nil }
+func minioKinds() []Kind {
+	return []Kind{
+		{Name: "minio-stop", Doc: "SIGKILL the MinIO server mid-upload and hold its port shut (every connection reset) for the fault's duration " +
+			"and until a worker's request has been refused, then start it again on the same port and data: uploads are retried or reported failed, " +
+			"never complete when incomplete, and training goes on", Needs: "minio", NeedsCheckpoints: true, Changes: "none",
+			New: func(p Planned) Fault { return &minioFault{dur: time.Duration(p.Duration)} }},
+		{Name: "minio-pause", Doc: "SIGSTOP the MinIO server mid-upload for the fault's duration and until a worker's request waits on it, then SIGCONT: " +
+			"uploads hang and complete late, training goes on", Needs: "minio", NeedsCheckpoints: true, Changes: "none",
+			New: func(p Planned) Fault { return &minioFault{dur: time.Duration(p.Duration), pause: true} }},
+	}
+}
 
-// minioScenarios are the built-in scenarios of MinIO faults.
-func minioScenarios() []Scenario { return nil }
+// minioJob is the MinIO scenarios' job: the small job on whole rings (a
+// store outage must not change the model: compared bitwise), a checkpoint
+// every 10 steps into MinIO.
+func minioJob() JobSpec {
+	j := wholeRing(smallJob(3, 10))
+	j.Store = "minio"
+	return j
+}
+
+// minioScenarios are the built-in scenarios of MinIO faults. The stop
+// comes right after a checkpoint step (its upload, or its manifest, is
+// likely in flight; if not, the next checkpoint's is: the outage lasts
+// until a worker's request is refused). The pause comes before one: a
+// request the server had read whole before SIGSTOP would wait unseen (its
+// bytes no longer queued on the socket), one sent after is seen.
+func minioScenarios() []Scenario {
+	return []Scenario{
+		{Name: "minio-restart", Description: "MinIO SIGKILLed right after a checkpoint step, its port refusing connections for 1s and until a worker's upload is refused, " +
+			"then restarted on the same port and data: the uploads are retried, training goes on bitwise, every complete checkpoint verifies",
+			Job: minioJob(), CI: true,
+			Faults: []FaultSpec{{Kind: "minio-stop", Trigger: Trigger{Step: 11}, Duration: Duration(time.Second)}}},
+		{Name: "minio-pause", Description: "MinIO SIGSTOPped a few steps before a checkpoint, for 1s and until a worker's upload waits on it, then SIGCONT: " +
+			"the uploads complete late, training goes on bitwise, every complete checkpoint verifies",
+			Job: minioJob(), CI: true,
+			Faults: []FaultSpec{{Kind: "minio-pause", Trigger: Trigger{Step: 4}, Duration: Duration(time.Second)}}},
+	}
+}
