@@ -1,6 +1,9 @@
 package chaos
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // etcdKinds are the faults on the etcd cluster and the coordinators. None
 // changes the ring by itself: a 3-member cluster keeps its quorum with one
@@ -23,10 +26,12 @@ func etcdKinds() []Kind {
 }
 
 // clusterJob is smallJob on a 3-member etcd cluster with two coordinator
-// processes.
+// processes, ten times as long: until the runner reads a multi-endpoint
+// etcd (see fixRingClient), a run's first fault fires about 5s after its
+// trigger, and the job must still be running then.
 func clusterJob(workers int) JobSpec {
 	j := smallJob(workers, 0)
-	j.Etcd, j.Coordinators = "cluster", 2
+	j.Etcd, j.Coordinators, j.Steps = "cluster", 2, 1500
 	return j
 }
 
@@ -65,4 +70,32 @@ func etcdScenarios() []Scenario {
 				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 80, StepMax: 100}},
 			}},
 	}
+}
+
+// EtcdRecovery are a report's recovery figures for its etcd and
+// coordinator faults, a line each: the time from the injection to the
+// job's next step, and the heal's figures (another etcd leader and a
+// write taken, or the standby coordinator leading and deciding), against
+// the lease TTL; and each later ring change's recovery.
+func EtcdRecovery(rep *Report) []string {
+	var out []string
+	for _, f := range rep.Faults {
+		switch {
+		case f.Injected.IsZero():
+			continue
+		case f.Kind == "etcd-kill" || f.Kind == "etcd-pause" || f.Kind == "coordinator-leader-kill":
+			at := f.Injected.Sub(rep.Started).Seconds()
+			next := "no step after it"
+			for _, s := range rep.Steps {
+				if s.T > at && s.Step > f.AtStep {
+					next = fmt.Sprintf("next step (%d) %.2fs after", s.Step, s.T-at)
+					break
+				}
+			}
+			out = append(out, fmt.Sprintf("fault %d (%s) at step %d: %s; %s", f.Index, f.Kind, f.AtStep, next, f.HealWhat))
+		case f.RecoveryS > 0:
+			out = append(out, fmt.Sprintf("fault %d (%s) at step %d: the new ring's first step %.2fs after", f.Index, f.Kind, f.AtStep, f.RecoveryS))
+		}
+	}
+	return out
 }

@@ -26,6 +26,28 @@ func cluster(env *Env) (*etcdCluster, error) {
 	return c, nil
 }
 
+// fixRingClient works around the runner's client of the job's etcd: ring
+// dials the job_started event's comma-joined endpoints as one endpoint,
+// on which every read waits out its 5s timeout. It swaps in a client of
+// the cluster's endpoints (the runner closes it after the launch), so
+// that the run's later faults fire at their trigger. Harmless once ring
+// splits the endpoints. It runs in the scheduler's goroutine, as ring.
+func (c *etcdCluster) fixRingClient(env *Env) {
+	ru := env.run
+	if ru == nil || ru.cli == nil {
+		return
+	}
+	if eps := ru.cli.Endpoints(); len(eps) != 1 || !strings.Contains(eps[0], ",") {
+		return
+	}
+	cli, err := coordinator.Connect(c.Endpoints(), c.log)
+	if err != nil {
+		return
+	}
+	ru.cli.Close()
+	ru.cli = cli
+}
+
 // leader asks the reachable members which member leads: its index, or -1.
 func (c *etcdCluster) leader(ctx context.Context, skip int) (int, uint64) {
 	for i, m := range c.members {
@@ -196,11 +218,12 @@ func (f *memberFault) Inject(ctx context.Context, env *Env) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	f.c = c
+	c.fixRingClient(env)
 	idx, led, term, err := c.target(ctx, f.p)
 	if err != nil {
 		return "", err
 	}
+	f.c = c
 	m := c.members[idx]
 	sig := syscall.SIGKILL
 	if f.stop {
@@ -359,7 +382,7 @@ func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	f.c = c
+	c.fixRingClient(env)
 	keys, err := coordinator.KeysFor(env.run.job)
 	if err != nil {
 		return "", err
@@ -383,7 +406,7 @@ func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("SIGKILL to coordinator %s (pid %d): %w", id, pid, err)
 	}
-	f.fig = coordFigures{at: time.Now(), killed: id}
+	f.c, f.fig = c, coordFigures{at: time.Now(), killed: id}
 	f.meas = measure(func(ctx context.Context) { c.measureTakeover(ctx, keys, &f.fig) })
 	decided := ""
 	if g != nil {
