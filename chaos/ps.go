@@ -13,6 +13,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // A parameter-server job (job.kind ps) is the sparse-lr example (or
@@ -44,9 +45,9 @@ const psDefaultModel = "sparse-lr"
 // psDefaultTolerance is invariant 4's AUC bound for a ps job whose
 // scenario sets none: a lost worker's or primary's steps are applied once
 // either way, only the order of the servers' float sums differs (the
-// command's own tests hold a lost worker within 0.002, a lost primary
-// within 0.005).
-const psDefaultTolerance = 0.005
+// command's own test holds a lost worker within 0.002; the built-in
+// scenarios measure 1e-8 to 3e-8 under bsp).
+const psDefaultTolerance = 0.002
 
 func isPSOption(k string) bool {
 	switch k {
@@ -365,8 +366,9 @@ func sameApplied(a, b []psPush) bool {
 }
 
 // psCheckModel is invariant 4: the held-out AUC within the tolerance of
-// the undisturbed run's. Never bitwise: a ps job's result has no
-// parameters checksum, and its servers sum pushes in arrival order.
+// the undisturbed run's. Bitwise equality is not required: a ps job's
+// result has no parameters checksum, and its servers may sum pushes in
+// arrival order; an AUC equal to the last bit is said so.
 func psCheckModel(out, ref *Outcome, tol float64) Verdict {
 	if out.Result == nil || ref.Result == nil {
 		return verdict(4, false, "the job has no final model")
@@ -380,7 +382,11 @@ func psCheckModel(out, ref *Outcome, tol float64) Verdict {
 		tol = psDefaultTolerance
 	}
 	d := math.Abs(got - want)
-	return verdict(4, d <= tol, "not bitwise (servers sum pushes in arrival order): held-out AUC %.5f, the undisturbed run's %.5f: %.5f apart (tolerance %.4f); log-loss %.5f vs %.5f; the teacher's AUC %.4f",
+	if got == want {
+		return verdict(4, true, "held-out AUC %.6f, bitwise the undisturbed run's (tolerance %.4f); log-loss %.6f vs %.6f; the teacher's AUC %.4f",
+			got, tol, out.Result.Metrics["logloss"], ref.Result.Metrics["logloss"], out.Result.Metrics["bayes_auc"])
+	}
+	return verdict(4, d <= tol, "not bitwise (servers sum pushes in arrival order): held-out AUC %.6f, the undisturbed run's %.6f: %.1e apart (tolerance %.4f); log-loss %.6f vs %.6f; the teacher's AUC %.4f",
 		got, want, d, tol, out.Result.Metrics["logloss"], ref.Result.Metrics["logloss"], out.Result.Metrics["bayes_auc"])
 }
 
@@ -521,7 +527,7 @@ func psKinds() []Kind {
 		{Name: "ps-primary-kill", Doc: "SIGKILL the parameter server that is primary of a shard (the fault's pick chooses the shard; job.kind ps with a backup per shard): its backup takes over once the lease expires, the workers resend what was not acknowledged",
 			Changes: "ring",
 			New:     func(p Planned) Fault { return &psPrimaryKill{pick: p.Pick} }},
-		{Name: "ps-worker-kill", Doc: "SIGKILL a parameter-server worker process (the fault's pick chooses among those training a share; job.kind ps): another worker adopts its shares and resumes them where the shards say they stopped",
+		{Name: "ps-worker-kill", Doc: "SIGKILL the parameter-server worker process training a share (the fault's pick chooses the share among those in training; job.kind ps): another worker adopts its shares and resumes them where the shards say they stopped",
 			Changes: "ring",
 			New:     func(p Planned) Fault { return &psWorkerKill{pick: p.Pick} }},
 	}
@@ -539,6 +545,21 @@ func psEtcd(env *Env) (coordinator.Keys, error) {
 	return coordinator.KeysFor(env.run.job)
 }
 
+// psShardMap reads the job's shard map and records its servers' addresses,
+// which invariant 7 then checks are closed after the run.
+func psShardMap(ctx context.Context, env *Env, keys coordinator.Keys) (*phalanxpb.ShardMap, error) {
+	m, _, err := coordinator.ReadShardMap(ctx, env.run.cli, keys)
+	if err != nil || m == nil {
+		return m, err
+	}
+	for _, srv := range m.Servers {
+		if srv.Addr != "" {
+			env.run.addrs[srv.Addr] = true
+		}
+	}
+	return m, nil
+}
+
 // psPrimaryKill SIGKILLs the primary of a shard.
 type psPrimaryKill struct {
 	pick   uint64
@@ -554,7 +575,7 @@ func (f *psPrimaryKill) Inject(ctx context.Context, env *Env) (string, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	m, _, err := coordinator.ReadShardMap(cctx, env.run.cli, keys)
+	m, err := psShardMap(cctx, env, keys)
 	if err != nil {
 		return "", err
 	}
@@ -583,7 +604,8 @@ func (f *psPrimaryKill) Inject(ctx context.Context, env *Env) (string, error) {
 
 func (f *psPrimaryKill) Heal(context.Context, *Env) (string, error) { return "", nil }
 
-// psWorkerKill SIGKILLs a worker process training a share.
+// psWorkerKill SIGKILLs the worker process training a share (the pick
+// chooses among the shares in training, by number).
 type psWorkerKill struct {
 	pick   uint64
 	pid    int
@@ -597,42 +619,51 @@ func (f *psWorkerKill) Inject(ctx context.Context, env *Env) (string, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if _, err := psShardMap(cctx, env, keys); err != nil {
+		return "", err
+	}
 	t, _, err := coordinator.ReadPSShares(cctx, env.run.cli, keys)
 	if err != nil {
 		return "", err
 	}
-	byPid := map[int][]int64{}
-	index := map[int]int{}
-	for share, c := range t.Claims {
+	var training []int // shares claimed and not done, each by a live worker
+	for share := range t.Claims {
 		if _, done := t.Done[share]; !done {
-			byPid[c.Pid] = append(byPid[c.Pid], int64(share))
-			index[c.Pid] = c.Index
+			training = append(training, share)
 		}
 	}
-	if len(byPid) == 0 {
+	if len(training) == 0 {
 		return "", fmt.Errorf("no worker is training a share (%d claims, %d shares done)", len(t.Claims), len(t.Done))
 	}
-	pids := slices.Sorted(maps.Keys(byPid))
-	f.pid = pids[f.pick%uint64(len(pids))]
-	f.shares = byPid[f.pid]
+	slices.Sort(training)
+	victim := t.Claims[training[f.pick%uint64(len(training))]]
+	f.pid = victim.Pid
+	for _, share := range training { // every share its process trains dies with it
+		if t.Claims[share].Pid == f.pid {
+			f.shares = append(f.shares, int64(share))
+		}
+	}
 	slices.Sort(f.shares)
 	if err := syscall.Kill(f.pid, syscall.SIGKILL); err != nil {
 		return "", fmt.Errorf("SIGKILL to ps worker pid %d: %w", f.pid, err)
 	}
-	return fmt.Sprintf("SIGKILL to ps worker %d (pid %d), training share(s) %v; %d workers were training, %d shares done",
-		index[f.pid], f.pid, f.shares, len(pids), len(t.Done)), nil
+	return fmt.Sprintf("SIGKILL to ps worker %d (pid %d), holding share(s) %v; shares %v were in training, %d done",
+		victim.Index, f.pid, f.shares, training, len(t.Done)), nil
 }
 
 func (f *psWorkerKill) Heal(context.Context, *Env) (string, error) { return "", nil }
 
 // psJob is a built-in ps scenario's job: sparse-lr on 3 workers and 2
-// servers (2 shards, a backup each), bsp, 48,000 examples in 2 epochs of
-// 250 steps of 64 examples per worker (a global batch of 192).
+// servers (2 shards, a backup each), bsp, 48,000 examples in 10 epochs of
+// 250 steps of 64 examples per worker (a global batch of 192): about 8s
+// of training on 2 cores, a step event every 25 steps. Epochs rather than
+// examples make it long: each worker (and an adopter) draws the examples
+// at its start.
 func psJob() JobSpec {
 	return JobSpec{Kind: "ps", Model: psDefaultModel,
-		Options: map[string]string{"examples": "48000", "ids": "100000", "held-out": "20000", "epochs": "2",
-			psOptServers: "2", psOptReplicas: "1", psOptConsistency: "bsp", psOptReportEvery: "10"},
-		Workers: 3, Steps: 500, Batch: 192, Seed: 11}
+		Options: map[string]string{"examples": "48000", "ids": "100000", "held-out": "20000", "epochs": "10",
+			psOptServers: "2", psOptReplicas: "1", psOptConsistency: "bsp", psOptReportEvery: "25"},
+		Workers: 3, Steps: 2500, Batch: 192, Seed: 11}
 }
 
 // psScenarios are the built-in scenarios of parameter-server jobs.
