@@ -82,7 +82,8 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 		var err error
 		co, err = coordinator.New(r.cli, r.keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
 			Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
-			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.log.Named("coordinator")})
+			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.log.Named("coordinator"),
+			FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout})
 		if err != nil {
 			return nil, err
 		}

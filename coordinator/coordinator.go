@@ -28,6 +28,15 @@ type Config struct {
 	// MinWorkersTimeout is how long a job may stay below MinWorkers before the
 	// coordinator stops it with an empty generation (default 60s).
 	MinWorkersTimeout time.Duration
+	// FirstRing: the job's first generation waits until this many workers
+	// are live (a launcher knows how many it started), or until
+	// FirstRingWait has passed since the first of them registered; then the
+	// rendezvous takes whoever is live, down to MinWorkers. 0: no wait. A
+	// first ring formed of the early registrants only would train its
+	// first steps on fewer ranks, and a relaunched job would not be
+	// bitwise the one it replaces.
+	FirstRing     int
+	FirstRingWait time.Duration
 	// SessionTTL is the leadership lease (default 5s): a dead coordinator's
 	// standby takes over within it.
 	SessionTTL time.Duration
@@ -339,6 +348,14 @@ func (c *Coordinator) lead(ctx context.Context) error {
 				delete(firstSeen, id)
 			}
 		}
+		if s.cur == nil && admit {
+			if hold, left := firstRingHolds(c.cfg.FirstRing, c.cfg.FirstRingWait, len(seen), firstSeen, now); hold {
+				admit = false
+				if wake < 0 || left < wake {
+					wake = left
+				}
+			}
+		}
 		var start int64
 		if s.cur != nil {
 			start = s.cur.StartStep
@@ -431,4 +448,22 @@ func ReportLoss(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalanx
 		return fmt.Errorf("coordinator: reporting the loss of %s: %w", r.LostId, err)
 	}
 	return nil
+}
+
+// firstRingHolds says whether the first generation still waits for the
+// workers the launcher started: fewer than want are live and wait has not
+// passed since the earliest registration; left is how long it may still
+// wait.
+func firstRingHolds(want int, wait time.Duration, live int, firstSeen map[string]time.Time, now time.Time) (bool, time.Duration) {
+	if want <= 0 || live >= want || len(firstSeen) == 0 {
+		return false, 0
+	}
+	var earliest time.Time
+	for _, t := range firstSeen {
+		if earliest.IsZero() || t.Before(earliest) {
+			earliest = t
+		}
+	}
+	left := wait - now.Sub(earliest)
+	return left > 0, left
 }

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -150,5 +151,32 @@ func TestDecideExcludeAndReadmit(t *testing.T) {
 	small := gen(7, "a", "b")
 	if d := Decide(Input{Current: small, Live: regs("a", "b"), Rendezvous: r, Excluded: map[string]*phalanxpb.Exclusion{"b": {Id: "b"}}}); d.Change {
 		t.Fatalf("excluded below the minimum: %v", ids(d.Next))
+	}
+}
+
+func TestFirstRingHolds(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	seen := map[string]time.Time{"a": t0, "b": t0.Add(2 * time.Second)}
+	for _, tc := range []struct {
+		name     string
+		want     int
+		live     int
+		seen     map[string]time.Time
+		now      time.Time
+		hold     bool
+		wantLeft time.Duration
+	}{
+		{"no wait asked", 0, 2, seen, t0.Add(time.Second), false, 0},
+		{"every worker live", 2, 2, seen, t0.Add(time.Second), false, 0},
+		{"one missing, within the wait", 3, 2, seen, t0.Add(10 * time.Second), true, 50 * time.Second},
+		{"one missing, wait over (from the earliest)", 3, 2, seen, t0.Add(61 * time.Second), false, -time.Second},
+		{"nobody registered", 3, 0, map[string]time.Time{}, t0, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hold, left := firstRingHolds(tc.want, time.Minute, tc.live, tc.seen, tc.now)
+			if hold != tc.hold || (tc.want > 0 && len(tc.seen) > 0 && tc.live < tc.want && left != tc.wantLeft) {
+				t.Fatalf("firstRingHolds = %v, %v; want %v, %v", hold, left, tc.hold, tc.wantLeft)
+			}
+		})
 	}
 }
