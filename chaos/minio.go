@@ -295,8 +295,8 @@ func minioKinds() []Kind {
 			"and until a worker's request has been refused, then start it again on the same port and data: uploads are retried or reported failed, " +
 			"never complete when incomplete, and training goes on", Needs: "minio", NeedsCheckpoints: true, Changes: "none",
 			New: func(p Planned) Fault { return &minioFault{dur: time.Duration(p.Duration)} }},
-		{Name: "minio-pause", Doc: "SIGSTOP the MinIO server mid-upload for the fault's duration and until a worker's request waits on it, then SIGCONT: " +
-			"uploads hang and complete late, training goes on", Needs: "minio", NeedsCheckpoints: true, Changes: "none",
+		{Name: "minio-pause", Doc: "SIGSTOP the MinIO server for the fault's duration and until a worker's request waits on it (sent after the stop: trigger it before a checkpoint step), " +
+			"then SIGCONT: uploads hang and complete late, training goes on", Needs: "minio", NeedsCheckpoints: true, Changes: "none",
 			New: func(p Planned) Fault { return &minioFault{dur: time.Duration(p.Duration), pause: true} }},
 	}
 }
