@@ -78,8 +78,26 @@ type shareEnd struct {
 	err   error
 }
 
-// run claims and trains shares until every share of the job is done.
+// maxRejoins bounds how often a worker whose lease lapsed registers again.
+const maxRejoins = 5
+
+// run claims and trains shares until every share of the job is done. A
+// worker whose lease lapsed (a pause, a loaded machine) is out: its claims
+// are gone and its shares' runs stopped, since another worker may hold them
+// now. It registers again and goes on like any survivor: its own share if
+// nobody took it, orphaned ones.
 func (w *psWorkerProc) run(ctx context.Context) error {
+	for rejoins := 0; ; rejoins++ {
+		err := w.session(ctx)
+		if !errors.Is(err, errPSLeaseLost) || ctx.Err() != nil || rejoins == maxRejoins {
+			return err
+		}
+		w.log.Warn("the lease lapsed: its shares were stopped; registering again", zap.Int("rejoins", rejoins+1))
+	}
+}
+
+// session is run under one lease.
+func (w *psWorkerProc) session(ctx context.Context) error {
 	host, _ := os.Hostname()
 	lease, err := coordinator.RegisterAt(ctx, w.cli, w.keys.PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
 	if err != nil {
@@ -138,8 +156,15 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 		go func() { ends <- shareEnd{share, w.runShare(ctx, share, reason)} }()
 		return nil
 	}
-	if err := start(w.index, "own"); err != nil {
+	// A failure after the lease lapsed is the lapse's.
+	fail := func(err error) error {
+		if c := context.Cause(ctx); c != nil {
+			return c
+		}
 		return err
+	}
+	if err := start(w.index, "own"); err != nil {
+		return fail(err)
 	}
 	grace := time.NewTimer(orphanGrace * max(w.cfg.LeaseTTL, time.Second))
 	defer grace.Stop()
@@ -153,10 +178,10 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 		case e := <-ends:
 			delete(running, e.share)
 			if e.err != nil {
-				return fmt.Errorf("phalanx: share %d: %w", e.share, e.err)
+				return fail(fmt.Errorf("phalanx: share %d: %w", e.share, e.err))
 			}
 			if err := coordinator.MarkPSShareDone(ctx, w.cli, w.keys, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease); err != nil {
-				return err
+				return fail(err)
 			}
 		case <-grace.C:
 			graceOver = true
@@ -176,7 +201,7 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 		}
 		for _, share := range sharesToTake(last, n, running, graceOver) {
 			if err := start(share, "adopted"); err != nil {
-				return err
+				return fail(err)
 			}
 		}
 	}
