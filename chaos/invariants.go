@@ -46,7 +46,7 @@ func (ru *run) check(ctx context.Context, out, ref *Outcome, seed uint64) *Repor
 		ru.checkReference(out, ref),
 		ru.checkCheckpoints(ctx),
 		notApplicable(6, "a ring job has no parameter server"),
-		ru.checkLeftovers(out.Events),
+		func() Verdict { ru.closeServices(); return ru.checkLeftovers(out.Events) }(), // services serve invariant 5 first
 		ru.checkRecovery(rep, bound),
 	}
 	if sc.Job.Kind == "ps" {

@@ -35,12 +35,6 @@ const (
 // minioReadyWait bounds how long a MinIO start may take to answer ready.
 const minioReadyWait = time.Minute
 
-// minioCloseGrace is how long a closed MinIO keeps serving for the run's
-// checks (invariant 5 lists and verifies its checkpoints after the
-// services are closed) before it is stopped anyway; Leftovers stops it at
-// once.
-const minioCloseGrace = time.Minute
-
 // minioService is the MinIO server a scenario with job.store "minio" keeps
 // its checkpoints in (nil: none).
 func minioService(sc *Scenario) (Service, error) {
@@ -91,7 +85,6 @@ type minioServer struct {
 	exited   chan struct{}
 	pids     []int // every server process started
 	closed   bool
-	grace    *time.Timer
 }
 
 func (s *minioServer) Name() string { return "minio" }
@@ -233,16 +226,9 @@ func (s *minioServer) CheckpointLocation() (string, checkpoint.Credentials) {
 // in their environment (never on a command line).
 func (s *minioServer) Configure(lc *phalanx.LaunchConfig) { lc.Credentials = s.creds }
 
-// Close stops MinIO: after minioCloseGrace, or at once when Leftovers is
-// asked (the run's checks read the checkpoints between the two).
+// Close stops MinIO for good (the runner checks the store first).
 func (s *minioServer) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	s.grace = time.AfterFunc(minioCloseGrace, func() { s.stop() })
+	s.stop()
 	return nil
 }
 
@@ -251,9 +237,6 @@ func (s *minioServer) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	if s.grace != nil {
-		s.grace.Stop()
-	}
 	if s.cmd != nil {
 		pid := s.cmd.Process.Pid
 		syscall.Kill(pid, syscall.SIGCONT) // a paused server dies as well, but say so
@@ -267,10 +250,9 @@ func (s *minioServer) stop() {
 	}
 }
 
-// Leftovers stops MinIO and names any server process still alive, or its
+// Leftovers names any MinIO process still alive after Close, or its
 // port still answering.
 func (s *minioServer) Leftovers() []string {
-	s.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string

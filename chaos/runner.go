@@ -355,7 +355,6 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 		r.say("chaos: %s seed %d: launch %d ended (%v); launching again on %d workers", sc.Name, seed, attempt, err, ru.relaunch)
 		workers = ru.relaunch
 	}
-	ru.closeServices()
 	rep := ru.check(ctx, out, ref, seed)
 	rep.Dir = dir
 	if rep.Passed {
