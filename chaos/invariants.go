@@ -53,6 +53,13 @@ func (ru *run) check(ctx context.Context, out, ref *Outcome, seed uint64) *Repor
 		for _, v := range psVerdicts(ctx, ru, out, ref) {
 			rep.Invariants[v.N] = v
 		}
+		for _, f := range ru.faults {
+			rep.RecoveryMaxS = max(rep.RecoveryMaxS, f.RecoveryS)
+		}
+		if out.Result != nil {
+			rep.Accuracy = out.Result.Metrics["auc"] // a parameter-server model's measure
+		}
+		rep.RefAccuracy = ref.Result.Metrics["auc"]
 	}
 	rep.Passed = true
 	for _, v := range rep.Invariants {

@@ -525,11 +525,11 @@ func stepAt(steps []Event, at time.Time) int64 {
 func psKinds() []Kind {
 	return []Kind{
 		{Name: "ps-primary-kill", Doc: "SIGKILL the parameter server that is primary of a shard (the fault's pick chooses the shard; job.kind ps with a backup per shard): its backup takes over once the lease expires, the workers resend what was not acknowledged",
-			Changes: "ring",
-			New:     func(p Planned) Fault { return &psPrimaryKill{pick: p.Pick} }},
+			Changes: "ring", Needs: "ps",
+			New: func(p Planned) Fault { return &psPrimaryKill{pick: p.Pick} }},
 		{Name: "ps-worker-kill", Doc: "SIGKILL the parameter-server worker process training a share (the fault's pick chooses the share among those in training; job.kind ps): another worker adopts its shares and resumes them where the shards say they stopped",
-			Changes: "ring",
-			New:     func(p Planned) Fault { return &psWorkerKill{pick: p.Pick} }},
+			Changes: "ring", Needs: "ps",
+			New: func(p Planned) Fault { return &psWorkerKill{pick: p.Pick} }},
 	}
 }
 

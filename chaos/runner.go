@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -136,6 +137,14 @@ func (e *Env) Relaunch(world int) {
 		world = e.run.sc.Job.Workers
 	}
 	e.run.relaunch = world
+}
+
+// Etcd is a client of the job's etcd and the job's keys (nil before the
+// job has started).
+func (e *Env) Etcd(ctx context.Context) (*clientv3.Client, coordinator.Keys) {
+	e.run.ring(ctx, e.run.endpoint, nil) // connects the run's client
+	keys, _ := coordinator.KeysFor(e.run.job)
+	return e.run.cli, keys
 }
 
 // Damaged records checkpoint id as damaged on purpose: invariant 5 expects
@@ -274,6 +283,7 @@ type run struct {
 	store    checkpoint.Store
 	cli      *clientv3.Client
 	job      string // the current launch's job name
+	endpoint string // its etcd
 	services []Service
 	closed   bool // services closed
 	relaunch int
@@ -452,6 +462,7 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 			switch e.Kind {
 			case "job_started":
 				endpoint, _ = e.Fields["etcd_endpoints"].(string)
+				ru.endpoint = endpoint
 			case "worker_started":
 				ru.pids[e.num("pid")] = true
 				started = append(started, e.num("pid"))
@@ -479,7 +490,8 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 					}
 				}
 				for _, f := range ru.faults {
-					if f.Injected.IsZero() && f.Error == "" && f.Step > 0 && step >= f.Step && len(members) > 0 {
+					// A parameter-server job has no ring: its steps alone trigger.
+					if f.Injected.IsZero() && f.Error == "" && f.Step > 0 && step >= f.Step && (len(members) > 0 || ru.sc.Job.Kind == "ps") {
 						fire(f)
 					}
 				}
@@ -521,7 +533,7 @@ func (ru *run) ring(ctx context.Context, endpoint string, fallback []Member) []M
 		return out
 	}
 	if ru.cli == nil {
-		cli, err := coordinator.Connect([]string{endpoint}, ru.r.log())
+		cli, err := coordinator.Connect(strings.Split(endpoint, ","), ru.r.log())
 		if err != nil {
 			return out
 		}

@@ -77,6 +77,8 @@ func (j JobSpec) has(service string) bool {
 		return j.Store == "minio"
 	case "netns":
 		return j.Network == "netns"
+	case "ps":
+		return j.Kind == "ps"
 	}
 	return false
 }
@@ -208,7 +210,7 @@ func (s *Scenario) Validate(kinds Kinds) error {
 		case k.NeedsRank && f.Target == "":
 			return bad("fault %d (%s): it needs a target (rank:N or random)", i, f.Kind)
 		case k.Needs != "" && !s.Job.has(k.Needs):
-			return bad("fault %d (%s): it needs the job's %s (job.%s)", i, f.Kind, k.Needs, map[string]string{"etcd": "etcd: cluster", "minio": "store: minio", "netns": "network: netns"}[k.Needs])
+			return bad("fault %d (%s): it needs the job's %s (job.%s)", i, f.Kind, k.Needs, map[string]string{"etcd": "etcd: cluster", "minio": "store: minio", "netns": "network: netns", "ps": "kind: ps"}[k.Needs])
 		case k.NeedsCheckpoints && s.Job.CheckpointEvery == 0:
 			return bad("fault %d (%s): the job takes no checkpoints (job.checkpoint_every)", i, f.Kind)
 		case f.Kind == "sigstop" && f.Duration <= 0:
