@@ -26,26 +26,47 @@ func cluster(env *Env) (*etcdCluster, error) {
 	return c, nil
 }
 
-// fixRingClient works around the runner's client of the job's etcd: ring
-// dials the job_started event's comma-joined endpoints as one endpoint,
-// on which every read waits out its 5s timeout. It swaps in a client of
-// the cluster's endpoints (the runner closes it after the launch), so
-// that the run's later faults fire at their trigger. Harmless once ring
-// splits the endpoints. It runs in the scheduler's goroutine, as ring.
-func (c *etcdCluster) fixRingClient(env *Env) {
+// ringClient gives the runner's reads of the ring (Env.run.cli, read in
+// the scheduler's goroutine, where faults are injected and healed) a
+// client of the cluster without member skip (-1: of every member), when
+// force says so or the runner's own client is of one comma-joined
+// endpoint:
+//   - ring dials the job_started event's comma-joined endpoints as one
+//     endpoint, on which every read waits out its 5s timeout; swapped,
+//     the run's later faults fire at their trigger. Harmless once ring
+//     splits the endpoints.
+//   - a read sent to a SIGSTOPped member hangs for that timeout, while
+//     the job runs on: the harness's own reads avoid the member it froze
+//     (forced, until it is continued).
+func (c *etcdCluster) ringClient(env *Env, skip int, force bool) {
 	ru := env.run
-	if ru == nil || ru.cli == nil {
+	if ru == nil {
 		return
 	}
-	if eps := ru.cli.Endpoints(); len(eps) != 1 || !strings.Contains(eps[0], ",") {
-		return
+	if ru.cli != nil && !force {
+		if eps := ru.cli.Endpoints(); len(eps) > 1 || !strings.Contains(eps[0], ",") {
+			return
+		}
 	}
-	cli, err := coordinator.Connect(c.Endpoints(), c.log)
+	cli, err := coordinator.Connect(c.endpointsWithout(skip), c.log)
 	if err != nil {
 		return
 	}
-	ru.cli.Close()
+	if ru.cli != nil {
+		ru.cli.Close()
+	}
 	ru.cli = cli
+}
+
+// endpointsWithout are the client endpoints of every member but skip.
+func (c *etcdCluster) endpointsWithout(skip int) []string {
+	var out []string
+	for i, m := range c.members {
+		if i != skip {
+			out = append(out, m.client)
+		}
+	}
+	return out
 }
 
 // leader asks the reachable members which member leads: its index, or -1.
@@ -127,7 +148,7 @@ func (f *etcdFigures) String(ttl time.Duration) string {
 // lost led) and the first write through the cluster.
 // Once healed says so, the member lost may lead again (a stopped leader
 // continued before the others elected another).
-func (c *etcdCluster) measureMember(ctx context.Context, lost int, led bool, healed *atomic.Bool, f *etcdFigures) {
+func (c *etcdCluster) measureMember(ctx context.Context, cli *clientv3.Client, lost int, led bool, healed *atomic.Bool, f *etcdFigures) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for f.newLeaderAt.IsZero() && led {
@@ -148,7 +169,7 @@ func (c *etcdCluster) measureMember(ctx context.Context, lost int, led bool, hea
 	}
 	for {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := c.cli.Put(wctx, "/phalanx-chaos/probe", f.at.String())
+		_, err := cli.Put(wctx, "/phalanx-chaos/probe", f.at.String())
 		cancel()
 		if err == nil {
 			f.wrote = time.Now()
@@ -218,7 +239,7 @@ func (f *memberFault) Inject(ctx context.Context, env *Env) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	c.fixRingClient(env)
+	c.ringClient(env, -1, false)
 	idx, led, term, err := c.target(ctx, f.p)
 	if err != nil {
 		return "", err
@@ -238,7 +259,18 @@ func (f *memberFault) Inject(ctx context.Context, env *Env) (string, error) {
 	m.stopped, m.killed = f.stop, !f.stop
 	c.mu.Unlock()
 	f.fig = etcdFigures{at: time.Now()}
-	f.meas = measure(func(ctx context.Context) { c.measureMember(ctx, idx, led, &f.healed, &f.fig) })
+	// The measurement's writes, and the runner's reads, go to the others.
+	cli, err := coordinator.Connect(c.endpointsWithout(idx), c.log)
+	if err != nil {
+		return "", err
+	}
+	if f.stop {
+		c.ringClient(env, idx, true)
+	}
+	f.meas = measure(func(ctx context.Context) {
+		defer cli.Close()
+		c.measureMember(ctx, cli, idx, led, &f.healed, &f.fig)
+	})
 	role := "a follower"
 	if led {
 		role = fmt.Sprintf("the leader, term %d", term)
@@ -262,6 +294,7 @@ func (f *memberFault) Heal(ctx context.Context, env *Env) (string, error) {
 			return "", fmt.Errorf("SIGCONT to etcd member %s (pid %d): %w", m.name, f.pid, err)
 		}
 		did = fmt.Sprintf("SIGCONT to etcd member %s (pid %d)", m.name, f.pid)
+		c.ringClient(env, -1, true) // every member again
 	case f.p.Duration > 0:
 		<-m.done // reaped: its ports are free again
 		if err := c.startMember(ctx, m); err != nil {
@@ -382,7 +415,7 @@ func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	c.fixRingClient(env)
+	c.ringClient(env, -1, false)
 	keys, err := coordinator.KeysFor(env.run.job)
 	if err != nil {
 		return "", err

@@ -38,6 +38,8 @@ func TestEtcdScenarios(t *testing.T) {
 			regexp.MustCompile(`^SIGCONT to etcd member m\d \(pid \d+\); .*the cluster took a write [0-9.]+s after`)},
 		{"coordinator-failover", regexp.MustCompile(`^SIGKILL to coordinator coordinator-\d \(pid \d+\), the election's leader, generation \d+ decided by coordinator-\d$`),
 			regexp.MustCompile(`standby coordinator-\d led [0-9.]+s after the kill; decided generation \d+ \(.*\) [0-9.]+s after the kill`)},
+		{"etcd-member-restart", regexp.MustCompile(`^SIGKILL to etcd member m1 \(pid \d+, (the leader, term \d+|a follower)\)$`),
+			regexp.MustCompile(`^etcd member m1 restarted on its data \(pid \d+\); .*the cluster took a write [0-9.]+s after`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc, err := Lookup(tc.name)
