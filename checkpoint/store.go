@@ -11,7 +11,8 @@ import (
 // prefix, or its directory).
 type Store interface {
 	// Put stores data under name. The object appears complete or not at
-	// all.
+	// all, and an existing object is never replaced: a Put of an existing
+	// name fails with a permanent error wrapping fs.ErrExist.
 	Put(ctx context.Context, name string, data []byte) error
 	// ReadAt fills p from the object's bytes starting at off; a short
 	// object is an error.
