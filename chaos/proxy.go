@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -64,8 +65,9 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	faults  ProxyFaults
-	set     chan struct{} // closed and replaced on every Set
-	changed chan struct{} // closed and replaced on every change of the stats
+	from    map[netip.Addr]ProxyFaults // by client address, instead of faults
+	set     chan struct{}              // closed and replaced on every Set
+	changed chan struct{}              // closed and replaced on every change of the stats
 	conns   map[*proxyConn]struct{}
 	stats   ProxyStats
 	rng     *rand.Rand
@@ -74,6 +76,7 @@ type Proxy struct {
 // proxyConn is one relayed connection: the accepted side and the dialed.
 type proxyConn struct {
 	client, backend net.Conn
+	from            netip.Addr // the client's address
 	once            sync.Once
 }
 
@@ -112,23 +115,53 @@ func TCPDialer(addr string) func(context.Context) (net.Conn, error) {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // Set replaces the faults applied from now on (to bytes already waiting
-// too: clearing Stall releases them).
+// too: clearing Stall releases them) to connections from clients SetFrom
+// names no faults for.
 func (p *Proxy) Set(f ProxyFaults) {
-	if f.LossDelay <= 0 {
-		f.LossDelay = 200 * time.Millisecond
-	}
 	p.mu.Lock()
 	p.faults = f
-	close(p.set)
-	p.set = make(chan struct{})
+	p.setLocked()
 	p.mu.Unlock()
 }
 
-// Faults are the faults set.
-func (p *Proxy) Faults() ProxyFaults {
+// SetFrom replaces the faults applied to connections from clients at addr,
+// instead of Set's; the zero ProxyFaults forgets addr (Set's apply again).
+func (p *Proxy) SetFrom(addr netip.Addr, f ProxyFaults) {
+	p.mu.Lock()
+	if p.from == nil {
+		p.from = map[netip.Addr]ProxyFaults{}
+	}
+	if f == (ProxyFaults{}) {
+		delete(p.from, addr)
+	} else {
+		p.from[addr] = f
+	}
+	p.setLocked()
+	p.mu.Unlock()
+}
+
+func (p *Proxy) setLocked() {
+	close(p.set)
+	p.set = make(chan struct{})
+}
+
+// Faults are the faults applied to connections from addr (an invalid
+// netip.Addr: Set's).
+func (p *Proxy) Faults(addr netip.Addr) ProxyFaults {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.faults
+	return p.faultsLocked(addr)
+}
+
+func (p *Proxy) faultsLocked(addr netip.Addr) ProxyFaults {
+	f, ok := p.from[addr]
+	if !ok {
+		f = p.faults
+	}
+	if f.LossDelay <= 0 {
+		f.LossDelay = 200 * time.Millisecond
+	}
+	return f
 }
 
 // Stats are the counts so far.
@@ -222,6 +255,9 @@ func (p *Proxy) relay(client net.Conn) {
 		return
 	}
 	c := &proxyConn{client: client, backend: backend}
+	if ap, err := netip.ParseAddrPort(client.RemoteAddr().String()); err == nil {
+		c.from = ap.Addr().Unmap()
+	}
 	p.mu.Lock()
 	if p.ctx.Err() != nil {
 		p.mu.Unlock()
@@ -269,7 +305,7 @@ func (p *Proxy) pipe(c *proxyConn, src, dst net.Conn) {
 				return
 			}
 			n, err := src.Read(buf)
-			if n > 0 && p.Faults().Drop {
+			if n > 0 && p.Faults(c.from).Drop {
 				p.count(func(s *ProxyStats) { s.Dropped += int64(n) })
 				n = 0
 			}
@@ -286,7 +322,7 @@ func (p *Proxy) pipe(c *proxyConn, src, dst net.Conn) {
 	var rateFree time.Time // when the rate lets the next chunk go
 	for ch := range queue {
 		if ch.n > 0 {
-			if err := p.deliver(dst, ch, &rateFree); err != nil {
+			if err := p.deliver(c.from, dst, ch, &rateFree); err != nil {
 				c.closeBoth(false)
 				break
 			}
@@ -309,7 +345,7 @@ func (p *Proxy) pipe(c *proxyConn, src, dst net.Conn) {
 }
 
 // deliver writes one chunk once the faults let it go.
-func (p *Proxy) deliver(dst net.Conn, ch chunk, rateFree *time.Time) error {
+func (p *Proxy) deliver(from netip.Addr, dst net.Conn, ch chunk, rateFree *time.Time) error {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -319,7 +355,7 @@ func (p *Proxy) deliver(dst net.Conn, ch chunk, rateFree *time.Time) error {
 	lossDecided, lost := false, false
 	for {
 		p.mu.Lock()
-		f, changed := p.faults, p.set
+		f, changed := p.faultsLocked(from), p.set
 		if !lossDecided && f.Loss > 0 {
 			lossDecided, lost = true, p.rng.Float64() < f.Loss
 			if lost {

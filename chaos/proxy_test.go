@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"syscall"
 	"testing"
 	"time"
@@ -96,6 +97,11 @@ func TestProxyDeliversIntact(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Fatalf("echoed %d bytes through the proxy, got %d back, not the same", len(want), len(got))
 			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := p.Wait(ctx, func(s ProxyStats) bool { return s.Forwarded == 2*int64(len(want)) }); err != nil {
+				t.Fatal(err)
+			}
 			s := p.Stats()
 			if s.Forwarded != 2*int64(len(want)) || s.Conns != 1 {
 				t.Errorf("stats %+v: want %d bytes forwarded over 1 connection", s, 2*len(want))
@@ -108,21 +114,37 @@ func TestProxyDeliversIntact(t *testing.T) {
 }
 
 // TestProxyStall: nothing goes through a stalled proxy, and everything
-// does, intact, once the stall is cleared.
+// does, intact, once the stall is cleared; faults set for another client
+// address do not touch the connection.
 func TestProxyStall(t *testing.T) {
-	p := startProxy(t, echoServer(t))
-	p.Set(ProxyFaults{Stall: true})
-	c := dial(t, p.Addr())
-	if _, err := c.Write([]byte("held back")); err != nil {
-		t.Fatal(err)
-	}
-	if s := p.Stats(); s.Forwarded != 0 {
-		t.Fatalf("a stalled proxy forwarded %d bytes", s.Forwarded)
-	}
-	p.Set(ProxyFaults{})
-	got := make([]byte, len("held back"))
-	if _, err := io.ReadFull(c, got); err != nil || string(got) != "held back" {
-		t.Fatalf("after the stall: %q, %v", got, err)
+	self := netip.MustParseAddr("127.0.0.1")
+	for _, tc := range []struct {
+		name         string
+		stall, clear func(*Proxy)
+	}{
+		{"all", func(p *Proxy) { p.Set(ProxyFaults{Stall: true}) }, func(p *Proxy) { p.Set(ProxyFaults{}) }},
+		{"from", func(p *Proxy) {
+			p.Set(ProxyFaults{Drop: true}) // for others: this client's own faults win
+			p.SetFrom(netip.MustParseAddr("127.0.0.2"), ProxyFaults{Drop: true})
+			p.SetFrom(self, ProxyFaults{Stall: true})
+		}, func(p *Proxy) { p.SetFrom(self, ProxyFaults{Delay: time.Millisecond}) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startProxy(t, echoServer(t))
+			tc.stall(p)
+			c := dial(t, p.Addr())
+			if _, err := c.Write([]byte("held back")); err != nil {
+				t.Fatal(err)
+			}
+			if s := p.Stats(); s.Forwarded != 0 {
+				t.Fatalf("a stalled proxy forwarded %d bytes", s.Forwarded)
+			}
+			tc.clear(p)
+			got := make([]byte, len("held back"))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != "held back" {
+				t.Fatalf("after the stall: %q, %v", got, err)
+			}
+		})
 	}
 }
 
