@@ -78,7 +78,10 @@ type Config struct {
 	// picks one), its preferred place in the first ring (-1: none), its
 	// index among the workers its launcher started (for Faults), and its
 	// S3 credentials (empty: from the environment).
-	Bind        string                 `json:"-"`
+	Bind string `json:"-"`
+	// Advertise is the data-plane address peers dial when it is not the
+	// bound one (a proxy in front); "": the bound one.
+	Advertise   string                 `json:"-"`
 	RankHint    int                    `json:"-"`
 	Index       int                    `json:"-"`
 	Credentials checkpoint.Credentials `json:"-"`

@@ -38,6 +38,15 @@ func Main(reg *Registry) {
 	os.Exit(runProcess(raw, reg, os.Stdout, os.Stderr))
 }
 
+// BindEnv and AdvertiseEnv, in a launched process's environment, set its
+// data-plane listen address and the address its peers dial (a worker in a
+// network namespace of its own, behind a proxy: see chaos); by default it
+// listens on a loopback port and advertises that.
+const (
+	BindEnv      = "PHALANX_BIND"
+	AdvertiseEnv = "PHALANX_ADVERTISE"
+)
+
 // runProcess runs a launched process from its spec and returns its exit
 // status: 0 done (or left on request), 4 stopped with the job, 1 failed, 2
 // a spec it cannot read.
@@ -60,6 +69,10 @@ func runProcess(raw string, reg *Registry, stdout, stderr io.Writer) int {
 	defer stop()
 	cfg := spec.Config
 	cfg.Index, cfg.RankHint, cfg.Logger, cfg.Bind = spec.Index, spec.RankHint, log, "127.0.0.1:0"
+	if b := os.Getenv(BindEnv); b != "" {
+		cfg.Bind = b
+	}
+	cfg.Advertise = os.Getenv(AdvertiseEnv)
 	reports := ReportLines(stdout)
 	cfg.Reports = reports
 	switch spec.Role {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/netns"
 )
 
 func TestMain(m *testing.M) {
@@ -142,6 +143,9 @@ func TestCIScenarios(t *testing.T) {
 	for _, n := range CISet() {
 		sc, _ := Lookup(n)
 		t.Run(n, func(t *testing.T) {
+			if sc.Job.Network == "netns" {
+				netns.Require(t)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			rep, err := r.Run(ctx, sc, 1)

@@ -365,6 +365,9 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 		}
 	}
 	for addr := range ru.addrs {
+		if ru.sc.Job.Network == "netns" {
+			break // the lab's own Leftovers cover its addresses (a default route may answer any)
+		}
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
 			bad = append(bad, "port "+addr+" still accepts connections")

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -49,10 +48,10 @@ const (
 )
 
 // The variables a launched worker reads for its data plane's bind and
-// advertised addresses (phalanx.BindEnv and phalanx.AdvertiseEnv).
+// advertised addresses.
 const (
-	bindEnv      = "PHALANX_BIND"
-	advertiseEnv = "PHALANX_ADVERTISE"
+	bindEnv      = phalanx.BindEnv
+	advertiseEnv = phalanx.AdvertiseEnv
 )
 
 // ErrNeedsRoot is wrapped by the error of a run whose job needs network
@@ -101,25 +100,7 @@ func (s *netnsLab) Start(ctx context.Context, dir string, log *zap.Logger) error
 	if err := netns.Check(); err != nil {
 		return fmt.Errorf("%w: %w", ErrNeedsRoot, err)
 	}
-	if err := netnsReady(); err != nil {
-		return err
-	}
 	return s.start(ctx, dir)
-}
-
-// errNetnsNotReady: see netnsReady.
-var errNetnsNotReady = errors.New("chaos: job.network netns needs workers that bind and advertise the addresses their environment gives (phalanx.Config.Advertise, PHALANX_BIND and PHALANX_ADVERTISE read by phalanx.Main): not in this build")
-
-// netnsReady says whether launched workers can be placed in the lab: until
-// they take their data plane's addresses from their environment (bindEnv,
-// advertiseEnv: Config.Advertise), they would advertise 127.0.0.1 of their
-// own namespaces and never form a ring. Until then the family offers no
-// kinds and no scenarios, and a job.network netns run fails at once.
-func netnsReady() error {
-	if _, ok := reflect.TypeFor[phalanx.Config]().FieldByName("Advertise"); !ok {
-		return errNetnsNotReady
-	}
-	return nil
 }
 
 // start builds the lab (Start, without its checks).
@@ -300,9 +281,6 @@ func labOf(env *Env) (*netnsLab, error) {
 
 // netnsKinds are the network faults: partitions, slow and lossy links.
 func netnsKinds() []Kind {
-	if netnsReady() != nil {
-		return nil
-	}
 	return []Kind{
 		{Name: "partition", Doc: "take the target worker's link down for the fault's duration, then up (it loses the other workers and etcd): shorter than the lease and the operation timeout, the ring waits for it",
 			NeedsRank: true, Needs: "netns", Changes: "none",
@@ -427,9 +405,6 @@ func (s *netnsLab) linkStats() ProxyStats {
 
 // netnsScenarios are the built-in scenarios of network faults.
 func netnsScenarios() []Scenario {
-	if netnsReady() != nil {
-		return nil
-	}
 	inLab := func(j JobSpec) JobSpec { j.Network = "netns"; return j }
 	return []Scenario{
 		{Name: "partition-short", CI: true,

@@ -208,6 +208,10 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 	if j.LeaseTTL > 0 {
 		lc.LeaseTTL = time.Duration(j.LeaseTTL)
 	}
+	if j.Network == "netns" {
+		// Hosts apart talk TCP; the reference on loopback must sum the same way.
+		lc.Transport = "tcp"
+	}
 	lc.Threads = 1
 	lc.JobDir = jobDir
 	lc.Events = ev
