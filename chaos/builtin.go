@@ -146,17 +146,23 @@ func (r *Runner) Soak(ctx context.Context, sc SoakConfig) ([]*Report, error) {
 	}
 	// Steps per second of the undisturbed job, to place faults in time.
 	rate := float64(job.Steps) / max(ref.Events[len(ref.Events)-1].At.Sub(ref.Events[0].At).Seconds(), 1)
-	end := r.now().Add(sc.Duration)
+	start := r.now()
+	end := start.Add(sc.Duration)
+	// Faults arrive as one Poisson process over the whole soak: next is
+	// the next one's time from the start, carried from job to job.
+	next := rng.ExpFloat64() * sc.MeanInterval.Seconds()
 	var reports []*Report
 	for k := 0; r.now().Before(end) && ctx.Err() == nil; k++ {
 		s := base
 		s.Name = fmt.Sprintf("soak-%d", k)
 		kills := 0
-		for step := int64(0); ; {
-			step += max(1, int64(rng.ExpFloat64()*sc.MeanInterval.Seconds()*rate))
+		at := r.now().Sub(start).Seconds() // this job's start, about
+		for {
+			step := max(1, int64((next-at)*rate))
 			if step >= job.Steps-20 {
 				break
 			}
+			next += rng.ExpFloat64() * sc.MeanInterval.Seconds()
 			kind := kinds[rng.IntN(len(kinds))]
 			if (kind == "sigkill" || kind == "sigterm") && kills >= sc.Workers-1 {
 				kind = "sigstop"
