@@ -488,7 +488,8 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 					firstAt = e.At
 				}
 				for _, f := range ru.faults {
-					if f.RecoveredAt.IsZero() && !f.Injected.IsZero() && f.Error == "" && f.recovers(attempt, gen) {
+					// Events queued before the injection are not its recovery.
+					if f.RecoveredAt.IsZero() && !f.Injected.IsZero() && f.Error == "" && e.At.After(f.Injected) && f.recovers(attempt, gen) {
 						f.RecoveredAt = e.At
 						f.RecoveryS = e.At.Sub(f.Injected).Seconds()
 					}
