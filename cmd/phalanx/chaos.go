@@ -81,17 +81,18 @@ func chaosRun(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 		fmt.Fprintln(stderr, "Usage: phalanx chaos run [flags] SCENARIO... (a built-in name, see phalanx chaos list; a .json or .yaml file; or ci for the CI set)")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	names, err := parseInterspersed(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
+	if len(names) == 0 {
 		return usagef("chaos run: name at least one scenario (phalanx chaos list shows the built-in ones)")
 	}
 	if *runs < 1 {
 		return usagef("chaos run: --runs %d: want at least 1", *runs)
 	}
 	var scs []chaos.Scenario
-	for _, a := range fs.Args() {
+	for _, a := range names {
 		switch {
 		case a == "ci":
 			for _, n := range chaos.CISet() {
@@ -214,4 +215,24 @@ func chaosSoak(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 	}
 	fmt.Fprintf(stdout, "soak: %s, %d jobs, %d faults\n", time.Since(start).Round(time.Second), len(reports), chaos.FaultCount(reports))
 	return summarize(stdout, reports)
+}
+
+// parseInterspersed parses fs's flags wherever they stand among the
+// positional arguments (phalanx chaos run kill-random --runs 50), which it
+// returns in order.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		args = fs.Args()
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos, args = append(pos, args[0]), args[1:]
+	}
 }
