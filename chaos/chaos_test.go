@@ -148,29 +148,8 @@ func TestCIScenarios(t *testing.T) {
 			continue
 		}
 		t.Run(n, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			rep, err := r.Run(ctx, sc, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
+			rep := runAndCheck(t, r, sc, 1)
 			reports = append(reports, rep)
-			if dir := os.Getenv("CHAOS_REPORT_DIR"); dir != "" {
-				if _, err := rep.WriteJSON(dir); err != nil {
-					t.Error(err)
-				}
-			}
-			for _, v := range rep.Invariants {
-				t.Logf("invariant %d %s: %s", v.N, v.Status, v.Evidence)
-				if v.Status == "fail" {
-					t.Errorf("invariant %d (%s) failed: %s", v.N, v.Name, v.Evidence)
-				}
-			}
-			for _, f := range rep.Faults {
-				if f.What == "" || f.Injected.IsZero() {
-					t.Errorf("fault %d (%s) left no evidence: %+v", f.Index, f.Kind, f)
-				}
-			}
 			if !rep.Passed {
 				t.Errorf("the run failed; kept in %s", rep.Dir)
 			}
@@ -179,4 +158,34 @@ func TestCIScenarios(t *testing.T) {
 	var sb strings.Builder
 	WriteSummary(&sb, reports)
 	t.Logf("\n%s", sb.String())
+}
+
+// runAndCheck runs sc with seed, writes its report to $CHAOS_REPORT_DIR
+// when set, and fails t for every invariant that failed and every fault
+// that was not injected or left no evidence.
+func runAndCheck(t *testing.T, r *Runner, sc Scenario, seed uint64) *Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := r.Run(ctx, sc, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir := os.Getenv("CHAOS_REPORT_DIR"); dir != "" {
+		if _, err := rep.WriteJSON(dir); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, v := range rep.Invariants {
+		t.Logf("invariant %d %s: %s", v.N, v.Status, v.Evidence)
+		if v.Status == "fail" {
+			t.Errorf("invariant %d (%s) failed: %s", v.N, v.Name, v.Evidence)
+		}
+	}
+	for _, f := range rep.Faults {
+		if f.What == "" || f.Injected.IsZero() || f.Error != "" {
+			t.Errorf("fault %d (%s) left no evidence or failed: %+v", f.Index, f.Kind, f)
+		}
+	}
+	return rep
 }

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"regexp"
@@ -46,18 +45,7 @@ func TestEtcdScenarios(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			rep, err := r.Run(ctx, sc, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, v := range rep.Invariants {
-				t.Logf("invariant %d %s: %s", v.N, v.Status, v.Evidence)
-				if v.Status == "fail" {
-					t.Errorf("invariant %d (%s) failed: %s", v.N, v.Name, v.Evidence)
-				}
-			}
+			rep := runAndCheck(t, r, sc, 1)
 			f := rep.Faults[0]
 			t.Logf("fault 0: %s; healed: %s", f.What, f.HealWhat)
 			if !tc.what.MatchString(f.What) {

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,18 +101,7 @@ func TestMinIOScenarios(t *testing.T) {
 			log.mu.Lock()
 			log.all = nil
 			log.mu.Unlock()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			rep, err := r.Run(ctx, sc, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, v := range rep.Invariants {
-				t.Logf("invariant %d %s: %s", v.N, v.Status, v.Evidence)
-				if v.Status == "fail" {
-					t.Errorf("invariant %d (%s) failed: %s", v.N, v.Name, v.Evidence)
-				}
-			}
+			rep := runAndCheck(t, r, sc, 1)
 			if v := rep.Invariants[5]; v.Status != "pass" {
 				t.Errorf("invariant 5: %s, want complete checkpoints that verify", v.Status)
 			}

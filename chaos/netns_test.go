@@ -217,23 +217,7 @@ func TestNetnsScenarios(t *testing.T) {
 	}
 	for _, sc := range netnsScenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			rep, err := r.Run(ctx, sc, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dir := os.Getenv("CHAOS_REPORT_DIR"); dir != "" {
-				if _, err := rep.WriteJSON(dir); err != nil {
-					t.Error(err)
-				}
-			}
-			for _, v := range rep.Invariants {
-				t.Logf("invariant %d %s: %s", v.N, v.Status, v.Evidence)
-				if v.Status == "fail" {
-					t.Errorf("invariant %d (%s) failed: %s", v.N, v.Name, v.Evidence)
-				}
-			}
+			rep := runAndCheck(t, r, sc, 1)
 			for _, f := range rep.Faults {
 				if f.What == "" || f.Injected.IsZero() || f.Error != "" {
 					t.Errorf("fault %d (%s): %+v", f.Index, f.Kind, f)

@@ -1,8 +1,6 @@
 package chaos
 
 import (
-	"context"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -274,23 +272,7 @@ func TestPSScenarios(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			rep, err := r.Run(ctx, sc, tc.seed)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dir := os.Getenv("CHAOS_REPORT_DIR"); dir != "" {
-				if _, err := rep.WriteJSON(dir); err != nil {
-					t.Error(err)
-				}
-			}
-			for _, v := range rep.Invariants {
-				t.Logf("invariant %d %s: %s", v.N, v.Status, v.Evidence)
-				if v.Status == "fail" {
-					t.Errorf("invariant %d (%s) failed: %s", v.N, v.Name, v.Evidence)
-				}
-			}
+			rep := runAndCheck(t, r, sc, tc.seed)
 			for _, n := range []int{0, 1, 2, 4, 6, 7, 8} {
 				if rep.Invariants[n].Status != "pass" {
 					t.Errorf("invariant %d: %s, want pass", n, rep.Invariants[n].Status)
