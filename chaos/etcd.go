@@ -38,12 +38,14 @@ func etcdKinds() []Kind {
 // retried; seen under -race).
 func clusterJob(workers int) JobSpec {
 	j := smallJob(workers, 0)
-	j.Etcd, j.Coordinators, j.Steps, j.MinWorkers = "cluster", 2, 1000, min(2, workers)
+	j.Etcd, j.Coordinators, j.Steps, j.MinWorkers = "cluster", 2, 6000, min(2, workers)
 	return j
 }
 
 // etcdScenarios are the built-in scenarios of etcd and coordinator faults.
-// Each kills a worker after its fault, so that the job's coordinator must
+// Each kills a worker 6s after the first step, well after its fault (a
+// step trigger could fire while the job's steps race ahead of the
+// scheduler, which reads the ring from etcd during the election), so that the job's coordinator must
 // decide a new ring through what is left of the cluster, or (after a
 // coordinator's loss) the standby must.
 func etcdScenarios() []Scenario {
@@ -53,28 +55,28 @@ func etcdScenarios() []Scenario {
 			Job:         clusterJob(3),
 			Faults: []FaultSpec{
 				{Kind: "etcd-kill", Trigger: Trigger{Step: 150}},
-				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 250, StepMax: 300}},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
 			}},
 		{Name: "etcd-pause", CI: true,
 			Description: "SIGSTOP of the etcd cluster's leader for 2s (under the lease TTL), then SIGCONT, then SIGKILL of a worker: the ring trains on, and the new ring is decided",
 			Job:         clusterJob(3),
 			Faults: []FaultSpec{
 				{Kind: "etcd-pause", Trigger: Trigger{Step: 150}, Duration: Duration(2 * time.Second)},
-				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 250, StepMax: 300}},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
 			}},
 		{Name: "coordinator-failover", CI: true,
 			Description: "SIGKILL of the coordinator that leads, then of a worker: the standby coordinator takes over within the lease TTL and decides the new ring",
 			Job:         clusterJob(3),
 			Faults: []FaultSpec{
 				{Kind: "coordinator-leader-kill", Trigger: Trigger{Step: 150}},
-				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 200, StepMax: 250}},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
 			}},
 		{Name: "etcd-member-restart",
 			Description: "SIGKILL of etcd member 1 for 3s, then restarted on its data; then SIGKILL of a worker",
 			Job:         clusterJob(3),
 			Faults: []FaultSpec{
 				{Kind: "etcd-kill", Target: "rank:1", Trigger: Trigger{Step: 150}, Duration: Duration(3 * time.Second)},
-				{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 250, StepMax: 300}},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
 			}},
 	}
 }
