@@ -250,8 +250,8 @@ func (p *Proxy) relay(client net.Conn) {
 	backend, err := p.dial(dctx)
 	cancel()
 	if err != nil {
+		p.count(func(s *ProxyStats) { s.Refused++ }) // counted before the client sees its end
 		client.Close()
-		p.count(func(s *ProxyStats) { s.Refused++ })
 		return
 	}
 	c := &proxyConn{client: client, backend: backend}

@@ -211,7 +211,10 @@ func TestProxyReset(t *testing.T) {
 	if _, err := c3.Read(make([]byte, 1)); err == nil {
 		t.Fatal("read through a proxy to a closed port succeeded")
 	}
-	if s := q.Stats(); s.Refused != 1 {
-		t.Fatalf("stats %+v: want 1 refused", s)
+	// The client may see its end close before the proxy counts the refusal.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := q.Wait(ctx, func(s ProxyStats) bool { return s.Refused == 1 }); err != nil {
+		t.Fatalf("stats %+v: want 1 refused: %v", q.Stats(), err)
 	}
 }
