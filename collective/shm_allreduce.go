@@ -188,6 +188,9 @@ func (f *shmFast) waitFor(k shmWaitKind, target, step uint64) error {
 		}
 		q := f.lagging(k, step)
 		if l := g.links[q]; l.peerBye.Load() {
+			if c.Load() >= target {
+				return nil // the peer announced, then finished and said goodbye
+			}
 			return g.fail(l.lost(g.cur.op.String(), fmt.Sprintf("rank %d closed its group", q), nil))
 		}
 		if !time.Now().Before(g.deadline) {
