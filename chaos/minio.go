@@ -2,16 +2,11 @@ package chaos
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -20,20 +15,19 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/internal/minioserver"
 )
 
 // ErrNoMinIO: a scenario's job.store is "minio" and there is no MinIO
-// server binary.
-var ErrNoMinIO = errors.New("chaos: job.store minio needs the MinIO server binary: run scripts/install-minio (or set PHALANX_MINIO)")
+// server binary (the error wraps minioserver.ErrNoBinary too, which says
+// how to install one).
+var ErrNoMinIO = errors.New("chaos: job.store minio needs the MinIO server binary")
 
 // minioBucket is the bucket a run's checkpoints go to, under minioPrefix.
 const (
 	minioBucket = "phalanx-chaos"
 	minioPrefix = "checkpoints"
 )
-
-// minioReadyWait bounds how long a MinIO start may take to answer ready.
-const minioReadyWait = time.Minute
 
 // minioService is the MinIO server a scenario with job.store "minio" keeps
 // its checkpoints in (nil: none).
@@ -48,41 +42,27 @@ func minioService(sc *Scenario) (Service, error) {
 	return &minioServer{bin: bin}, nil
 }
 
-// minioBinary finds the MinIO server at $PHALANX_MINIO, on PATH, or in
-// $(go env GOPATH)/bin, where scripts/install-minio puts it.
+// minioBinary finds the MinIO server as internal/minioserver does.
 func minioBinary() (string, error) {
-	if p := os.Getenv("PHALANX_MINIO"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("%w: PHALANX_MINIO=%s: %v", ErrNoMinIO, p, err)
-		}
-		return p, nil
+	bin, err := minioserver.Binary()
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrNoMinIO, err)
 	}
-	if p, err := exec.LookPath("minio"); err == nil {
-		return p, nil
-	}
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		p := filepath.Join(strings.TrimSpace(string(out)), "bin", "minio")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", ErrNoMinIO
+	return bin, nil
 }
 
-// minioServer is a real MinIO server process on a loopback port chosen at
-// run time, its data in the run's directory. Faults stop, kill, pause and
-// restart it on the same port and data.
+// minioServer is a real MinIO server process (internal/minioserver) on a
+// loopback port chosen at run time, its data in the run's directory.
+// Faults stop, kill, pause and restart it on the same port and data.
 type minioServer struct {
 	bin string
 
 	mu       sync.Mutex
 	log      *zap.Logger
+	srv      *minioserver.Server
 	endpoint string // 127.0.0.1:port
-	data     string
 	logFile  *os.File
 	creds    checkpoint.Credentials
-	cmd      *exec.Cmd
-	exited   chan struct{}
 	pids     []int // every server process started
 	closed   bool
 }
@@ -92,24 +72,18 @@ func (s *minioServer) Name() string { return "minio" }
 // Start starts MinIO with its data in dir/minio and creates the bucket.
 func (s *minioServer) Start(ctx context.Context, dir string, log *zap.Logger) error {
 	s.log = log
-	s.data = filepath.Join(dir, "minio")
-	if err := os.MkdirAll(s.data, 0o755); err != nil {
-		return fmt.Errorf("chaos: minio: %w", err)
-	}
 	f, err := os.Create(filepath.Join(dir, "minio.log"))
 	if err != nil {
 		return fmt.Errorf("chaos: minio: %w", err)
 	}
 	s.logFile = f
-	var secret [12]byte
-	rand.Read(secret[:])
-	s.creds = checkpoint.Credentials{AccessKey: "phalanx-chaos", SecretKey: hex.EncodeToString(secret[:])}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := minioserver.New(minioserver.Config{Binary: s.bin, Dir: filepath.Join(dir, "minio"),
+		AccessKey: "phalanx-chaos", Output: f})
 	if err != nil {
-		return fmt.Errorf("chaos: minio: a port: %w", err)
+		return fmt.Errorf("chaos: minio: %w", err)
 	}
-	s.endpoint = l.Addr().String()
-	l.Close()
+	s.srv, s.endpoint = srv, srv.Endpoint()
+	s.creds.AccessKey, s.creds.SecretKey = srv.Credentials()
 	if _, err := s.start(ctx); err != nil {
 		return err
 	}
@@ -128,90 +102,29 @@ func (s *minioServer) start(ctx context.Context) (int, error) {
 	if s.closed {
 		return 0, errors.New("chaos: minio: closed")
 	}
-	if s.cmd != nil {
-		return 0, fmt.Errorf("chaos: minio: already running (pid %d)", s.cmd.Process.Pid)
+	pid, err := s.srv.Start(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: %w (its log: minio.log in the run's directory)", err)
 	}
-	cmd := exec.Command(s.bin, "server", s.data, "--address", s.endpoint, "--console-address", "127.0.0.1:0", "--quiet")
-	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.creds.AccessKey, "MINIO_ROOT_PASSWORD="+s.creds.SecretKey,
-		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "CI=")
-	cmd.Stdout, cmd.Stderr = s.logFile, s.logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("chaos: starting MinIO (%s): %w", s.bin, err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	s.cmd, s.exited = cmd, exited
-	s.pids = append(s.pids, cmd.Process.Pid)
-	if err := waitMinIOReady(ctx, s.endpoint, exited); err != nil {
-		syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
-		s.cmd = nil
-		return 0, err
-	}
-	s.log.Info("chaos: MinIO ready", zap.String("endpoint", s.endpoint), zap.Int("pid", cmd.Process.Pid))
-	return cmd.Process.Pid, nil
-}
-
-// waitMinIOReady polls MinIO's readiness endpoint until it answers 200.
-func waitMinIOReady(ctx context.Context, endpoint string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, minioReadyWait)
-	defer cancel()
-	url := "http://" + endpoint + "/minio/health/ready"
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return fmt.Errorf("chaos: minio: %w", err)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("chaos: MinIO exited before it was ready on %s (its log: minio.log in the run's directory)", endpoint)
-		case <-ctx.Done():
-			return fmt.Errorf("chaos: MinIO on %s not ready within %v: %v", endpoint, minioReadyWait, err)
-		case <-tick.C:
-		}
-	}
+	s.pids = append(s.pids, pid)
+	s.log.Info("chaos: MinIO ready", zap.String("endpoint", s.endpoint), zap.Int("pid", pid))
+	return pid, nil
 }
 
 // kill SIGKILLs the running server and waits for it; it returns its pid.
 func (s *minioServer) kill(ctx context.Context) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return 0, errors.New("chaos: minio: not running")
+	pid, err := s.srv.Kill(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: %w", err)
 	}
-	pid := s.cmd.Process.Pid
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return 0, fmt.Errorf("chaos: SIGKILL to MinIO (pid %d): %w", pid, err)
-	}
-	select {
-	case <-s.exited:
-	case <-ctx.Done():
-		return 0, fmt.Errorf("chaos: MinIO (pid %d) SIGKILLed, not yet gone: %w", pid, ctx.Err())
-	}
-	s.cmd = nil
 	return pid, nil
 }
 
 // signal sends sig to the running server; it returns its pid.
 func (s *minioServer) signal(sig syscall.Signal) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return 0, errors.New("chaos: minio: not running")
-	}
-	pid := s.cmd.Process.Pid
-	if err := syscall.Kill(pid, sig); err != nil {
-		return 0, fmt.Errorf("chaos: %s to MinIO (pid %d): %w", signalName(sig), pid, err)
+	pid, err := s.srv.Signal(sig)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: %s: %w", signalName(sig), err)
 	}
 	return pid, nil
 }
@@ -232,17 +145,13 @@ func (s *minioServer) Close() error {
 	return nil
 }
 
-// stop kills the server for good and closes its log.
+// stop kills the server for good, paused or not, and closes its log.
 func (s *minioServer) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	if s.cmd != nil {
-		pid := s.cmd.Process.Pid
-		syscall.Kill(pid, syscall.SIGCONT) // a paused server dies as well, but say so
-		syscall.Kill(pid, syscall.SIGKILL)
-		<-s.exited
-		s.cmd = nil
+	if s.srv != nil {
+		s.srv.Stop()
 	}
 	if s.logFile != nil {
 		s.logFile.Close()

@@ -1,22 +1,17 @@
-// Package miniotest runs a real MinIO server for tests: on a loopback port
-// chosen at run time, with a temporary data directory, stopped by PID.
+// Package miniotest runs a real MinIO server for tests (internal/minioserver)
+// on a loopback port chosen at run time, with the test's temporary data
+// directory, stopped by PID when the test ends.
 //
-// The binary is found at $PHALANX_MINIO, on PATH, or in $(go env GOPATH)/bin
-// (scripts/install-minio puts it there). Without it a test is skipped with a
-// loud message, except in CI (CI=true), where its absence fails the test.
+// The binary is found as internal/minioserver finds it. Without it a test
+// is skipped with a loud message, except in CI (CI=true), where its
+// absence fails the test.
 package miniotest
 
 import (
-	"context"
-	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
+
+	"github.com/phalanx-rt/phalanx/internal/minioserver"
 )
 
 // Server is a running MinIO.
@@ -24,55 +19,40 @@ type Server struct {
 	Endpoint  string // 127.0.0.1:port
 	AccessKey string
 	SecretKey string
-	dir       string
-	bin       string
-	cmd       *exec.Cmd
-	exited    chan struct{}
+	srv       *minioserver.Server
 	t         testing.TB
 }
 
 // Binary returns the MinIO binary's path, or "" when there is none.
 func Binary() string {
-	if p := os.Getenv("PHALANX_MINIO"); p != "" {
-		return p
-	}
-	if p, err := exec.LookPath("minio"); err == nil {
-		return p
-	}
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		p := filepath.Join(string(trimNL(out)), "bin", "minio")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return ""
+	p, _ := minioserver.Binary()
+	return p
 }
 
-func trimNL(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
+// RequireBinary returns the MinIO binary's path; without one it skips the
+// test loudly, or fails it in CI (CI=true).
+func RequireBinary(t testing.TB) string {
+	t.Helper()
+	bin, err := minioserver.Binary()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip("SKIPPING (no MinIO): ", err)
 	}
-	return b
+	return bin
 }
 
 // Start runs a MinIO server for the test and stops it when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin := Binary()
-	if bin == "" {
-		msg := "MinIO server binary not found: run scripts/install-minio (or set PHALANX_MINIO)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip("SKIPPING (no MinIO): " + msg)
-	}
-	s := &Server{AccessKey: "phalanx-test", SecretKey: "phalanx-test-secret", dir: t.TempDir(), bin: bin, t: t}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := minioserver.New(minioserver.Config{Binary: RequireBinary(t), Dir: t.TempDir(),
+		AccessKey: "phalanx-test", SecretKey: "phalanx-test-secret", Output: os.Stderr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Endpoint = l.Addr().String()
-	l.Close()
+	s := &Server{Endpoint: srv.Endpoint(), srv: srv, t: t}
+	s.AccessKey, s.SecretKey = srv.Credentials()
 	s.start()
 	t.Cleanup(s.Stop)
 	return s
@@ -80,58 +60,16 @@ func Start(t testing.TB) *Server {
 
 func (s *Server) start() {
 	s.t.Helper()
-	cmd := exec.Command(s.bin, "server", s.dir, "--address", s.Endpoint, "--console-address", "127.0.0.1:0", "--quiet")
-	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.AccessKey, "MINIO_ROOT_PASSWORD="+s.SecretKey,
-		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "CI=")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("starting MinIO: %v", err)
-	}
-	s.cmd, s.exited = cmd, make(chan struct{})
-	go func() { cmd.Wait(); close(s.exited) }()
-	if err := s.waitReady(60 * time.Second); err != nil {
-		s.Stop()
+	if _, err := s.srv.Start(s.t.Context()); err != nil {
 		s.t.Fatal(err)
 	}
 }
 
-// waitReady polls MinIO's readiness endpoint until it answers 200.
-func (s *Server) waitReady(limit time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	url := "http://" + s.Endpoint + "/minio/health/ready"
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-s.exited:
-			return fmt.Errorf("MinIO exited before it was ready (port %s)", s.Endpoint)
-		case <-ctx.Done():
-			return fmt.Errorf("MinIO at %s not ready within %v: %v", s.Endpoint, limit, err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// Pid is the server's process id.
-func (s *Server) Pid() int { return s.cmd.Process.Pid }
+// Pid is the server's process id (0: stopped).
+func (s *Server) Pid() int { return s.srv.Pid() }
 
 // Stop kills the server (SIGKILL by PID) and waits for it.
-func (s *Server) Stop() {
-	if s.cmd == nil {
-		return
-	}
-	syscall.Kill(s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.exited
-	s.cmd = nil
-}
+func (s *Server) Stop() { s.srv.Stop() }
 
 // Restart starts the server again on the same port and data.
 func (s *Server) Restart() {
