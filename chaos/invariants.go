@@ -417,28 +417,50 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 }
 
 func (ru *run) checkRecovery(rep *Report, bound time.Duration) Verdict {
-	var bad, got []string
-	timed := 0
+	var timed []recovery
 	for _, f := range ru.faults {
 		if f.Changes != "ring" && f.Changes != "resume" || f.Injected.IsZero() || f.Error != "" {
 			continue
 		}
-		timed++
 		if f.RecoveredAt.IsZero() {
-			bad = append(bad, fmt.Sprintf("fault %d (%s): no step of a new ring after it", f.Index, f.Kind))
+			timed = append(timed, recovery{fault: f, missing: "no step of a new ring after it"})
 			continue
 		}
 		rep.RecoveryMaxS = max(rep.RecoveryMaxS, f.RecoveryS)
-		got = append(got, fmt.Sprintf("fault %d (%s) %.2fs", f.Index, f.Kind, f.RecoveryS))
+		timed = append(timed, recovery{fault: f, how: fmt.Sprintf("%.2fs", f.RecoveryS)})
+	}
+	return recoveryVerdict(timed, bound, "no fault changed the ring", "injection to the first step of the new ring")
+}
+
+// recovery is a timed fault's outcome for invariant 8: how it recovered
+// (its FaultRecord's RecoveryS the time), or why it did not.
+type recovery struct {
+	fault   *FaultRecord
+	how     string // how it recovered, when it did
+	missing string // why it did not ("": it did)
+}
+
+// recoveryVerdict is invariant 8 over the timed faults: each recovered,
+// within bound. none is the evidence when no fault was timed; what names
+// the span timed.
+func recoveryVerdict(timed []recovery, bound time.Duration, none, what string) Verdict {
+	var bad, got []string
+	for _, r := range timed {
+		f := r.fault
+		if r.missing != "" {
+			bad = append(bad, fmt.Sprintf("fault %d (%s): %s", f.Index, f.Kind, r.missing))
+			continue
+		}
+		got = append(got, fmt.Sprintf("fault %d (%s): %s", f.Index, f.Kind, r.how))
 		if f.RecoveryS > bound.Seconds() {
 			bad = append(bad, fmt.Sprintf("fault %d (%s): %.2fs, over the bound %v", f.Index, f.Kind, f.RecoveryS, bound))
 		}
 	}
 	switch {
-	case timed == 0:
-		return notApplicable(8, "no fault changed the ring")
+	case len(timed) == 0:
+		return notApplicable(8, none)
 	case len(bad) > 0:
 		return verdict(8, false, "%s", joinLimited(bad, 5))
 	}
-	return verdict(8, true, "injection to the first step of the new ring: %s (bound %v)", joinLimited(got, 5), bound)
+	return verdict(8, true, "%s: %s (bound %v)", what, joinLimited(got, 5), bound)
 }

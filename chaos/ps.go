@@ -445,8 +445,7 @@ func psCheckRecovery(faults []*FaultRecord, f psFacts, bound time.Duration) Verd
 	if bound == 0 {
 		bound = time.Minute
 	}
-	var got, bad []string
-	timed := 0
+	var timed []recovery
 	for _, fr := range faults {
 		if fr.Injected.IsZero() || fr.Error != "" {
 			continue
@@ -482,9 +481,8 @@ func psCheckRecovery(faults []*FaultRecord, f psFacts, bound time.Duration) Verd
 		default:
 			continue
 		}
-		timed++
 		if took.IsZero() {
-			bad = append(bad, fmt.Sprintf("fault %d (%s): the job never took it in (no failover or adoption after it)", fr.Index, fr.Kind))
+			timed = append(timed, recovery{fault: fr, missing: "the job never took it in (no failover or adoption after it)"})
 			continue
 		}
 		for _, s := range f.stepEvents {
@@ -494,22 +492,14 @@ func psCheckRecovery(faults []*FaultRecord, f psFacts, bound time.Duration) Verd
 			}
 		}
 		if fr.RecoveredAt.IsZero() {
-			bad = append(bad, fmt.Sprintf("fault %d (%s): %s, and no step after", fr.Index, fr.Kind, what))
+			timed = append(timed, recovery{fault: fr, missing: what + ", and no step after"})
 			continue
 		}
-		got = append(got, fmt.Sprintf("fault %d (%s): %s, first step (%d) after %.2fs", fr.Index, fr.Kind, what,
-			stepAt(f.stepEvents, fr.RecoveredAt), fr.RecoveryS))
-		if fr.RecoveryS > bound.Seconds() {
-			bad = append(bad, fmt.Sprintf("fault %d (%s): %.2fs, over the bound %v", fr.Index, fr.Kind, fr.RecoveryS, bound))
-		}
+		timed = append(timed, recovery{fault: fr, how: fmt.Sprintf("%s, first step (%d) after %.2fs", what,
+			stepAt(f.stepEvents, fr.RecoveredAt), fr.RecoveryS)})
 	}
-	switch {
-	case timed == 0:
-		return notApplicable(8, "no fault of the parameter-server job was timed")
-	case len(bad) > 0:
-		return verdict(8, false, "%s", joinLimited(bad, 5))
-	}
-	return verdict(8, true, "injection to the first step after the job took the fault in: %s (bound %v)", joinLimited(got, 5), bound)
+	return recoveryVerdict(timed, bound, "no fault of the parameter-server job was timed",
+		"injection to the first step after the job took the fault in")
 }
 
 func stepAt(steps []Event, at time.Time) int64 {
