@@ -6,15 +6,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"os"
 	"strconv"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -73,7 +75,9 @@ type ringJob struct {
 
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
 	lc := r.lc
-	if err := coordinator.ClearEnd(ctx, r.cli, r.keys); err != nil {
+	if err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
+		r.log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
+	}, func(ctx context.Context) error { return coordinator.ClearEnd(ctx, r.cli, r.keys) }); err != nil {
 		return nil, err
 	}
 	var co *coordinator.Coordinator

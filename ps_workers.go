@@ -81,6 +81,11 @@ type shareEnd struct {
 // maxRejoins bounds how often a worker whose lease lapsed registers again.
 const maxRejoins = 5
 
+// etcdRetryBudget bounds how long a launcher or parameter-server worker
+// retries a request through transient etcd errors (an election in the etcd
+// cluster) before giving up.
+const etcdRetryBudget = 30 * time.Second
+
 // run claims and trains shares until every share of the job is done. A
 // worker whose lease lapsed (a pause, a loaded machine) is out: its claims
 // are gone and its shares' runs stopped, since another worker may hold them
@@ -99,7 +104,13 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 // session is run under one lease.
 func (w *psWorkerProc) session(ctx context.Context) error {
 	host, _ := os.Hostname()
-	lease, err := coordinator.RegisterAt(ctx, w.cli, w.keys.PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
+	var lease *coordinator.Lease
+	err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
+		w.log.Warn("registering: etcd unavailable; retrying", zap.Error(err))
+	}, func(ctx context.Context) (err error) {
+		lease, err = coordinator.RegisterAt(ctx, w.cli, w.keys.PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
+		return err
+	})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -216,8 +218,10 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 // election key keeps its revision) and the record is still the one decided
 // from (fencing).
 func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, genRev int64, next *phalanxpb.Generation) error {
-	next.DecidedBy = c.cfg.ID
-	next.DecidedUnixNano = c.cfg.Now().UnixNano()
+	if next.DecidedUnixNano == 0 { // stamped once: a retry writes the same bytes
+		next.DecidedBy = c.cfg.ID
+		next.DecidedUnixNano = c.cfg.Now().UnixNano()
+	}
 	val, err := proto.Marshal(next)
 	if err != nil {
 		return err
@@ -225,11 +229,14 @@ func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, ge
 	resp, err := c.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", leaderRev),
 		clientv3.Compare(clientv3.ModRevision(c.keys.Generation()), "=", genRev),
-	).Then(clientv3.OpPut(c.keys.Generation(), string(val))).Commit()
+	).Then(clientv3.OpPut(c.keys.Generation(), string(val))).Else(clientv3.OpGet(c.keys.Generation())).Commit()
 	if err != nil {
 		return fmt.Errorf("coordinator: writing generation %d: %w", next.Number, err)
 	}
 	if !resp.Succeeded {
+		if bytes.Equal(valueOf(resp), val) {
+			return nil // a retry of a write whose answer was lost: it landed
+		}
 		return fmt.Errorf("%w: generation %d refused by the fence", ErrLeadershipLost, next.Number)
 	}
 	return nil
@@ -243,7 +250,7 @@ func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, ge
 // been decided, for a newcomer, before the report was read), but a worker
 // that answers it does not break the newer ring; other old reports are
 // dropped.
-func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[string]string) (broken bool, err error) {
+func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[string]string, retry func(string, func(context.Context) error) error) (broken bool, err error) {
 	byID := map[string]*phalanxpb.Registration{}
 	for _, r := range s.live {
 		byID[r.Id] = r
@@ -265,7 +272,13 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[stri
 			if err := c.cfg.Probe(ctx, addr); err != nil {
 				c.log.Warn("reported worker does not answer; removing it", zap.String("worker", r.Id),
 					zap.String("reporter", rep.msg.ReporterId), zap.Error(err))
-				if _, err := c.cli.Revoke(ctx, s.leases[r.Id]); err != nil {
+				if err := retry("removing a worker", func(ctx context.Context) error {
+					_, err := c.cli.Revoke(ctx, s.leases[r.Id])
+					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+						return nil // gone already: expired, or revoked by a try whose answer was lost
+					}
+					return err
+				}); err != nil {
 					return false, fmt.Errorf("coordinator: removing worker %s: %w", r.Id, err)
 				}
 				detected[r.Id] = fmt.Sprintf("%s reported by %s, probe failed", rep.msg.Detail, rep.msg.ReporterId)
@@ -275,7 +288,10 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[stri
 				broken = broken || current
 			}
 		}
-		if _, err := c.cli.Delete(ctx, rep.key); err != nil {
+		if err := retry("clearing a report", func(ctx context.Context) error {
+			_, err := c.cli.Delete(ctx, rep.key)
+			return err
+		}); err != nil {
 			return false, fmt.Errorf("coordinator: clearing report %s: %w", rep.key, err)
 		}
 	}
@@ -296,14 +312,28 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		return fmt.Errorf("coordinator: campaign: %w", err)
 	}
 	c.log.Info("leading", zap.String("election_key", el.Key()))
+	// Every request while leading goes through retry under the session's
+	// context: an election inside the etcd cluster fails requests for a
+	// second or two, and giving up leadership for it would revoke the
+	// session and hand the job to a standby for nothing. Leadership ends
+	// when the session does.
+	lctx := sess.Ctx()
+	retry := func(what string, op func(context.Context) error) error {
+		return Retry(lctx, c.cfg.SessionTTL, func(err error) {
+			c.log.Warn(what+": etcd unavailable; retrying", zap.Error(err))
+		}, op)
+	}
 	firstSeen := map[string]time.Time{}
 	wasExcluded := map[string]bool{} // stragglers left out by this coordinator, to name their readmission
 	detected := map[string]string{}
 	var shortSince time.Time
 	broken := false
 	for {
-		s, err := c.read(ctx)
-		if err != nil {
+		var s *snapshot
+		if err := retry("reading the job", func(ctx context.Context) (err error) {
+			s, err = c.read(ctx)
+			return err
+		}); err != nil {
 			return err
 		}
 		if s.done {
@@ -311,7 +341,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			return ErrDone
 		}
 		if len(s.reports) > 0 {
-			b, err := c.verify(ctx, s, detected)
+			b, err := c.verify(lctx, s, detected, retry)
 			if err != nil {
 				return err
 			}
@@ -380,7 +410,9 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			shortSince = time.Time{}
 			broken = false
 			clear(detected)
-			if err := c.write(ctx, el.Key(), el.Rev(), s.genRev, d.Next); err != nil {
+			if err := retry("writing the generation", func(ctx context.Context) error {
+				return c.write(ctx, el.Key(), el.Rev(), s.genRev, d.Next)
+			}); err != nil {
 				return err
 			}
 			c.log.Info("new generation", zap.Uint64("generation", d.Next.Number), zap.Int("world", len(d.Next.Members)), zap.String("reason", d.Reason))
@@ -396,7 +428,9 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			if left <= 0 {
 				stop := &phalanxpb.Generation{Number: s.cur.Number + 1, StartStep: start, Stopped: true,
 					Reason: fmt.Sprintf("stopped: %s for longer than %s", d.Reason, c.cfg.MinWorkersTimeout)}
-				if err := c.write(ctx, el.Key(), el.Rev(), s.genRev, stop); err != nil {
+				if err := retry("writing the stop", func(ctx context.Context) error {
+					return c.write(ctx, el.Key(), el.Rev(), s.genRev, stop)
+				}); err != nil {
 					return err
 				}
 				c.log.Error("job stopped", zap.String("reason", stop.Reason))

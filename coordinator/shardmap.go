@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -137,12 +138,25 @@ func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 		return fmt.Errorf("coordinator: shard-map campaign: %w", err)
 	}
 	started := time.Now()
+	// As in Coordinator.lead: transient etcd errors are retried while the
+	// session lives, not taken for a lost leadership.
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	context.AfterFunc(sess.Ctx(), stop)
+	retry := func(what string, op func(context.Context) error) error {
+		return Retry(lctx, cfg.SessionTTL, func(err error) {
+			cfg.Logger.Warn(what+": etcd unavailable; retrying", zap.Error(err))
+		}, op)
+	}
 	for {
-		resp, err := cli.Txn(ctx).Then(
-			clientv3.OpGet(keys.PSServers(), clientv3.WithPrefix()),
-			clientv3.OpGet(keys.ShardMap()),
-		).Commit()
-		if err != nil {
+		var resp *clientv3.TxnResponse
+		if err := retry("reading the parameter servers", func(ctx context.Context) (err error) {
+			resp, err = cli.Txn(ctx).Then(
+				clientv3.OpGet(keys.PSServers(), clientv3.WithPrefix()),
+				clientv3.OpGet(keys.ShardMap()),
+			).Commit()
+			return err
+		}); err != nil {
 			return fmt.Errorf("coordinator: reading the parameter servers: %w", err)
 		}
 		live := map[string]bool{}
@@ -188,14 +202,22 @@ func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 			if err != nil {
 				return err
 			}
-			tx, err := cli.Txn(ctx).If(
-				clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev()),
-				clientv3.Compare(clientv3.ModRevision(keys.ShardMap()), "=", curRev),
-			).Then(clientv3.OpPut(keys.ShardMap(), string(val))).Commit()
-			if err != nil {
+			var landed bool
+			if err := retry("writing the shard map", func(ctx context.Context) error {
+				tx, err := cli.Txn(ctx).If(
+					clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev()),
+					clientv3.Compare(clientv3.ModRevision(keys.ShardMap()), "=", curRev),
+				).Then(clientv3.OpPut(keys.ShardMap(), string(val))).Else(clientv3.OpGet(keys.ShardMap())).Commit()
+				if err != nil {
+					return err
+				}
+				// a retry of a write whose answer was lost finds its own bytes
+				landed = tx.Succeeded || bytes.Equal(valueOf(tx), val)
+				return nil
+			}); err != nil {
 				return fmt.Errorf("coordinator: writing the shard map: %w", err)
 			}
-			if !tx.Succeeded {
+			if !landed {
 				return fmt.Errorf("%w: the shard map changed under us", ErrLeadershipLost)
 			}
 			cfg.Logger.Info("shard map", zap.Uint64("generation", next.Generation), zap.String("reason", next.Reason))
@@ -227,7 +249,9 @@ func waitChange(ctx context.Context, cli *clientv3.Client, sess *concurrency.Ses
 		if !ok {
 			return fmt.Errorf("%w: watch closed", ErrLeadershipLost)
 		}
-		if err := resp.Err(); err != nil {
+		if err := resp.Err(); IsTransient(err) {
+			pause(ctx, 100*time.Millisecond) // the caller reads again; not in a spin
+		} else if err != nil {
 			return fmt.Errorf("coordinator: watching %s: %w", prefix, err)
 		}
 		return nil
@@ -286,4 +310,15 @@ func WatchShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f func(
 		}
 	}
 	return ctx.Err()
+}
+
+// valueOf is the value an Else branch's single get read, nil when none.
+func valueOf(tx *clientv3.TxnResponse) []byte {
+	if len(tx.Responses) == 0 {
+		return nil
+	}
+	if kv := first(tx.Responses[0].GetResponseRange().Kvs); kv != nil {
+		return kv.Value
+	}
+	return nil
 }

@@ -202,7 +202,11 @@ func (a *Agent) checkConfig(ctx context.Context) error {
 	if a.cfg.ConfigHash == "" {
 		return nil
 	}
-	theirs, err := coordinator.ClaimConfig(ctx, a.cfg.Client, a.cfg.Keys, a.cfg.ConfigHash)
+	var theirs string
+	err := coordinator.Retry(ctx, a.cfg.Unreachable, a.retrying("recording the job configuration"), func(ctx context.Context) (err error) {
+		theirs, err = coordinator.ClaimConfig(ctx, a.cfg.Client, a.cfg.Keys, a.cfg.ConfigHash)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("elastic: %w", err)
 	}
@@ -220,7 +224,11 @@ func (a *Agent) Run(ctx context.Context, body Body) error {
 	if err := a.checkConfig(ctx); err != nil {
 		return err
 	}
-	lease, err := coordinator.Register(ctx, a.cfg.Client, a.cfg.Keys, a.registration(), a.cfg.LeaseTTL)
+	var lease *coordinator.Lease
+	err := coordinator.Retry(ctx, a.cfg.Unreachable, a.retrying("registering"), func(ctx context.Context) (err error) {
+		lease, err = coordinator.Register(ctx, a.cfg.Client, a.cfg.Keys, a.registration(), a.cfg.LeaseTTL)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -260,6 +268,12 @@ func (a *Agent) Run(ctx context.Context, body Body) error {
 		prev = g
 		brokeAt = a.cfg.Now()
 	}
+}
+
+// retrying logs a transient etcd failure of what, about to be retried (an
+// election in the etcd cluster fails requests for a second or two).
+func (a *Agent) retrying(what string) func(error) {
+	return func(err error) { a.log.Warn(what+": etcd unavailable; retrying", zap.Error(err)) }
 }
 
 // recordDone writes the job's done key, retrying through etcd trouble (a

@@ -36,6 +36,10 @@ type Spec struct {
 }
 
 // SpecOf checks a job record and converts it.
+// registerRetryBudget bounds how long a server retries its registration
+// through transient etcd errors (an election in the etcd cluster).
+const registerRetryBudget = 30 * time.Second
+
 func SpecOf(j *phalanxpb.PSJob) (Spec, error) {
 	var s Spec
 	mode, err := ps.ParseMode(j.Consistency)
@@ -172,7 +176,13 @@ func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg
 		log.Info("restored", zap.Int64("step", m.Step), zap.Int("from_shards", m.Shards), zap.Int("shards", spec.Shards))
 	}
 	host, _ := os.Hostname()
-	lease, err := coordinator.RegisterAt(ctx, cli, keys.PSServer(cfg.ID), &phalanxpb.PSServer{Id: cfg.ID, Addr: srv.Addr(), Pid: int64(os.Getpid()), Host: host}, cfg.LeaseTTL)
+	var lease *coordinator.Lease
+	err = coordinator.Retry(ctx, registerRetryBudget, func(err error) {
+		log.Warn("registering: etcd unavailable; retrying", zap.Error(err))
+	}, func(ctx context.Context) (err error) {
+		lease, err = coordinator.RegisterAt(ctx, cli, keys.PSServer(cfg.ID), &phalanxpb.PSServer{Id: cfg.ID, Addr: srv.Addr(), Pid: int64(os.Getpid()), Host: host}, cfg.LeaseTTL)
+		return err
+	})
 	if err != nil {
 		return err
 	}
