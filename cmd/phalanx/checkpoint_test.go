@@ -60,9 +60,7 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	killAt := 40 + rand.IntN(20) // epoch 2 runs from step 33 to 63
 	t.Logf("killing every worker after step %d", killAt)
 
-	// --min-workers: on a loaded machine a worker can register after the
-	// join window, and a ring would start short of the world compared.
-	a := startJob(t, append([]string{"--workers", "4", "--min-workers", "4", "--checkpoint", url}, ckptJobArgs...)...)
+	a := startJob(t, append([]string{"--workers", "4", "--checkpoint", url}, ckptJobArgs...)...)
 	a.Until(t, "a checkpoint saved", func(e jobtest.Event) bool { return e["event"] == "checkpoint_saved" })
 	a.Until(t, "step "+strconv.Itoa(killAt), jobtest.StepIn(4, killAt))
 	for _, pid := range a.WorkerPids() {
@@ -79,7 +77,7 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	refURL := srv.URL("phalanx/reference")
 	jobtest.CopyCheckpoint(t, store, s3Store(t, srv, refURL), resumeFrom.Id)
 
-	b := startJob(t, append([]string{"--workers", "3", "--min-workers", "3", "--checkpoint", url, "--resume"}, ckptJobArgs...)...)
+	b := startJob(t, append([]string{"--workers", "3", "--checkpoint", url, "--resume"}, ckptJobArgs...)...)
 	evB := b.Finish(t)
 	r := evB["checkpoint_restored"]
 	if len(r) != 1 || jobtest.Num(r[0], "step") != int(resumeFrom.Step) || jobtest.Num(r[0], "world_before") != 4 || jobtest.Num(r[0], "world_after") != 3 ||
@@ -99,7 +97,7 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 		t.Fatalf("final checkpoint of the resumed job: step %d world %d", finalB.Step, finalB.World)
 	}
 
-	ref := startJob(t, append([]string{"--workers", "3", "--min-workers", "3", "--checkpoint", refURL, "--resume"}, ckptJobArgs...)...).Finish(t)
+	ref := startJob(t, append([]string{"--workers", "3", "--checkpoint", refURL, "--resume"}, ckptJobArgs...)...).Finish(t)
 	finalRef := jobtest.NewestComplete(t, s3Store(t, srv, refURL))
 	if !slices.Equal(jobtest.TensorSums(finalB), jobtest.TensorSums(finalRef)) || finalB.Step != finalRef.Step {
 		t.Fatalf("the resumed job's final state differs from the undisturbed resume's")
@@ -125,7 +123,7 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	if err := store.Put(ctx, obj, buf); err != nil {
 		t.Fatal(err)
 	}
-	c := startJob(t, append([]string{"--workers", "3", "--min-workers", "3", "--checkpoint", url}, ckptJobArgs...)...).Finish(t)
+	c := startJob(t, append([]string{"--workers", "3", "--checkpoint", url}, ckptJobArgs...)...).Finish(t)
 	sk, rs := c["checkpoint_skipped"], c["checkpoint_restored"]
 	if len(sk) == 0 || sk[0]["checkpoint"] != finalB.Id || !strings.Contains(sk[0]["error"].(string), "checksum") ||
 		len(rs) != 1 || jobtest.Num(rs[0], "step") != 110 {

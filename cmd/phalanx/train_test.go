@@ -175,9 +175,7 @@ func TestTrainRestartBudget(t *testing.T) {
 // undisturbed. (No event names an injected fault: see the issue 15 report.)
 func TestInjectedStragglerBSP(t *testing.T) {
 	const slowFrom, slowTo, pauseAt, factor = 5, 15, 20, 200
-	// --min-workers 3: on a loaded machine a worker can register after the
-	// join window, and the first ring would start without it.
-	args := []string{"--workers", "3", "--min-workers", "3", "--steps", "40", "--samples", "4000", "--hidden", "256", "--threads", "1"}
+	args := []string{"--workers", "3", "--steps", "40", "--samples", "4000", "--hidden", "256", "--threads", "1"}
 	clean := startJob(t, args...).Finish(t)
 	slow := startJob(t, append(args, "--inject-slow", fmt.Sprintf("rank=2,factor=%d,from=%d,to=%d", factor, slowFrom, slowTo),
 		"--inject-pause", fmt.Sprintf("rank=1,at=%d,for=1s", pauseAt))...).Finish(t)
