@@ -28,7 +28,7 @@ func wholeRing(j JobSpec) JobSpec {
 // `.ci/run` runs, which covers every built-in fault kind.
 func Builtin() []Scenario {
 	out := ringScenarios()
-	for _, more := range [][]Scenario{etcdScenarios(), minioScenarios(), netnsScenarios(), psScenarios()} {
+	for _, more := range [][]Scenario{etcdScenarios(), minioScenarios(), uploadScenarios(), netnsScenarios(), psScenarios()} {
 		out = append(out, more...)
 	}
 	return out

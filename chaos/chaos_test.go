@@ -54,7 +54,20 @@ func TestValidate(t *testing.T) {
 	}{
 		{"unknown kind", `unknown kind "explode"`, func(s *Scenario) { s.Faults[0].Kind = "explode" }},
 		{"trigger past the end", "not before the job's last step", func(s *Scenario) { s.Faults[0].Trigger.StepMax = 150 }},
-		{"no trigger", "needs a step or an after", func(s *Scenario) { s.Faults[0].Trigger = Trigger{} }},
+		{"no trigger", "needs a step, an after or an on", func(s *Scenario) { s.Faults[0].Trigger = Trigger{} }},
+		{"unknown event", `trigger on "lunch"`, func(s *Scenario) { s.Faults[0].Trigger = Trigger{On: "lunch"} }},
+		{"launch with a step", "takes no step or after", func(s *Scenario) { s.Faults[0].Trigger = Trigger{On: "launch", Step: 5} }},
+		{"launch with a rank", "no ring yet", func(s *Scenario) {
+			s.Faults[0] = FaultSpec{Kind: "sigkill", Target: "random", Trigger: Trigger{On: "launch"}}
+		}},
+		{"upload without MinIO", "needs checkpoints in MinIO", func(s *Scenario) { s.Faults[0].Trigger = Trigger{On: "upload"} }},
+		{"upload with an after", "a step at most", func(s *Scenario) {
+			s.Job.Store = "minio"
+			s.Faults[0].Trigger = Trigger{On: "upload", After: Duration(time.Second)}
+		}},
+		{"uploader without upload", "target uploader needs a trigger on upload", func(s *Scenario) {
+			s.Faults[0] = FaultSpec{Kind: "sigkill", Target: "uploader", Trigger: Trigger{Step: 5}}
+		}},
 		{"no checkpoints", "takes no checkpoints", func(s *Scenario) { s.Job.CheckpointEvery = 0 }},
 		{"rank out of range", `target "rank:9"`, func(s *Scenario) {
 			s.Faults[0] = FaultSpec{Kind: "sigkill", Target: "rank:9", Trigger: Trigger{Step: 5}}

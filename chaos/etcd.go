@@ -64,6 +64,14 @@ func etcdScenarios() []Scenario {
 				{Kind: "etcd-pause", Trigger: Trigger{Step: 150}, Duration: Duration(2 * time.Second)},
 				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
 			}},
+		{Name: "etcd-pause-at-join", CI: true,
+			Description: "SIGSTOP of the etcd cluster's leader for 3s as the job is launched, while its workers claim the job's configuration and register: " +
+				"their requests time out and are retried, the coordinator keeps its leadership, the job trains; then SIGKILL of a worker",
+			Job: clusterJob(3),
+			Faults: []FaultSpec{
+				{Kind: "etcd-pause", Trigger: Trigger{On: "launch"}, Duration: Duration(3 * time.Second)},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
+			}},
 		{Name: "coordinator-failover", CI: true,
 			Description: "SIGKILL of the coordinator that leads, then of a worker: the standby coordinator takes over within the lease TTL and decides the new ring",
 			Job:         clusterJob(3),

@@ -1,13 +1,18 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/examples"
 )
 
@@ -35,6 +40,8 @@ func TestEtcdScenarios(t *testing.T) {
 			regexp.MustCompile(`stays dead.*new etcd leader m\d [0-9.]+s after; the cluster took a write [0-9.]+s after`)},
 		{"etcd-pause", regexp.MustCompile(`^SIGSTOP to etcd member m\d \(pid \d+, the leader, term \d+\)$`),
 			regexp.MustCompile(`^SIGCONT to etcd member m\d \(pid \d+\); .*the cluster took a write [0-9.]+s after`)},
+		{"etcd-pause-at-join", regexp.MustCompile(`^SIGSTOP to etcd member m\d \(pid \d+, the leader, term \d+\)$`),
+			regexp.MustCompile(`^SIGCONT to etcd member m\d \(pid \d+\); .*the cluster took a write [0-9.]+s after`)},
 		{"coordinator-failover", regexp.MustCompile(`^SIGKILL to coordinator coordinator-\d \(pid \d+\), the election's leader, generation \d+ decided by coordinator-\d$`),
 			regexp.MustCompile(`standby coordinator-\d led [0-9.]+s after the kill; decided generation \d+ \(.*\) [0-9.]+s after the kill`)},
 		{"etcd-member-restart", regexp.MustCompile(`^SIGKILL to etcd member m1 \(pid \d+, (the leader, term \d+|a follower)\)$`),
@@ -58,6 +65,21 @@ func TestEtcdScenarios(t *testing.T) {
 				killed := regexp.MustCompile(`coordinator (coordinator-\d) \(pid`).FindStringSubmatch(f.What)
 				if killed == nil || strings.Contains(f.HealWhat, "standby "+killed[1]+" ") {
 					t.Errorf("the standby that took over is the one killed: %q, %q", f.What, f.HealWhat)
+				}
+			}
+			if tc.name == "etcd-pause-at-join" {
+				// The workers registered during the pause, before any step,
+				// and one coordinator decided every generation: it did not
+				// resign over the election's failed requests.
+				if f.AtStep != 0 || len(rep.Steps) == 0 || rep.Steps[0].T < f.Injected.Sub(rep.Started).Seconds() {
+					t.Errorf("the pause came at step %d, not at the launch before the first step", f.AtStep)
+				}
+				deciders := map[string]bool{}
+				for _, g := range rep.Generations {
+					deciders[g.DecidedBy] = true
+				}
+				if len(deciders) != 1 || len(rep.Generations) < 2 {
+					t.Errorf("generations %+v: want at least two, all decided by one coordinator", rep.Generations)
 				}
 			}
 			for _, g := range EtcdRecovery(rep) {
@@ -96,5 +118,62 @@ func TestEtcdKindsNeedTheCluster(t *testing.T) {
 	}
 	if s, err := etcdService(&Scenario{Job: smallJob(3, 0)}); s != nil || err != nil {
 		t.Errorf("an embedded etcd job got the cluster service: %v, %v", s, err)
+	}
+}
+
+// TestRetryThroughEtcdLeaderPause: a request sent to a follower just after
+// the etcd leader froze is forwarded to the frozen leader and times out —
+// the failure a worker joining during an etcd election met — and the
+// retry that every join request now goes through outlives it.
+func TestRetryThroughEtcdLeaderPause(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a real etcd cluster: not in -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sc := &Scenario{Name: "retry", Job: clusterJob(3)}
+	sc.Job.Coordinators = 0
+	svc, err := etcdService(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := svc.(*etcdCluster)
+	if err := c.Start(ctx, t.TempDir(), zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	lead, _ := c.leader(ctx, -1)
+	if lead < 0 {
+		t.Fatal("no etcd leader")
+	}
+	follower := c.members[(lead+1)%len(c.members)]
+	cli, err := coordinator.Connect([]string{follower.client}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	keys, _ := coordinator.KeysFor("retry")
+	frozen := c.members[lead].pid
+	if err := syscall.Kill(frozen, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(frozen, syscall.SIGCONT)
+	var failures []error
+	var recorded string
+	err = coordinator.Retry(ctx, time.Minute, func(err error) { failures = append(failures, err) }, func(ctx context.Context) (err error) {
+		recorded, err = coordinator.ClaimConfig(ctx, cli, keys, "hash-1")
+		return err
+	})
+	if err != nil || recorded != "hash-1" {
+		t.Fatalf("ClaimConfig through the pause: %q, %v", recorded, err)
+	}
+	if len(failures) == 0 {
+		t.Fatal("the first claim did not fail: the test no longer reaches the frozen leader")
+	}
+	for _, f := range failures {
+		t.Logf("retried after: %v", f)
+		if !coordinator.IsTransient(f) {
+			t.Errorf("retried a non-transient error: %v", f)
+		}
 	}
 }

@@ -83,8 +83,9 @@ func (r *Report) timeline(evs []Event, start time.Time) {
 				Generation: e.num("generation"), Launch: launch})
 		case "generation":
 			reason, _ := e.Fields["reason"].(string)
+			by, _ := e.Fields["decided_by"].(string)
 			r.Generations = append(r.Generations, GenPoint{T: t, Generation: e.num("generation"), World: e.num("world"),
-				Reason: reason, Launch: launch})
+				Reason: reason, DecidedBy: by, Launch: launch})
 		}
 	}
 }

@@ -29,6 +29,7 @@ type minioFault struct {
 	pause bool
 
 	srv  *minioServer
+	gate *uploadGate // nil, or the gate relaying the workers' requests
 	pid  int
 	hold net.Listener
 	done chan struct{}
@@ -49,6 +50,7 @@ func (f *minioFault) Inject(ctx context.Context, env *Env) (string, error) {
 		return "", errors.New("the run has no MinIO (job.store minio)")
 	}
 	f.srv, f.workers, f.seen, f.hit, f.done = srv, map[int64]int{}, map[string]bool{}, make(chan struct{}), make(chan struct{})
+	f.gate = env.run.gate()
 	started := slices.Clone(env.Started)
 	var what string
 	if f.pause {
@@ -87,12 +89,24 @@ func (f *minioFault) refuse(started []int64) {
 		if err != nil {
 			return
 		}
-		f.met(socketOwner(c.RemoteAddr().String(), f.srv.endpoint, started))
+		socks, _ := readTCP()
+		f.met(f.owner(socks, hexAddr(c.RemoteAddr().String()), started))
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0) // a reset, not an orderly close
 		}
 		c.Close()
 	}
+}
+
+// owner is the worker (of pids) whose connection to MinIO comes from
+// remote, directly or through the upload gate; 0 for none.
+func (f *minioFault) owner(socks []tcpSocket, remote string, pids []int64) int64 {
+	if f.gate != nil {
+		if pid := f.gate.owner(socks, remote, pids); pid != 0 {
+			return pid
+		}
+	}
+	return ownerOf(socks, remote, hexAddr(f.srv.endpoint), pids)
 }
 
 // met records a request that met the outage, from pid (0: not a worker).
@@ -183,7 +197,7 @@ func (f *minioFault) pollStuck(started []int64) {
 		f.seen[s.remote] = true
 		f.mu.Unlock()
 		if !seen {
-			f.met(ownerOf(socks, s.remote, srv, started))
+			f.met(f.owner(socks, s.remote, started))
 		}
 	}
 }
@@ -234,6 +248,10 @@ func pidList(m map[int64]int) string {
 	slices.Sort(ps)
 	var s []string
 	for _, p := range ps {
+		if p == viaGate {
+			s = append(s, "unnamed, through the upload gate")
+			continue
+		}
 		s = append(s, strconv.FormatInt(p, 10))
 	}
 	if len(s) == 0 {

@@ -92,6 +92,7 @@ type GenPoint struct {
 	Generation int64   `json:"generation"`
 	World      int64   `json:"world"`
 	Reason     string  `json:"reason"`
+	DecidedBy  string  `json:"decided_by,omitempty"` // the coordinator that decided it
 	Launch     int     `json:"launch"`
 }
 

@@ -402,7 +402,7 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 		for _, f := range ru.faults {
 			var at time.Time
 			switch {
-			case f.Injected.IsZero() && f.Step == 0 && !firstAt.IsZero() && f.Error == "":
+			case f.Injected.IsZero() && f.On == "" && f.Step == 0 && !firstAt.IsZero() && f.Error == "":
 				at = firstAt.Add(time.Duration(f.After))
 			case !f.Injected.IsZero() && f.Healed.IsZero() && f.Duration > 0 && f.Error == "":
 				at = f.Injected.Add(time.Duration(f.Duration))
@@ -418,10 +418,34 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 			timerC = timer.C
 		}
 	}
+	var uploads <-chan *uploadHit
+	if g := ru.gate(); g != nil {
+		uploads = g.Hits()
+	}
+	var hit *uploadHit // the held upload that fires the faults now
 	fire := func(f *FaultRecord) {
 		env := &Env{Members: ru.ring(ctx, endpoint, members), Rank: f.Rank, Store: ru.store, Started: started, run: ru}
 		if f.RandomRank && len(env.Members) > 0 {
 			env.Rank = int(f.Pick % uint64(len(env.Members)))
+		}
+		if f.On == "upload" {
+			ru.gate().fired()
+		}
+		if f.Uploader {
+			env.Rank = -1
+			if pid := socketOwner(hit.client, ru.gate().ln.Addr().String(), started); pid != 0 {
+				for i, m := range env.Members {
+					if m.Pid == pid {
+						env.Rank = i
+					}
+				}
+			}
+			if env.Rank < 0 {
+				f.Attempt, f.Generation, f.AtStep, f.Injected = attempt, gen, step, ru.r.now()
+				f.Error = fmt.Sprintf("%v (%s, from %s)", errNoUploader, hit.object, hit.client)
+				ru.r.say("chaos:   fault %d (%s) FAILED to inject: %s", f.Index, f.Kind, f.Error)
+				return
+			}
 		}
 		f.Attempt, f.Generation, f.AtStep, f.TargetRank = attempt, gen, step, env.Rank
 		fault := ru.kinds[f.Kind].New(f.Planned)
@@ -433,6 +457,9 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 			log.Warn("chaos: a fault could not be injected", zap.String("kind", f.Kind), zap.Error(err))
 			ru.r.say("chaos:   fault %d (%s) FAILED to inject: %v", f.Index, f.Kind, err)
 			return
+		}
+		if hit != nil {
+			what += fmt.Sprintf(", during the upload of %s (held at the gate)", hit.object)
 		}
 		f.What = what
 		ru.r.say("chaos:   fault %d at step %d: %s", f.Index, step, what)
@@ -467,6 +494,11 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 			case "job_started":
 				endpoint, _ = e.Fields["etcd_endpoints"].(string)
 				ru.endpoint = endpoint
+				for _, f := range ru.faults {
+					if f.Injected.IsZero() && f.Error == "" && f.On == "launch" {
+						fire(f)
+					}
+				}
 			case "worker_started":
 				ru.pids[e.num("pid")] = true
 				started = append(started, e.num("pid"))
@@ -496,17 +528,26 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 				}
 				for _, f := range ru.faults {
 					// A parameter-server job has no ring: its steps alone trigger.
-					if f.Injected.IsZero() && f.Error == "" && f.Step > 0 && step >= f.Step && (len(members) > 0 || ru.sc.Job.Kind == "ps") {
+					if f.Injected.IsZero() && f.Error == "" && f.On == "" && f.Step > 0 && step >= f.Step && (len(members) > 0 || ru.sc.Job.Kind == "ps") {
 						fire(f)
 					}
 				}
 			}
 			arm()
+		case hit = <-uploads:
+			for _, f := range ru.faults {
+				if f.Injected.IsZero() && f.Error == "" && f.On == "upload" && step >= f.Step {
+					fire(f)
+				}
+			}
+			close(hit.release)
+			hit = nil
+			arm()
 		case <-timerC:
 			now := ru.r.now()
 			for _, f := range ru.faults {
 				switch {
-				case f.Injected.IsZero() && f.Step == 0 && f.Error == "" && !firstAt.IsZero() && !now.Before(firstAt.Add(time.Duration(f.After))):
+				case f.Injected.IsZero() && f.On == "" && f.Step == 0 && f.Error == "" && !firstAt.IsZero() && !now.Before(firstAt.Add(time.Duration(f.After))):
 					fire(f)
 				case !f.Injected.IsZero() && f.Healed.IsZero() && f.Duration > 0 && f.Error == "" && !now.Before(f.Injected.Add(time.Duration(f.Duration))):
 					heal(f)

@@ -89,6 +89,7 @@ type FaultSpec struct {
 	Kind    string  `json:"kind"`
 	Trigger Trigger `json:"trigger"`
 	// Target is "rank:N", "random" (a random rank of the ring at the
+	// trigger), "uploader" (the worker whose upload fired an "upload"
 	// trigger), or empty for faults that pick their own (checkpoints, every
 	// port).
 	Target string `json:"target,omitempty"`
@@ -99,11 +100,17 @@ type FaultSpec struct {
 }
 
 // Trigger says when a fault is injected: at a step (or a random step in
-// [Step, StepMax]), or After the first step.
+// [Step, StepMax]), After the first step, or On an event:
+//   - "launch": as the job is launched, while its workers start and
+//     register;
+//   - "upload": during a checkpoint upload to MinIO (job.store minio), the
+//     first one at or after Step. The worker's request is held at the
+//     harness's upload gate until the fault is in, so it lands mid-upload.
 type Trigger struct {
 	Step    int64    `json:"step,omitempty"`
 	StepMax int64    `json:"step_max,omitempty"`
 	After   Duration `json:"after,omitempty"`
+	On      string   `json:"on,omitempty"`
 }
 
 // Duration is a time.Duration written as "1.5s" in JSON and YAML.
@@ -133,6 +140,10 @@ type Planned struct {
 	// Step is the step after which it is injected (0: After the first).
 	Step  int64    `json:"step,omitempty"`
 	After Duration `json:"after,omitempty"`
+	// On is the trigger's event ("launch", "upload"), if any.
+	On string `json:"on,omitempty"`
+	// Uploader: the target is the worker whose upload fired the trigger.
+	Uploader bool `json:"uploader,omitempty"`
 	// Rank is the target rank (-1: none; RandomRank picks from the ring at
 	// the trigger with Pick, which also seeds the fault's other choices).
 	Rank       int      `json:"rank"`
@@ -148,7 +159,7 @@ func (s *Scenario) Plan(seed uint64) []Planned {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	out := make([]Planned, 0, len(s.Faults))
 	for i, f := range s.Faults {
-		p := Planned{Index: i, Kind: f.Kind, Step: f.Trigger.Step, After: f.Trigger.After, Rank: -1,
+		p := Planned{Index: i, Kind: f.Kind, Step: f.Trigger.Step, After: f.Trigger.After, On: f.Trigger.On, Rank: -1,
 			Duration: f.Duration, World: f.World}
 		if f.Trigger.StepMax > f.Trigger.Step {
 			p.Step = f.Trigger.Step + rng.Int64N(f.Trigger.StepMax-f.Trigger.Step+1)
@@ -157,6 +168,8 @@ func (s *Scenario) Plan(seed uint64) []Planned {
 		switch {
 		case f.Target == "random":
 			p.RandomRank = true
+		case f.Target == "uploader":
+			p.Uploader = true
 		case strings.HasPrefix(f.Target, "rank:"):
 			fmt.Sscanf(f.Target, "rank:%d", &p.Rank)
 		}
@@ -201,14 +214,28 @@ func (s *Scenario) Validate(kinds Kinds) error {
 		switch {
 		case f.Trigger.Step < 0 || f.Trigger.StepMax < 0:
 			return bad("fault %d (%s): negative trigger step", i, f.Kind)
-		case f.Trigger.Step == 0 && f.Trigger.After == 0:
-			return bad("fault %d (%s): its trigger needs a step or an after", i, f.Kind)
+		case f.Trigger.On != "" && f.Trigger.On != "launch" && f.Trigger.On != "upload":
+			return bad("fault %d (%s): trigger on %q: want launch or upload", i, f.Kind, f.Trigger.On)
+		case f.Trigger.On == "launch" && (f.Trigger.Step != 0 || f.Trigger.StepMax != 0 || f.Trigger.After != 0):
+			return bad("fault %d (%s): a trigger on launch takes no step or after", i, f.Kind)
+		case f.Trigger.On == "launch" && (f.Target == "random" || strings.HasPrefix(f.Target, "rank:")):
+			return bad("fault %d (%s): at launch there is no ring yet to pick a rank from", i, f.Kind)
+		case f.Trigger.On == "upload" && (f.Trigger.After != 0 || f.Trigger.StepMax != 0):
+			return bad("fault %d (%s): a trigger on upload takes a step at most (the first upload at or after it)", i, f.Kind)
+		case f.Trigger.On == "upload" && !s.Job.has("minio"):
+			return bad("fault %d (%s): a trigger on upload needs checkpoints in MinIO (job.store: minio, job.checkpoint_every)", i, f.Kind)
+		case f.Trigger.On == "upload" && s.Job.CheckpointEvery == 0:
+			return bad("fault %d (%s): a trigger on upload needs checkpoints (job.checkpoint_every)", i, f.Kind)
+		case f.Target == "uploader" && f.Trigger.On != "upload":
+			return bad("fault %d (%s): target uploader needs a trigger on upload", i, f.Kind)
+		case f.Trigger.On == "" && f.Trigger.Step == 0 && f.Trigger.After == 0:
+			return bad("fault %d (%s): its trigger needs a step, an after or an on", i, f.Kind)
 		case f.Trigger.Step >= s.Job.Steps || f.Trigger.StepMax >= s.Job.Steps:
 			return bad("fault %d (%s): trigger step %d is not before the job's last step %d", i, f.Kind, max(f.Trigger.Step, f.Trigger.StepMax), s.Job.Steps)
-		case f.Target != "" && f.Target != "random" && !strings.HasPrefix(f.Target, "rank:"):
-			return bad("fault %d (%s): target %q: want rank:N or random", i, f.Kind, f.Target)
+		case f.Target != "" && f.Target != "random" && f.Target != "uploader" && !strings.HasPrefix(f.Target, "rank:"):
+			return bad("fault %d (%s): target %q: want rank:N, random or uploader", i, f.Kind, f.Target)
 		case k.NeedsRank && f.Target == "":
-			return bad("fault %d (%s): it needs a target (rank:N or random)", i, f.Kind)
+			return bad("fault %d (%s): it needs a target (rank:N, random or uploader)", i, f.Kind)
 		case k.Needs != "" && !s.Job.has(k.Needs):
 			return bad("fault %d (%s): it needs the job's %s (job.%s)", i, f.Kind, k.Needs, map[string]string{"etcd": "etcd: cluster", "minio": "store: minio", "netns": "network: netns", "ps": "kind: ps"}[k.Needs])
 		case k.NeedsCheckpoints && s.Job.CheckpointEvery == 0:

@@ -43,7 +43,25 @@ func services(sc *Scenario) ([]Service, error) {
 			out = append(out, s)
 		}
 	}
+	if needsUploadGate(sc) {
+		for _, s := range out {
+			if st, ok := s.(storeService); ok {
+				out = append(out, newUploadGate(sc, st)) // after MinIO: it relays to it
+				break
+			}
+		}
+	}
 	return out, nil
+}
+
+// gate is the run's upload gate, or nil.
+func (ru *run) gate() *uploadGate {
+	for _, s := range ru.services {
+		if g, ok := s.(*uploadGate); ok {
+			return g
+		}
+	}
+	return nil
 }
 
 // Service returns the run's service of that name, or nil.
