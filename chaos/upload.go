@@ -158,7 +158,7 @@ func (g *uploadGate) fired() {
 // /proc/net/tcp writes it) was relayed for: 0 when it is not the gate's,
 // viaGate when it is but its worker is not known (yet).
 func (g *uploadGate) owner(socks []tcpSocket, remote string, pids []int64) int64 {
-	if !strings.HasPrefix(remote, hexAddr(gateSource+":0")[:8]) {
+	if !strings.HasPrefix(remote, hexAddr(gateSource + ":0")[:8]) {
 		return 0
 	}
 	g.mu.Lock()
