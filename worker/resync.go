@@ -11,7 +11,10 @@ import (
 type Resynced struct {
 	Step   int64 // the step every rank continues from
 	Root   int   // the rank whose state was taken
-	Redone int64 // completed steps that are lost and will be trained again
+	// Redone counts the steps a rank of this group had completed that are
+	// lost and will be trained again. A step only a lost rank completed
+	// (it finished the step's allreduce first and died) is not counted.
+	Redone int64
 	// Last holds the figures (loss, accuracy, samples, position,
 	// fingerprint) of step Step as the root computed them, when the root
 	// trained it; its Step is 0 otherwise. A progress reporter that never
