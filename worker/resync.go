@@ -9,8 +9,8 @@ import (
 
 // Resynced is the outcome of Trainer.Resync.
 type Resynced struct {
-	Step   int64 // the step every rank continues from
-	Root   int   // the rank whose state was taken
+	Step int64 // the step every rank continues from
+	Root int   // the rank whose state was taken
 	// Redone counts the steps a rank of this group had completed that are
 	// lost and will be trained again. A step only a lost rank completed
 	// (it finished the step's allreduce first and died) is not counted.
