@@ -153,7 +153,7 @@ type ringWorker struct {
 // and its supervisor, the etcd client and the checkpoint store.
 func (w *ringWorker) start(ctx context.Context) error {
 	c := &w.cfg
-	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.Bind, Advertise: c.Advertise, Logger: w.log})
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.Bind, Advertise: c.Advertise, Job: c.Job, Logger: w.log})
 	if err != nil {
 		return err
 	}

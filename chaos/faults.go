@@ -295,8 +295,8 @@ func (f *garbageFrames) Inject(ctx context.Context, env *Env) (string, error) {
 func (f *garbageFrames) Heal(context.Context, *Env) (string, error) { return "", nil }
 
 // sendAndClose writes b on a new connection to addr, reads until the peer
-// closes it (or 300 ms pass: a foreign job's hello is parked, not refused),
-// and closes.
+// closes it (a worker refuses each of these frames, another job's hello
+// included, and closes; 300 ms bound the wait), and closes.
 func sendAndClose(ctx context.Context, addr string, b []byte) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)

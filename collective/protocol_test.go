@@ -229,6 +229,60 @@ func TestHandshakeRefusals(t *testing.T) {
 		}
 	})
 
+	t.Run("foreign-job", func(t *testing.T) {
+		tr, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0", Job: "j"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		hello := &phalanxpb.Hello{ProtocolVersion: ProtocolVersion, Job: "other", Generation: 1, FromRank: 1, ToRank: 0, World: 2}
+		reply, err := rawHello(t, tr.Addr(), ProtocolVersion, hello)
+		if err != nil || reply.GetOk() || !strings.Contains(reply.GetError(), `job "other" is not this rank's job "j"`) {
+			t.Fatalf("another job's hello got reply %v, %v", reply, err)
+		}
+		tr.mu.Lock()
+		parked := len(tr.arrivals)
+		tr.mu.Unlock()
+		if parked != 0 {
+			t.Fatalf("%d connections parked after the refusal", parked)
+		}
+	})
+
+	t.Run("parked-bound", func(t *testing.T) {
+		tr := newT()
+		// Hellos of ever newer generations, no Connect to claim them: the
+		// first maxParked wait, the next is refused.
+		for g := range maxParked {
+			c, err := net.Dial("tcp", tr.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			body, _ := proto.Marshal(&phalanxpb.Hello{ProtocolVersion: ProtocolVersion, Job: "j", Generation: uint64(g + 1), FromRank: 1, ToRank: 0, World: 2})
+			c.Write(append([]byte{0x50, 0x48, 0x48, 0x53, byte(ProtocolVersion), byte(ProtocolVersion >> 8), byte(len(body)), byte(len(body) >> 8)}, body...))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for {
+			tr.mu.Lock()
+			n, changed := len(tr.arrivals), tr.changed
+			tr.mu.Unlock()
+			if n == maxParked {
+				break
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				t.Fatalf("%d of %d hellos parked: %v", n, maxParked, ctx.Err())
+			}
+		}
+		hello := &phalanxpb.Hello{ProtocolVersion: ProtocolVersion, Job: "j", Generation: maxParked + 1, FromRank: 1, ToRank: 0, World: 2}
+		reply, err := rawHello(t, tr.Addr(), ProtocolVersion, hello)
+		if err != nil || reply.GetOk() || !strings.Contains(reply.GetError(), "1024 connections already wait for their generation") {
+			t.Fatalf("hello beyond the bound got reply %v, %v", reply, err)
+		}
+	})
+
 	t.Run("world-mismatch", func(t *testing.T) {
 		t0, t1 := newT(), newT()
 		errs := make(chan error, 2)

@@ -22,8 +22,17 @@ type TCPOptions struct {
 	Advertise string
 	// HandshakeTimeout bounds reading a dialer's hello (default 10s).
 	HandshakeTimeout time.Duration
-	Logger           *zap.Logger
+	// Job, when set, is the only job whose hellos are admitted: another
+	// job's are refused at once, with the reason. Without it a hello waits,
+	// parked, for a Connect of its job and generation.
+	Job    string
+	Logger *zap.Logger
 }
+
+// maxParked bounds the connections parked for a Connect not called yet
+// (an early generation's peers): beyond it hellos are refused, so a peer
+// sending hellos of ever newer generations cannot exhaust descriptors.
+const maxParked = 1024
 
 // TCPTransport is the framed-TCP transport. One listener serves every
 // generation of a job, so a rebuilt group reuses the same port.
@@ -31,6 +40,7 @@ type TCPTransport struct {
 	ln        net.Listener
 	advertise string
 	hsTimeout time.Duration
+	job       string
 	log       *zap.Logger
 
 	mu         sync.Mutex
@@ -61,6 +71,7 @@ func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
 		ln:        ln,
 		advertise: opts.Advertise,
 		hsTimeout: opts.HandshakeTimeout,
+		job:       opts.Job,
 		log:       opts.Logger,
 		arrivals:  map[connKey]arrival{},
 		rejects:   map[connKey]error{},
@@ -143,8 +154,14 @@ func (t *TCPTransport) admit(c net.Conn) {
 	if err == nil && t.closed {
 		err = fmt.Errorf("transport closed")
 	}
+	if err == nil && t.job != "" && key.job != t.job {
+		err = fmt.Errorf("job %q is not this rank's job %q", key.job, t.job)
+	}
 	if err == nil && key.gen < t.newest[key.job] {
 		err = fmt.Errorf("generation %d is older than the current generation %d", key.gen, t.newest[key.job])
+	}
+	if _, replaces := t.arrivals[key]; err == nil && !replaces && len(t.arrivals) >= maxParked {
+		err = fmt.Errorf("%d connections already wait for their generation", len(t.arrivals))
 	}
 	if err != nil {
 		reason := fmt.Sprintf("refused data-plane connection from %s: %v", c.RemoteAddr(), err)
