@@ -154,7 +154,11 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 		}
 	}()
 	start := func(share int, reason string) error {
-		err := coordinator.ClaimPSShare(ctx, w.cli, w.keys, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
+		err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
+			w.log.Warn("claiming a share: etcd unavailable; retrying", zap.Int("share", share), zap.Error(err))
+		}, func(ctx context.Context) error {
+			return coordinator.ClaimPSShare(ctx, w.cli, w.keys, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
+		})
 		var held *coordinator.ClaimedError
 		switch {
 		case errors.As(err, &held), errors.Is(err, coordinator.ErrShareDone):
@@ -191,7 +195,11 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 			if e.err != nil {
 				return fail(fmt.Errorf("phalanx: share %d: %w", e.share, e.err))
 			}
-			if err := coordinator.MarkPSShareDone(ctx, w.cli, w.keys, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease); err != nil {
+			if err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
+				w.log.Warn("marking a share done: etcd unavailable; retrying", zap.Int("share", e.share), zap.Error(err))
+			}, func(ctx context.Context) error {
+				return coordinator.MarkPSShareDone(ctx, w.cli, w.keys, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease)
+			}); err != nil {
 				return fail(err)
 			}
 		case <-grace.C:

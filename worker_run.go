@@ -390,7 +390,13 @@ func (w *ringWorker) finalCheckpoint(ctx context.Context, stopped *elastic.Stopp
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Checkpoint.Wait)
 	defer cancel()
-	won, err := coordinator.ClaimFinalCheckpoint(ctx, w.cli, w.keys, fmt.Sprintf("%s (pid %d)", w.id, os.Getpid()))
+	var won bool
+	err := coordinator.Retry(ctx, w.cfg.Checkpoint.Wait, func(err error) {
+		w.log.Warn("claiming the final checkpoint: etcd unavailable; retrying", zap.Error(err))
+	}, func(ctx context.Context) (err error) {
+		won, err = coordinator.ClaimFinalCheckpoint(ctx, w.cli, w.keys, fmt.Sprintf("%s (pid %d)", w.id, os.Getpid()))
+		return err
+	})
 	if err != nil {
 		w.log.Warn("no final checkpoint", zap.Error(err))
 	}

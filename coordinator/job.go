@@ -62,15 +62,17 @@ func MarkDone(ctx context.Context, cli *clientv3.Client, keys Keys, gen uint64) 
 }
 
 // ClaimFinalCheckpoint: of the survivors of a stopped job, the one whose
-// claim is first writes the final checkpoint. It reports whether owner won.
+// claim is first writes the final checkpoint. It reports whether owner won
+// (a claim already recorded for owner is its own, retried after its answer
+// was lost).
 func ClaimFinalCheckpoint(ctx context.Context, cli *clientv3.Client, keys Keys, owner string) (bool, error) {
 	key := keys.FinalCheckpoint()
 	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, owner)).Commit()
+		Then(clientv3.OpPut(key, owner)).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return false, fmt.Errorf("coordinator: claiming the final checkpoint: %w", err)
 	}
-	return resp.Succeeded, nil
+	return resp.Succeeded || string(valueOf(resp)) == owner, nil
 }
 
 // RequestStop asks every worker of the job to stop at the next step

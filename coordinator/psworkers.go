@@ -86,7 +86,9 @@ func (e *ClaimedError) Error() string {
 }
 
 // ClaimPSShare claims c.Share under lease if nobody holds it and it is not
-// done; it fails with a *ClaimedError or ErrShareDone otherwise.
+// done; it fails with a *ClaimedError or ErrShareDone otherwise. A claim
+// already held by c.Owner under lease is this claim, retried after its
+// answer was lost: it succeeds.
 func ClaimPSShare(ctx context.Context, cli *clientv3.Client, keys Keys, c PSShareClaim, lease clientv3.LeaseID) error {
 	val, err := json.Marshal(c)
 	if err != nil {
@@ -109,6 +111,9 @@ func ClaimPSShare(ctx context.Context, cli *clientv3.Client, keys Keys, c PSShar
 	if kvs := tx.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 		if err := json.Unmarshal(kvs[0].Value, &h); err != nil {
 			return fmt.Errorf("coordinator: %s is not a share's claim: %w", claim, err)
+		}
+		if h.Owner == c.Owner && clientv3.LeaseID(kvs[0].Lease) == lease {
+			return nil
 		}
 	}
 	h.Share = c.Share

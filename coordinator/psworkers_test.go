@@ -28,7 +28,13 @@ func TestPSShareClaims(t *testing.T) {
 	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "a"}, a); err != nil {
 		t.Fatal(err)
 	}
+	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "a"}, a); err != nil {
+		t.Fatalf("a's claim retried (its answer lost): %v, want it taken as a's", err)
+	}
 	var held *ClaimedError
+	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "a"}, grant()); !errors.As(err, &held) || held.Holder.Owner != "a" {
+		t.Fatalf("a claim by a's name under another lease (a restarted a): %v, want held by a", err)
+	}
 	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "b"}, b); !errors.As(err, &held) || held.Holder.Owner != "a" {
 		t.Fatalf("a second claim: %v, want held by a", err)
 	}
