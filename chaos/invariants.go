@@ -23,7 +23,8 @@ import (
 func (ru *run) check(ctx context.Context, out, ref *Outcome, seed uint64) *Report {
 	sc := ru.sc
 	rep := &Report{Scenario: sc.Name, Description: sc.Description, Seed: seed, Started: ru.start,
-		DurationS: ru.r.now().Sub(ru.start).Seconds(), Plan: ru.plan, Faults: ru.faults, Launches: out.Launches}
+		DurationS: ru.r.now().Sub(ru.start).Seconds(), Plan: ru.plan, Faults: ru.faults, Launches: out.Launches,
+		Events: out.Events, RefEvents: ref.Events}
 	if out.Err != nil {
 		rep.Error = out.Err.Error()
 	}
@@ -122,6 +123,9 @@ func (ru *run) checkEnd(out *Outcome) Verdict {
 		return verdict(1, false, "the job failed after %d launches: %v", out.Launches, out.Err)
 	case out.Result == nil || out.Result.Step != ru.sc.Job.Steps:
 		return verdict(1, false, "the job ended at step %v, want %d", stepOf(out.Result), ru.sc.Job.Steps)
+	}
+	if auc, ok := out.Result.Metrics["auc"]; ok { // a parameter-server model's measure
+		return verdict(1, true, "finished all %d steps in %d launch(es); held-out AUC %.4f", out.Result.Step, out.Launches, auc)
 	}
 	return verdict(1, true, "finished all %d steps in %d launch(es); held-out accuracy %.4f", out.Result.Step, out.Launches, out.Result.Accuracy)
 }

@@ -491,6 +491,24 @@ func psCheckRecovery(faults []*FaultRecord, f psFacts, bound time.Duration) Verd
 				break
 			}
 		}
+		if x, ok := fr.fault.(*psWorkerKill); ok && fr.RecoveredAt.IsZero() {
+			// Under asp only share 0's worker reports steps, and it may be
+			// done by the adoption: an adopted share finished is the
+			// progress after it.
+			first := int64(-1)
+			for _, sh := range x.shares {
+				for _, d := range f.finished[sh] {
+					if !d.At.Before(took) && (fr.RecoveredAt.IsZero() || d.At.Before(fr.RecoveredAt)) {
+						fr.RecoveredAt, fr.RecoveryS, first = d.At, d.At.Sub(fr.Injected).Seconds(), sh
+					}
+				}
+			}
+			if first >= 0 {
+				timed = append(timed, recovery{fault: fr, how: fmt.Sprintf("%s, no step reported after it; adopted share %d finished after %.2fs",
+					what, first, fr.RecoveryS)})
+				continue
+			}
+		}
 		if fr.RecoveredAt.IsZero() {
 			timed = append(timed, recovery{fault: fr, missing: what + ", and no step after"})
 			continue

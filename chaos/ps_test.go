@@ -241,6 +241,14 @@ func TestPSRecovery(t *testing.T) {
 		t.Fatalf("%+v; recoveries %v, %v, want 2.5s (the step after the adoption at 4s) and 1.5s (the step after the failover at 3s)",
 			v, faults[0].RecoveryS, faults[1].RecoveryS)
 	}
+	// asp: no step after the adoption (only share 0's worker reports steps,
+	// and it was done): the adopted share's end is the recovery.
+	asp := newPSRun()
+	asp.events = slices.DeleteFunc(asp.events, func(e Event) bool { return e.Kind == "step" && e.At.After(asp.t0.Add(4*time.Second)) })
+	quiet := []*FaultRecord{{Planned: Planned{Index: 0, Kind: "ps-worker-kill"}, Injected: injected, fault: &psWorkerKill{pid: 101, shares: []int64{1}}}}
+	if v := psCheckRecovery(quiet, psFactsOf(asp.events), 0); v.Status != "pass" || quiet[0].RecoveryS != 7 || !strings.Contains(v.Evidence, "adopted share 1 finished after 7.00s") {
+		t.Fatalf("no step after the adoption: %+v, recovery %v; want a pass timed to the adopted share's end (7s)", v, quiet[0].RecoveryS)
+	}
 	never := []*FaultRecord{{Planned: Planned{Index: 0, Kind: "ps-worker-kill"}, Injected: injected, fault: &psWorkerKill{pid: 100, shares: []int64{0}}}}
 	if v := psCheckRecovery(never, f, 0); v.Status != "fail" || !strings.Contains(v.Evidence, "never took it in") {
 		t.Fatalf("a share never adopted: %+v", v)
@@ -282,6 +290,12 @@ func TestPSScenarios(t *testing.T) {
 				if !strings.Contains(rep.Invariants[n].Evidence, s) {
 					t.Errorf("invariant %d's evidence %q does not say %q", n, rep.Invariants[n].Evidence, s)
 				}
+			}
+			if rep.Accuracy < 0.75 { // the model must still learn, not only match a broken reference
+				t.Errorf("held-out AUC %.4f (the undisturbed run's %.4f), want at least 0.75", rep.Accuracy, rep.RefAccuracy)
+			}
+			if !strings.Contains(rep.Invariants[1].Evidence, "held-out AUC") {
+				t.Errorf("invariant 1's evidence %q does not give the AUC", rep.Invariants[1].Evidence)
 			}
 			if !strings.Contains(rep.Invariants[7].Evidence, "2 data-plane ports closed") {
 				t.Errorf("invariant 7 did not check the 2 servers' ports: %s", rep.Invariants[7].Evidence)

@@ -43,6 +43,11 @@ type Report struct {
 	Generations []GenPoint  `json:"generations"`
 	// Dir keeps a failed run's checkpoints and job logs.
 	Dir string `json:"dir,omitempty"`
+	// Events are every event of the run's launches, and RefEvents those
+	// of its undisturbed reference, for a caller's own checks (not in the
+	// JSON: the timeline above is their summary).
+	Events    []Event `json:"-"`
+	RefEvents []Event `json:"-"`
 }
 
 // FaultRecord is a planned fault and what became of it.

@@ -2,17 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"regexp"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/chaos"
-	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/examples"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
 )
@@ -23,8 +18,7 @@ import (
 // beyond the invariants.
 func runScenario(t *testing.T, sc chaos.Scenario, seed uint64) (*chaos.Report, *eventTap) {
 	t.Helper()
-	tap := &eventTap{run: map[string][]jobtest.Event{}, ref: map[string][]jobtest.Event{}}
-	r := &chaos.Runner{Registry: examples.Registry(), Dir: t.TempDir(), Configure: tap.configure}
+	r := &chaos.Runner{Registry: examples.Registry(), Dir: t.TempDir()}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rep, err := r.Run(ctx, sc, seed)
@@ -37,50 +31,25 @@ func runScenario(t *testing.T, sc chaos.Scenario, seed uint64) (*chaos.Report, *
 			t.Errorf("invariant %d (%s) failed: %s", v.N, v.Name, v.Evidence)
 		}
 	}
-	return rep, tap
+	return rep, &eventTap{run: byKind(rep.Events), ref: byKind(rep.RefEvents)}
 }
 
-// eventTap keeps a copy of every event of a scenario's launches by kind:
-// the disturbed ones (run) and the undisturbed reference (ref).
+// eventTap holds the events of a scenario's launches by kind: the
+// disturbed ones (run) and the undisturbed reference (ref).
 type eventTap struct {
-	mu       sync.Mutex
 	run, ref map[string][]jobtest.Event
 }
 
-func (e *eventTap) configure(lc *phalanx.LaunchConfig) {
-	if lc.Events == nil {
-		return // not a launch: the harness reads the job's geometry
-	}
-	to := e.run
-	if strings.HasPrefix(lc.Job, "chaos-ref-") {
-		to = e.ref
-	}
-	lc.Events = &tappedSink{next: lc.Events, tap: e, to: to}
-}
-
-type tappedSink struct {
-	next events.Sink
-	tap  *eventTap
-	to   map[string][]jobtest.Event
-}
-
-func (s *tappedSink) Emit(kind string, fields ...events.Field) error {
-	e := jobtest.Event{"event": kind}
-	for _, f := range fields {
-		b, err := json.Marshal(f.Value)
-		if err != nil {
-			return err
+func byKind(evs []chaos.Event) map[string][]jobtest.Event {
+	out := map[string][]jobtest.Event{}
+	for _, e := range evs {
+		j := jobtest.Event{"event": e.Kind}
+		for k, v := range e.Fields {
+			j[k] = v
 		}
-		var v any
-		if err := json.Unmarshal(b, &v); err != nil {
-			return err
-		}
-		e[f.Key] = v
+		out[e.Kind] = append(out[e.Kind], j)
 	}
-	s.tap.mu.Lock()
-	s.to[kind] = append(s.to[kind], e)
-	s.tap.mu.Unlock()
-	return s.next.Emit(kind, fields...)
+	return out
 }
 
 // faultPid is the pid a signal fault's evidence names ("SIGKILL to rank 2
