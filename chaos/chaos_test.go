@@ -65,6 +65,10 @@ func TestValidate(t *testing.T) {
 			s.Job.Store = "minio"
 			s.Faults[0].Trigger = Trigger{On: "upload", After: Duration(time.Second)}
 		}},
+		{"upload in namespaces", "needs job.network loopback", func(s *Scenario) {
+			s.Job.Store, s.Job.Network = "minio", "netns"
+			s.Faults[0].Trigger = Trigger{On: "upload"}
+		}},
 		{"uploader without upload", "target uploader needs a trigger on upload", func(s *Scenario) {
 			s.Faults[0] = FaultSpec{Kind: "sigkill", Target: "uploader", Trigger: Trigger{Step: 5}}
 		}},

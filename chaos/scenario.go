@@ -224,6 +224,8 @@ func (s *Scenario) Validate(kinds Kinds) error {
 			return bad("fault %d (%s): a trigger on upload takes a step at most (the first upload at or after it)", i, f.Kind)
 		case f.Trigger.On == "upload" && !s.Job.has("minio"):
 			return bad("fault %d (%s): a trigger on upload needs checkpoints in MinIO (job.store: minio, job.checkpoint_every)", i, f.Kind)
+		case f.Trigger.On == "upload" && s.Job.Network == "netns":
+			return bad("fault %d (%s): a trigger on upload needs job.network loopback (the upload gate listens on loopback)", i, f.Kind)
 		case f.Trigger.On == "upload" && s.Job.CheckpointEvery == 0:
 			return bad("fault %d (%s): a trigger on upload needs checkpoints (job.checkpoint_every)", i, f.Kind)
 		case f.Target == "uploader" && f.Trigger.On != "upload":
