@@ -240,11 +240,40 @@ func TestHandshakeRefusals(t *testing.T) {
 		if err != nil || reply.GetOk() || !strings.Contains(reply.GetError(), `job "other" is not this rank's job "j"`) {
 			t.Fatalf("another job's hello got reply %v, %v", reply, err)
 		}
+		hello.Job = "jj" // a prefix of the name is not the job
+		if reply, err := rawHello(t, tr.Addr(), ProtocolVersion, hello); err != nil || reply.GetOk() || !strings.Contains(reply.GetError(), `job "jj" is not`) {
+			t.Fatalf("job jj's hello got reply %v, %v", reply, err)
+		}
 		tr.mu.Lock()
 		parked := len(tr.arrivals)
 		tr.mu.Unlock()
 		if parked != 0 {
 			t.Fatalf("%d connections parked after the refusal", parked)
+		}
+		// A sub-group of the job (a straggler's feed, "j/feed/<id>") is the job's.
+		feed := &phalanxpb.Hello{ProtocolVersion: ProtocolVersion, Job: "j/feed/w3", Generation: 1, FromRank: 1, ToRank: 0, World: 2}
+		c, err := net.Dial("tcp", tr.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		body, _ := proto.Marshal(feed)
+		c.Write(append([]byte{0x50, 0x48, 0x48, 0x53, byte(ProtocolVersion), byte(ProtocolVersion >> 8), byte(len(body)), byte(len(body) >> 8)}, body...))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			tr.mu.Lock()
+			_, ok := tr.arrivals[connKey{"j/feed/w3", 1, 1, 0}]
+			changed, last := tr.changed, tr.lastReject
+			tr.mu.Unlock()
+			if ok {
+				break
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				t.Fatalf("the feed's hello was not parked for its Connect (last refusal: %s)", last)
+			}
 		}
 	})
 

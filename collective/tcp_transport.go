@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,9 +23,10 @@ type TCPOptions struct {
 	Advertise string
 	// HandshakeTimeout bounds reading a dialer's hello (default 10s).
 	HandshakeTimeout time.Duration
-	// Job, when set, is the only job whose hellos are admitted: another
-	// job's are refused at once, with the reason. Without it a hello waits,
-	// parked, for a Connect of its job and generation.
+	// Job, when set, is the only job whose hellos are admitted, with its
+	// sub-groups ("Job/..."; a straggler's feed): another job's are refused
+	// at once, with the reason. Without it a hello waits, parked, for a
+	// Connect of its job and generation.
 	Job    string
 	Logger *zap.Logger
 }
@@ -154,7 +156,7 @@ func (t *TCPTransport) admit(c net.Conn) {
 	if err == nil && t.closed {
 		err = fmt.Errorf("transport closed")
 	}
-	if err == nil && t.job != "" && key.job != t.job {
+	if err == nil && t.job != "" && key.job != t.job && !strings.HasPrefix(key.job, t.job+"/") {
 		err = fmt.Errorf("job %q is not this rank's job %q", key.job, t.job)
 	}
 	if err == nil && key.gen < t.newest[key.job] {
