@@ -16,6 +16,14 @@ func smallJob(workers int, checkpointEvery int64) JobSpec {
 		Workers: workers, Steps: 150, Batch: 128, Seed: 7, CheckpointEvery: checkpointEvery}
 }
 
+// hybridJob is smallJob(4) under hybrid synchronisation, longer: a
+// stopped rank's steps close without it at the deadline.
+func hybridJob() JobSpec {
+	j := smallJob(4, 0)
+	j.Kind, j.Steps = "hybrid", 300
+	return j
+}
+
 // wholeRing is a job that trains only on all its workers: its first ring
 // waits for every one of them, so a run and its undisturbed twin sum over
 // the same ranks and can be compared bitwise.
@@ -61,6 +69,11 @@ func ringScenarios() []Scenario {
 				{Kind: "delete-manifest", Trigger: Trigger{Step: 65}},
 				{Kind: "kill-all", Trigger: Trigger{Step: 70}},
 			}},
+		{Name: "hybrid-stop", CI: true,
+			Description: "a hybrid job (ranks wait for each other up to a deadline) with a worker SIGSTOPped for 2s: steps close without it, its late gradients are dropped as stale and recorded, " +
+				"every sample trained once or recorded dropped, the model within the tolerance of the undisturbed run's",
+			Job:    hybridJob(),
+			Faults: []FaultSpec{{Kind: "sigstop", Target: "rank:2", Trigger: Trigger{Step: 30}, Duration: Duration(2 * time.Second)}}},
 		{Name: "garbage", Description: "garbage, truncated, oversized and foreign-job frames to every data-plane port: refused, and the ring trains on bitwise",
 			Job:    wholeRing(smallJob(3, 0)),
 			Faults: []FaultSpec{{Kind: "garbage-frames", Trigger: Trigger{Step: 30}}}},

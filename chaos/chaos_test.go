@@ -167,6 +167,9 @@ func TestCIScenarios(t *testing.T) {
 		t.Run(n, func(t *testing.T) {
 			rep := runAndCheck(t, r, sc, 1)
 			reports = append(reports, rep)
+			if n == "hybrid-stop" && !strings.Contains(rep.Invariants[2].Evidence, "recorded stale ranks' samples as dropped") {
+				t.Errorf("the stopped rank's steps dropped nothing as stale: %s", rep.Invariants[2].Evidence)
+			}
 			if !rep.Passed {
 				t.Errorf("the run failed; kept in %s", rep.Dir)
 			}

@@ -308,6 +308,9 @@ func (ru *run) checkReference(out, ref *Outcome) Verdict {
 			case !bitwise:
 			case e.Kind == "step" && e.num("world") != refWorld:
 				bitwise, why = false, fmt.Sprintf("%s's step %d ran on %d ranks, not %d", run.name, e.num("step"), e.num("world"), refWorld)
+			case e.Kind == "step" && e.num("stale") > 0:
+				// hybrid: a step closed without a late rank's gradients
+				bitwise, why = false, fmt.Sprintf("%s's step %d dropped %d late ranks' gradients as stale", run.name, e.num("step"), e.num("stale"))
 			case e.Kind == "data_plane":
 				p, _ := e.Fields["plane"].(string)
 				if plane == "" {
