@@ -91,10 +91,7 @@ func (f *minioFault) refuse(started []int64) {
 		}
 		socks, _ := readTCP()
 		f.met(f.owner(socks, hexAddr(c.RemoteAddr().String()), started))
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetLinger(0) // a reset, not an orderly close
-		}
-		c.Close()
+		resetClose(c)
 	}
 }
 

@@ -80,12 +80,21 @@ type proxyConn struct {
 	once            sync.Once
 }
 
+// resetClose closes c with a reset, not an orderly close.
+func resetClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
 // closeBoth closes both sides; rst makes each close send a reset.
 func (c *proxyConn) closeBoth(rst bool) {
 	c.once.Do(func() {
 		for _, s := range []net.Conn{c.client, c.backend} {
-			if tc, ok := s.(*net.TCPConn); ok && rst {
-				tc.SetLinger(0)
+			if rst {
+				resetClose(s)
+				continue
 			}
 			s.Close()
 		}

@@ -270,14 +270,6 @@ func (g *uploadGate) hold(client string, chunk []byte) {
 	}
 }
 
-// resetClose closes c with a reset, not an orderly close.
-func resetClose(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
-	}
-	c.Close()
-}
-
 // errNoUploader: an uploader-targeted fault whose upload came from no
 // worker of the ring.
 var errNoUploader = errors.New("the held upload came from no worker of the ring")
