@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -10,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // TestEtcdScenarios runs the etcd and coordinator scenarios against real
@@ -123,13 +126,14 @@ func TestEtcdKindsNeedTheCluster(t *testing.T) {
 
 // TestRetryThroughEtcdLeaderPause: a request sent to a follower just after
 // the etcd leader froze is forwarded to the frozen leader and times out —
-// the failure a worker joining during an etcd election met — and the
-// retry that every join request now goes through outlives it.
+// the failure a worker joining during an etcd election met. The join's
+// configuration claim (retried by its caller) and the idempotent writes
+// the coordinator package retries itself all outlive it.
 func TestRetryThroughEtcdLeaderPause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a real etcd cluster: not in -short")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	sc := &Scenario{Name: "retry", Job: clusterJob(3)}
 	sc.Job.Coordinators = 0
@@ -142,38 +146,64 @@ func TestRetryThroughEtcdLeaderPause(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	lead, _ := c.leader(ctx, -1)
-	if lead < 0 {
-		t.Fatal("no etcd leader")
-	}
-	follower := c.members[(lead+1)%len(c.members)]
-	cli, err := coordinator.Connect([]string{follower.client}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
 	keys, _ := coordinator.KeysFor("retry")
-	frozen := c.members[lead].pid
-	if err := syscall.Kill(frozen, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Kill(frozen, syscall.SIGCONT)
-	var failures []error
-	var recorded string
-	err = coordinator.Retry(ctx, time.Minute, func(err error) { failures = append(failures, err) }, func(ctx context.Context) (err error) {
-		recorded, err = coordinator.ClaimConfig(ctx, cli, keys, "hash-1")
-		return err
-	})
-	if err != nil || recorded != "hash-1" {
-		t.Fatalf("ClaimConfig through the pause: %q, %v", recorded, err)
-	}
-	if len(failures) == 0 {
-		t.Fatal("the first claim did not fail: the test no longer reaches the frozen leader")
-	}
-	for _, f := range failures {
-		t.Logf("retried after: %v", f)
-		if !coordinator.IsTransient(f) {
-			t.Errorf("retried a non-transient error: %v", f)
-		}
+	for _, tc := range []struct {
+		name string
+		op   func(ctx context.Context, cli *clientv3.Client, failures *[]error) error
+	}{
+		{"claim the configuration", func(ctx context.Context, cli *clientv3.Client, failures *[]error) error {
+			var recorded string
+			err := coordinator.Retry(ctx, time.Minute, func(err error) { *failures = append(*failures, err) }, func(ctx context.Context) (err error) {
+				recorded, err = coordinator.ClaimConfig(ctx, cli, keys, "hash-1")
+				return err
+			})
+			if err == nil && recorded != "hash-1" {
+				err = fmt.Errorf("recorded %q", recorded)
+			}
+			if err == nil && len(*failures) == 0 {
+				err = errors.New("the first claim did not fail: the test no longer reaches the frozen leader")
+			}
+			return err
+		}},
+		{"leave", func(ctx context.Context, cli *clientv3.Client, _ *[]error) error {
+			return coordinator.Leave(ctx, cli, keys, "w1", "scaled down")
+		}},
+		{"request a stop", func(ctx context.Context, cli *clientv3.Client, _ *[]error) error {
+			return coordinator.RequestStop(ctx, cli, keys, "operator")
+		}},
+		{"exclude a straggler", func(ctx context.Context, cli *clientv3.Client, _ *[]error) error {
+			return coordinator.Exclude(ctx, cli, keys, &phalanxpb.Exclusion{Id: "w2", LateIn: 6, Window: 8})
+		}},
+		{"readmit it", func(ctx context.Context, cli *clientv3.Client, _ *[]error) error {
+			return coordinator.Readmit(ctx, cli, keys, "w2")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lead, _ := c.leader(ctx, -1)
+			if lead < 0 {
+				t.Fatal("no etcd leader")
+			}
+			follower := c.members[(lead+1)%len(c.members)]
+			cli, err := coordinator.Connect([]string{follower.client}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			frozen := c.members[lead].pid
+			if err := syscall.Kill(frozen, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Kill(frozen, syscall.SIGCONT)
+			var failures []error
+			if err := tc.op(ctx, cli, &failures); err != nil {
+				t.Fatalf("through the frozen leader: %v", err)
+			}
+			for _, f := range failures {
+				t.Logf("retried after: %v", f)
+				if !coordinator.IsTransient(f) {
+					t.Errorf("retried a non-transient error: %v", f)
+				}
+			}
+		})
 	}
 }

@@ -78,7 +78,10 @@ func ClaimFinalCheckpoint(ctx context.Context, cli *clientv3.Client, keys Keys, 
 // RequestStop asks every worker of the job to stop at the next step
 // boundary after a final checkpoint.
 func RequestStop(ctx context.Context, cli *clientv3.Client, keys Keys, reason string) error {
-	if _, err := cli.Put(ctx, keys.Stop(), reason); err != nil {
+	if err := idempotent(ctx, func(ctx context.Context) error {
+		_, err := cli.Put(ctx, keys.Stop(), reason)
+		return err
+	}); err != nil {
 		return fmt.Errorf("coordinator: requesting a stop: %w", err)
 	}
 	return nil
@@ -199,7 +202,10 @@ func pause(ctx context.Context, d time.Duration) {
 // why): when its registration goes, the coordinator names it as left, not
 // lost. The worker withdraws its registration itself.
 func Leave(ctx context.Context, cli *clientv3.Client, keys Keys, id, reason string) error {
-	if _, err := cli.Put(ctx, keys.Departure(id), reason); err != nil {
+	if err := idempotent(ctx, func(ctx context.Context) error {
+		_, err := cli.Put(ctx, keys.Departure(id), reason)
+		return err
+	}); err != nil {
 		return fmt.Errorf("coordinator: recording that %s leaves: %w", id, err)
 	}
 	return nil

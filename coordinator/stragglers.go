@@ -24,7 +24,10 @@ func Exclude(ctx context.Context, cli *clientv3.Client, keys Keys, x *phalanxpb.
 // Readmit lifts the exclusion of worker id: it enters the ring again after
 // the join window.
 func Readmit(ctx context.Context, cli *clientv3.Client, keys Keys, id string) error {
-	if _, err := cli.Delete(ctx, keys.Exclusion(id)); err != nil {
+	if err := idempotent(ctx, func(ctx context.Context) error {
+		_, err := cli.Delete(ctx, keys.Exclusion(id))
+		return err
+	}); err != nil {
 		return fmt.Errorf("coordinator: readmitting %s: %w", id, err)
 	}
 	return nil
@@ -84,7 +87,10 @@ func RequestFeed(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalan
 
 // FeedServed removes worker id's answered feed request.
 func FeedServed(ctx context.Context, cli *clientv3.Client, keys Keys, id string) error {
-	if _, err := cli.Delete(ctx, keys.Feed(id)); err != nil {
+	if err := idempotent(ctx, func(ctx context.Context) error {
+		_, err := cli.Delete(ctx, keys.Feed(id))
+		return err
+	}); err != nil {
 		return fmt.Errorf("coordinator: removing the feed request of %s: %w", id, err)
 	}
 	return nil
@@ -107,13 +113,17 @@ func WatchFeeds(ctx context.Context, cli *clientv3.Client, keys Keys, f func(*ph
 	}
 }
 
-// putProto writes one record; what names it in the error.
+// putProto writes one record, through transient etcd errors; what names
+// it in the error.
 func putProto(ctx context.Context, cli *clientv3.Client, key string, m proto.Message, what string) error {
 	val, err := proto.Marshal(m)
 	if err != nil {
 		return err
 	}
-	if _, err := cli.Put(ctx, key, string(val)); err != nil {
+	if err := idempotent(ctx, func(ctx context.Context) error {
+		_, err := cli.Put(ctx, key, string(val))
+		return err
+	}); err != nil {
 		return fmt.Errorf("coordinator: %s: %w", what, err)
 	}
 	return nil

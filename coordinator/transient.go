@@ -75,3 +75,13 @@ func Retry(ctx context.Context, budget time.Duration, onRetry func(error), op fu
 		wait = min(2*wait, time.Second)
 	}
 }
+
+// putBudget bounds the retries of the idempotent writes below (a put or a
+// delete of one key): an etcd election lasts a second or two.
+const putBudget = 30 * time.Second
+
+// idempotent runs a write that may be sent twice (a put of one value, a
+// delete) through Retry within putBudget.
+func idempotent(ctx context.Context, op func(context.Context) error) error {
+	return Retry(ctx, putBudget, nil, op)
+}
