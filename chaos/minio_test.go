@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -13,18 +12,8 @@ import (
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/miniotest"
 )
-
-// requireMinIO skips loudly without a MinIO binary, and fails in CI.
-func requireMinIO(t *testing.T) {
-	t.Helper()
-	if _, err := minioBinary(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip("SKIPPING (no MinIO): ", err)
-	}
-}
 
 // TestMinIOServiceNeedsBinary: without a MinIO binary a minio scenario
 // is refused with a message naming scripts/install-minio.
@@ -81,7 +70,7 @@ func TestMinIOScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real jobs: not in -short")
 	}
-	requireMinIO(t)
+	miniotest.RequireBinary(t)
 	log := &eventLog{}
 	// One runner: both scenarios share their job, hence one reference run.
 	r := &Runner{Registry: examples.Registry(), Dir: t.TempDir(), Configure: func(lc *phalanx.LaunchConfig) {

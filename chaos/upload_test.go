@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/miniotest"
 )
 
 // TestUploadScenarios runs the scenarios triggered during a checkpoint
@@ -16,7 +17,7 @@ func TestUploadScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real jobs: not in -short")
 	}
-	requireMinIO(t)
+	miniotest.RequireBinary(t)
 	r := &Runner{Registry: examples.Registry(), Dir: t.TempDir()}
 	held := `, during the upload of /phalanx-chaos/checkpoints/\S+ \(held at the gate\)$`
 	for _, tc := range []struct {
