@@ -71,23 +71,58 @@ func TestRebuildNextGeneration(t *testing.T) {
 	}
 }
 
-// TestContextCancel: cancelling a waiting rank fails it with ErrAborted
-// wrapping context.Canceled; its peers learn of it at their next operation.
+// TestContextCancel: cancelling a rank blocked inside a Barrier (its peers
+// never arrive) fails it with ErrAborted wrapping context.Canceled; its
+// peers learn of it at their next operation.
 func TestContextCancel(t *testing.T) {
-	groups := inprocGroups(t, 3, 1, Options{})
+	// A long operation timeout: only the cancellation can end rank 0's wait.
+	groups := inprocGroups(t, 3, 1, Options{Timeout: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- groups[0].Barrier(ctx) }()
+	// In round one of the dissemination rank 0 signals rank 1 and then waits
+	// for rank 2. Rank 1 runs no operation, so its link from rank 0 holds
+	// that signal parked: proof that rank 0 is inside the Barrier, sent its
+	// frame and is now waiting.
+	waitUntil(t, 10*time.Second, "rank 0's barrier frame parked at rank 1 (rank 0 inside the Barrier)", func() bool {
+		return groups[1].links[0].parked.Load()
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the Barrier returned %v before any peer arrived", err)
+	default:
+	}
 	cancel()
-	err := <-done
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("rank 0's Barrier did not return within 10s of its context's cancellation")
+	}
 	if !errors.Is(err, ErrAborted) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want ErrAborted wrapping context.Canceled", err)
 	}
-	errs := onEveryRank(groups[1:], func(r int, g *Group) error { return g.Barrier(context.Background()) })
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	errs := onEveryRank(groups[1:], func(r int, g *Group) error { return g.Barrier(ctx2) })
 	for r, err := range errs {
 		if !errors.Is(err, ErrAborted) {
 			t.Errorf("rank %d: %v, want the relayed ErrAborted", r+1, err)
 		}
+	}
+}
+
+// waitUntil yields until cond holds, failing the test, naming what it
+// waited for, after limit.
+func waitUntil(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", limit, what)
+		}
+		runtime.Gosched()
 	}
 }
 
