@@ -80,6 +80,7 @@ type shmConn struct {
 	rdDeadline, wrDeadline atomic.Int64 // unix nanoseconds, 0 for none
 	peerGone               atomic.Bool
 	closed                 atomic.Bool
+	parks                  atomic.Uint64 // sleeps in park, which a test counts to tell parking from spinning
 	wrClosed               atomic.Bool
 	wakeMu                 sync.Mutex // guards wakeBuf and orders wake-up writes
 	wakeBuf                [1]byte
@@ -206,6 +207,7 @@ func (c *shmConn) Read(p []byte) (int, error) {
 // park waits for a wake-up, a deadline change, the deadline, the peer's end
 // or Close. Nothing else wakes it: a parked side costs no CPU at all.
 func (c *shmConn) park(ch, pokeCh chan struct{}, t *time.Timer, dl time.Time) {
+	c.parks.Add(1)
 	var expired <-chan time.Time
 	if !dl.IsZero() {
 		t.Reset(time.Until(dl))
