@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -45,7 +46,14 @@ type Strategy struct {
 	GiveUp func(*GiveUpError)
 	// AfterFunc runs f after d (time.AfterFunc when nil); tests inject a clock.
 	AfterFunc func(d time.Duration, f func())
-	Logger    *zap.Logger
+	// Now is the clock that places failures in the Window (time.Now when
+	// nil). protoactor's own RestartStatistics reads the wall clock, so the
+	// strategy keeps its own record of each child's failures.
+	Now    func() time.Time
+	Logger *zap.Logger
+
+	mu       sync.Mutex
+	failures map[string][]time.Time // by child id: failures within the window
 }
 
 var _ actor.SupervisorStrategy = (*Strategy)(nil)
@@ -56,11 +64,8 @@ func (s *Strategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, c
 	if b.MaxRestarts <= 0 && b.Window <= 0 {
 		b = DefaultBudget()
 	}
-	if rs.NumberOfFailures(b.Window) == 0 {
-		rs.Reset()
-	}
-	rs.Fail()
-	n := rs.NumberOfFailures(b.Window)
+	rs.Fail() // kept for protoactor's own bookkeeping; the budget reads s.failures
+	n := s.recordFailure(child.Id, b.Window)
 	log := s.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -88,4 +93,34 @@ func (s *Strategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, c
 		sys.EventStream.Publish(&actor.SupervisorEvent{Child: child, Reason: reason, Directive: actor.RestartDirective})
 		sup.RestartChildren(child)
 	})
+}
+
+// recordFailure records a failure of child now and returns how many of its
+// failures fall within window (every one when window is 0). Failures older
+// than the window are forgotten, and so are children whose failures all are.
+func (s *Strategy) recordFailure(child string, window time.Duration) int {
+	now := time.Now()
+	if s.Now != nil {
+		now = s.Now()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failures == nil {
+		s.failures = map[string][]time.Time{}
+	}
+	within := func(t time.Time) bool { return window <= 0 || now.Sub(t) < window }
+	for id, ts := range s.failures {
+		if id != child && !within(ts[len(ts)-1]) {
+			delete(s.failures, id)
+		}
+	}
+	kept := s.failures[child][:0]
+	for _, t := range s.failures[child] {
+		if within(t) {
+			kept = append(kept, t)
+		}
+	}
+	kept = append(kept, now)
+	s.failures[child] = kept
+	return len(kept)
 }

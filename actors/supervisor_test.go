@@ -2,6 +2,7 @@ package actors
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -84,6 +85,98 @@ func TestSupervisorRestartsWithBackoffThenGivesUp(t *testing.T) {
 		if delays[i] != want[i] {
 			t.Errorf("backoff %d = %v, want %v", i, delays[i], want[i])
 		}
+	}
+}
+
+// fakeClock is a clock the test moves by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// TestSupervisorRestartWindowExpires: failures older than the budget's window
+// no longer count. Two failures spend a budget of two restarts; once the
+// window has passed on the injected clock, two more are restarted (with the
+// backoff starting over), and only a third within the new window makes the
+// supervisor give up.
+func TestSupervisorRestartWindowExpires(t *testing.T) {
+	sys, err := NewSystem(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	const window = time.Minute
+	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	var mu sync.Mutex
+	var delays []time.Duration
+	gaveUp := make(chan *GiveUpError, 1)
+	strategy := &Strategy{
+		Budget: Budget{MaxRestarts: 2, Window: window, Backoff: 10 * time.Millisecond, MaxBackoff: time.Second},
+		Now:    clock.Now,
+		AfterFunc: func(d time.Duration, f func()) {
+			mu.Lock()
+			delays = append(delays, d)
+			mu.Unlock()
+			f()
+		},
+		GiveUp: func(e *GiveUpError) { gaveUp <- e },
+	}
+	starts := make(chan int, 16)
+	_, pids, err := StartSupervisor(sys, "sup", strategy, Child{Name: "flaky", Props: actor.PropsFromProducer(func() actor.Actor { return &flaky{starts: starts} })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-starts:
+		case e := <-gaveUp:
+			t.Fatalf("waiting for %s, the supervisor gave up: %v", what, e)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s within 10s", what)
+		}
+	}
+	fail := func(what string) {
+		t.Helper()
+		sys.Root.Send(pids[0], &boom{})
+		wait(what)
+	}
+	wait("first start")
+	fail("restart after failure 1")
+	clock.advance(window / 2)
+	fail("restart after failure 2")
+	clock.advance(window) // both failures now older than the window
+	fail("restart after failure 3, the first of a new window")
+	clock.advance(window / 2)
+	fail("restart after failure 4, the second of the new window")
+	sys.Root.Send(pids[0], &boom{})
+	select {
+	case e := <-gaveUp:
+		if e.Failures != 3 || e.Window != window {
+			t.Errorf("gave up with %+v, want 3 failures within %v", e, window)
+		}
+	case <-starts:
+		t.Fatal("a third failure within the window was restarted; the budget is two")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the supervisor did not give up on a third failure within the window")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond}
+	if fmt.Sprint(delays) != fmt.Sprint(want) {
+		t.Errorf("backoffs %v, want %v (starting over in the new window)", delays, want)
 	}
 }
 
