@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -188,7 +190,10 @@ func TestBitwiseReproducible(t *testing.T) {
 
 // TestStepAllocatesNothing: once the buffers exist, a step of Dense, ReLU
 // and softmax cross-entropy, forward and backward, allocates nothing: on a
-// small model, and on the README's MLP at batch 256.
+// small model, and on the README's MLP at batch 256. In the pure-Go build
+// the large model's products span 4 or more 64×64 blocks, where gonum's
+// Sgemm starts a goroutine per block: there every allocation of a step must
+// be gonum's, none ours.
 func TestStepAllocatesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -202,19 +207,36 @@ func TestStepAllocatesNothing(t *testing.T) {
 		{"mlp-784-512-512-10", []int{784, 512, 512, 10}, 256, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.large && blasAllocates {
-				t.Skipf("%s allocates in products of 4 or more 64×64 blocks (a goroutine per block); the openblas build does not", BLAS())
-			}
 			m := newMLP(tc.widths, tc.batch, 1)
 			if _, err := m.step(); err != nil {
 				t.Fatal(err)
 			}
 			var err error
-			allocs := testing.AllocsPerRun(10, func() {
+			step := func() {
 				if _, e := m.step(); e != nil {
 					err = e
 				}
-			})
+			}
+			if tc.large && blasAllocates {
+				sites := allocationSites(10, "github.com/phalanx-rt/phalanx/nn.(*mlp).step", step)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var gonum int64
+				for _, s := range sites {
+					if !strings.Contains(s.stack, gonumParallelSgemm) {
+						t.Errorf("%s: %d allocations in 10 steps outside gonum's parallel Sgemm, at:\n%s", BLAS(), s.objects, s.stack)
+					}
+					gonum += s.objects
+				}
+				if gonum == 0 {
+					// The exception above is for gonum's goroutines: if they no
+					// longer allocate, this build must allocate nothing too.
+					t.Errorf("%s: no allocation in gonum's parallel Sgemm; drop the exception", BLAS())
+				}
+				return
+			}
+			allocs := testing.AllocsPerRun(10, step)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -223,4 +245,71 @@ func TestStepAllocatesNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gonumParallelSgemm is the function (and its closures) that starts a
+// goroutine per 64×64 block of a large product in gonum's pure-Go BLAS.
+const gonumParallelSgemm = "gonum.org/v1/gonum/blas/gonum.sgemmParallel"
+
+// allocSite is where objects were allocated: the call stack, a function a
+// line, innermost first.
+type allocSite struct {
+	stack   string
+	objects int64
+}
+
+// allocationSites runs f n times with every allocation recorded
+// (runtime.MemProfileRate = 1) and returns the sites whose stack passes
+// through the function named within: what f allocated, without the
+// runtime's background work or the profiling's own.
+func allocationSites(n int, within string, f func()) []allocSite {
+	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
+	runtime.MemProfileRate = 1
+	// A profile is published by the garbage collections after the
+	// allocations (up to two cycles late).
+	settle := func() map[[32]uintptr]int64 {
+		for range 3 {
+			runtime.GC()
+		}
+		var recs []runtime.MemProfileRecord
+		k, _ := runtime.MemProfile(nil, true)
+		for {
+			recs = make([]runtime.MemProfileRecord, k+50)
+			var ok bool
+			if k, ok = runtime.MemProfile(recs, true); ok {
+				recs = recs[:k]
+				break
+			}
+		}
+		out := make(map[[32]uintptr]int64, len(recs))
+		for _, r := range recs {
+			out[r.Stack0] += r.AllocObjects
+		}
+		return out
+	}
+	before := settle()
+	for range n {
+		f()
+	}
+	after := settle()
+	var sites []allocSite
+	for stk, objs := range after {
+		if d := objs - before[stk]; d > 0 {
+			var b strings.Builder
+			inside := false
+			frames := runtime.CallersFrames(slices.DeleteFunc(stk[:], func(pc uintptr) bool { return pc == 0 }))
+			for {
+				fr, more := frames.Next()
+				fmt.Fprintf(&b, "  %s (%s:%d)\n", fr.Function, fr.File, fr.Line)
+				inside = inside || fr.Function == within
+				if !more {
+					break
+				}
+			}
+			if inside {
+				sites = append(sites, allocSite{stack: b.String(), objects: d})
+			}
+		}
+	}
+	return sites
 }
