@@ -37,7 +37,8 @@ func minioStore(t *testing.T, s *miniotest.Server, prefix string) Store {
 }
 
 func TestStoreSemantics(t *testing.T) {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	for name, s := range stores(t) {
 		t.Run(name, func(t *testing.T) {
 			data := bytes.Repeat([]byte("phalanx!"), 1<<17) // 1 MiB
@@ -77,10 +78,12 @@ func TestStoreSemantics(t *testing.T) {
 	}
 }
 
-// TestLocalStoreNeverReplaces: an existing object is never overwritten and
-// a half-written one is never listed.
+// TestLocalStoreNeverReplaces: an existing object is never overwritten, and
+// names of temporary files are refused. (What a killed writer leaves:
+// TestHalfWrittenObject.)
 func TestLocalStoreNeverReplaces(t *testing.T) {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	s, err := NewLocalStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +153,8 @@ func TestParseLocation(t *testing.T) {
 
 func TestS3BucketMissingAndNotAllowed(t *testing.T) {
 	srv := startMinio(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	_, err := NewS3Store(ctx, S3Options{Endpoint: srv.Endpoint, Bucket: "absent", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
 	if err == nil || !strings.Contains(err.Error(), "bucket absent does not exist") {
 		t.Fatalf("got %v", err)
