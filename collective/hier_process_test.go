@@ -32,7 +32,7 @@ func TestHierProcessesNetns(t *testing.T) {
 	}
 
 	sizes := []int{1, 4099, 1<<18 + 5}
-	agreeOnSum(t, procs, "auto", sizes)
+	agreeOnSum(t, procs, plane{hosts: hosts}, "auto", sizes)
 
 	// Kill a rank mid-loop: every survivor names it.
 	const victim = 3
@@ -63,7 +63,7 @@ func TestHierProcessesNetns(t *testing.T) {
 	for _, p := range survivors {
 		expect(t, p, "joined")
 	}
-	agreeOnSum(t, survivors, "auto", sizes)
+	agreeOnSum(t, survivors, plane{hosts: survHosts}, "auto", sizes)
 	if files := shmFiles(t, dir); len(files) != 0 {
 		t.Fatalf("segment files left: %v", files)
 	}

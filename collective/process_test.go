@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -151,13 +152,163 @@ func childMain() int {
 	}
 }
 
-// childInput is rank r's deterministic input of n elements.
+// childInput is rank r's deterministic input of n elements: values of both
+// signs and magnitudes from 2^-10 to 2^10, so that their float32 sums depend
+// on the order of the additions (agreeOnSum checks that they do). Bitwise
+// agreement then says the ranks reduced in one order, and equality with
+// reduceInOrder that it was the order the algorithm promises.
 func childInput(r, n int) []float32 {
 	x := make([]float32, n)
+	s := uint64(r+1) * 0x9e3779b97f4a7c15
 	for i := range x {
-		x[i] = float32((r+1)*(i%13)) * 0.25
+		s ^= s << 13
+		s ^= s >> 7
+		s ^= s << 17
+		v := math.Ldexp(1+float64(s>>40)/(1<<24), int(s>>32&31)%21-10)
+		if s&1 != 0 {
+			v = -v
+		}
+		x[i] = float32(v)
 	}
 	return x
+}
+
+// plane is how a group of child ranks reduces: fast, every peer on shared
+// memory (the single-copy allreduce); otherwise the algorithms over links,
+// hierarchically for the ring's sizes when hosts lay the ranks out as
+// newHierarchy wants (at least two hosts with the same number, at least
+// two, of ranks each).
+type plane struct {
+	fast  bool
+	hosts []string
+}
+
+// hierarchy returns the ranks of each host, hosts in order of first
+// appearance, or nil when p's hosts make no hierarchy.
+func (p plane) hierarchy() [][]int {
+	var order []string
+	byHost := map[string][]int{}
+	for r, h := range p.hosts {
+		if _, ok := byHost[h]; !ok {
+			order = append(order, h)
+		}
+		byHost[h] = append(byHost[h], r)
+	}
+	if len(order) < 2 || len(byHost[order[0]]) < 2 {
+		return nil
+	}
+	out := make([][]int, len(order))
+	for i, h := range order {
+		if len(byHost[h]) != len(byHost[order[0]]) {
+			return nil
+		}
+		out[i] = byHost[h]
+	}
+	return out
+}
+
+// defaultSmallBytes is AlgoAuto's threshold in the children's groups.
+func defaultSmallBytes() int {
+	o := Options{}
+	o.setDefaults()
+	return o.SmallBytes
+}
+
+// ringSum is element i's sum along a ring of members (values by member)
+// for chunk c: the ring reduces it from position c+1 round to position c.
+func ringSum(vals func(member, i int) float32, members []int, c, i int) float32 {
+	N := len(members)
+	acc := vals(members[(c+1)%N], i)
+	for k := 2; k <= N; k++ {
+		acc += vals(members[(c+k)%N], i)
+	}
+	return acc
+}
+
+// reduceInOrder is the float32 sum of the ranks' inputs in the order the
+// group reduces them. The single-copy allreduce adds in rank order 0..N−1
+// for every element. Over links the algorithm decides (auto: recursive
+// doubling up to Options.SmallBytes, the ring above): the ring reduces
+// chunk c (of chunking{n, N}) from rank c+1 round to rank c; recursive
+// doubling pairs the first ranks, then adds partners' sums along the
+// butterfly; the hierarchical ring reduces each local shard along its
+// host's ring, then its pieces along the ring of the hosts.
+func reduceInOrder(p plane, algo string, inputs [][]float32, n int) []float32 {
+	N := len(inputs)
+	out := make([]float32, n)
+	in := func(r, i int) float32 { return inputs[r][i] }
+	ring := algo == "ring" || algo == "auto" && 4*n > defaultSmallBytes()
+	hosts := p.hierarchy()
+	switch {
+	case p.fast:
+		for i := range out {
+			acc := inputs[0][i]
+			for _, x := range inputs[1:] {
+				acc += x[i]
+			}
+			out[i] = acc
+		}
+	case ring && hosts != nil:
+		L, H := len(hosts[0]), len(hosts)
+		local := chunking{count: n, world: L}
+		hostOrder := make([]int, H)
+		for h := range hostOrder {
+			hostOrder[h] = h
+		}
+		for pos := range L {
+			lo, hi := local.bounds(pos)
+			y := make([][]float32, H) // each host's local sum of the shard
+			for h := range H {
+				y[h] = make([]float32, hi-lo)
+				for i := lo; i < hi; i++ {
+					y[h][i-lo] = ringSum(in, hosts[h], pos, i)
+				}
+			}
+			cross := chunking{count: hi - lo, world: H}
+			for d := range H {
+				a, b := cross.bounds(d)
+				for j := a; j < b; j++ {
+					out[lo+j] = ringSum(func(h, j int) float32 { return y[h][j] }, hostOrder, d, j)
+				}
+			}
+		}
+	case ring:
+		all := make([]int, N)
+		for r := range all {
+			all[r] = r
+		}
+		ck := chunking{count: n, world: N}
+		for c := range N {
+			lo, hi := ck.bounds(c)
+			for i := lo; i < hi; i++ {
+				out[i] = ringSum(in, all, c, i)
+			}
+		}
+	default:
+		pow := 1
+		for pow*2 <= N {
+			pow *= 2
+		}
+		extra := N - pow
+		v, next := make([]float32, pow), make([]float32, pow)
+		for i := range out {
+			for nr := range pow {
+				if nr < extra {
+					v[nr] = inputs[2*nr][i] + inputs[2*nr+1][i]
+				} else {
+					v[nr] = inputs[nr+extra][i]
+				}
+			}
+			for mask := 1; mask < pow; mask <<= 1 {
+				for nr := range pow {
+					next[nr] = v[nr] + v[nr^mask]
+				}
+				v, next = next, v
+			}
+			out[i] = v[0]
+		}
+	}
+	return out
 }
 
 func describe(err error) string {
@@ -271,7 +422,7 @@ func TestProcessesAllReduce(t *testing.T) {
 	for n := 2; n <= 4; n++ {
 		procs := startRanks(t, n, 30*time.Second)
 		for _, algo := range []string{"ring", "rd", "auto"} {
-			agreeOnSum(t, procs, algo, sizes)
+			agreeOnSum(t, procs, plane{}, algo, sizes)
 		}
 	}
 }
@@ -314,7 +465,7 @@ func signalMidLoopOn(t *testing.T, timeout time.Duration, n, victim int, sig sys
 // rebuild generation 2 on the same ports and allreduce correctly.
 func TestProcessKilledMidOperation(t *testing.T) {
 	_, survivors := signalMidLoop(t, 30*time.Second, 262144, 2, syscall.SIGKILL, "peer-lost")
-	rebuild(t, survivors)
+	rebuild(t, survivors, plane{})
 }
 
 // stoppedTimeout is the operation timeout of the SIGSTOP tests: what they
@@ -328,7 +479,7 @@ const stoppedTimeout = 10 * time.Second
 // continued, fails rather than returning a result.
 func TestProcessStoppedMidOperation(t *testing.T) {
 	victim, survivors := signalMidLoop(t, stoppedTimeout, 65536, 1, syscall.SIGSTOP, "timeout")
-	rebuild(t, survivors)
+	rebuild(t, survivors, plane{})
 	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -336,8 +487,8 @@ func TestProcessStoppedMidOperation(t *testing.T) {
 }
 
 // rebuild joins the survivors as generation 2 (ranks renumbered in order, same
-// ports) and checks an allreduce.
-func rebuild(t *testing.T, survivors []*launch.Proc) {
+// ports) and checks an allreduce; pl is how generation 2 reduces.
+func rebuild(t *testing.T, survivors []*launch.Proc, pl plane) {
 	t.Helper()
 	var addrs []string
 	for _, p := range survivors {
@@ -349,25 +500,7 @@ func rebuild(t *testing.T, survivors []*launch.Proc) {
 	for _, p := range survivors {
 		expect(t, p, "joined")
 	}
-	tell(t, survivors, "allreduce auto 1000 300000")
-	var first string
-	for _, p := range survivors {
-		line := expect(t, p, "ok")
-		if first != "" && line != first {
-			t.Fatalf("generation 2 ranks disagree: %q vs %q", line, first)
-		}
-		first = line
-	}
-	want := make([]float32, 1000)
-	for r := range survivors {
-		for j, v := range childInput(r, 1000) {
-			want[j] += v
-		}
-	}
-	h := sha256.Sum256(bytesOf(want))
-	if got := strings.Fields(first)[1]; got != hex.EncodeToString(h[:8]) {
-		t.Errorf("generation 2 allreduce differs from the sum")
-	}
+	agreeOnSum(t, survivors, pl, "auto", []int{1000, 300000})
 }
 
 // TestShmProcessesAllReduce: four OS processes over shared memory (the
@@ -379,7 +512,7 @@ func TestShmProcessesAllReduce(t *testing.T) {
 	dir := t.TempDir()
 	procs := startRanksOn(t, 4, 30*time.Second, procTransport{kind: "shm", dir: dir})
 	for _, algo := range []string{"ring", "rd", "auto"} {
-		agreeOnSum(t, procs, algo, sizes)
+		agreeOnSum(t, procs, plane{fast: true}, algo, sizes)
 	}
 	if files := shmFiles(t, dir); len(files) != 0 {
 		t.Fatalf("segment files left: %v", files)
@@ -393,7 +526,7 @@ func TestShmProcessKilledMidOperation(t *testing.T) {
 	dir := t.TempDir()
 	tr := procTransport{kind: "shm", dir: dir}
 	_, survivors := signalMidLoopOn(t, 30*time.Second, 262144, 2, syscall.SIGKILL, "peer-lost", tr)
-	rebuild(t, survivors)
+	rebuild(t, survivors, plane{fast: true})
 	if files := shmFiles(t, dir); len(files) != 0 {
 		t.Fatalf("segment files left: %v", files)
 	}
@@ -406,7 +539,7 @@ func TestShmProcessStoppedMidOperation(t *testing.T) {
 	dir := t.TempDir()
 	tr := procTransport{kind: "shm", dir: dir}
 	victim, survivors := signalMidLoopOn(t, stoppedTimeout, 65536, 1, syscall.SIGSTOP, "timeout", tr)
-	rebuild(t, survivors)
+	rebuild(t, survivors, plane{fast: true})
 	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -416,9 +549,12 @@ func TestShmProcessStoppedMidOperation(t *testing.T) {
 	}
 }
 
-// agreeOnSum runs an allreduce of each size with algo on procs and checks
-// that every rank got the same bits, equal to the sum of childInput.
-func agreeOnSum(t testing.TB, procs []*launch.Proc, algo string, sizes []int) {
+// agreeOnSum runs an allreduce of each size with algo on procs, whose group
+// reduces as pl says, and checks that every rank got the same bits, equal
+// to reduceInOrder's. The inputs must tell orders apart: for every size of
+// a few elements and more, the sums in rank order and in reverse differ
+// somewhere, so a change of order (on one rank or on all) is caught.
+func agreeOnSum(t testing.TB, procs []*launch.Proc, pl plane, algo string, sizes []int) {
 	t.Helper()
 	var args []string
 	for _, s := range sizes {
@@ -431,19 +567,36 @@ func agreeOnSum(t testing.TB, procs []*launch.Proc, algo string, sizes []int) {
 		if first == "" {
 			first = line
 		} else if line != first {
-			t.Fatalf("world %d %s: rank %d got %q, the first rank %q", len(procs), algo, p.Rank, line, first)
+			t.Fatalf("world %d %s: rank %d got %q, the first rank %q: the ranks reduced in different orders", len(procs), algo, p.Rank, line, first)
 		}
 	}
 	for i, size := range sizes {
-		want := make([]float32, size)
+		inputs := make([][]float32, len(procs))
 		for r := range procs {
-			for j, v := range childInput(r, size) {
-				want[j] += v
-			}
+			inputs[r] = childInput(r, size)
 		}
-		h := sha256.Sum256(bytesOf(want))
+		if size >= 13 && len(procs) > 2 && !ordersDiffer(inputs) {
+			t.Fatalf("size %d: the inputs sum to the same bits in rank order and in reverse: they cannot catch a change of order", size)
+		}
+		h := sha256.Sum256(bytesOf(reduceInOrder(pl, algo, inputs, size)))
 		if got := strings.Fields(first)[1+i]; got != hex.EncodeToString(h[:8]) {
-			t.Errorf("world %d %s size %d: result differs from the sum", len(procs), algo, size)
+			t.Errorf("world %d %s (%+v), size %d: result differs from the sum in the algorithm's order", len(procs), algo, pl, size)
 		}
 	}
+}
+
+// ordersDiffer reports whether summing inputs in rank order and in reverse
+// gives different float32 bits for some element.
+func ordersDiffer(inputs [][]float32) bool {
+	for i := range inputs[0] {
+		var fwd, rev float32
+		for r := range inputs {
+			fwd += inputs[r][i]
+			rev += inputs[len(inputs)-1-r][i]
+		}
+		if math.Float32bits(fwd) != math.Float32bits(rev) {
+			return true
+		}
+	}
+	return false
 }
