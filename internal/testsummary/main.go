@@ -42,7 +42,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	state := fs.String("state", "", "the state file the passes' results are appended to")
 	pass := fs.String("pass", "", "the pass's name (record, status)")
 	mode := fs.String("mode", "", `"full": the pass that reduced passes' skips are checked against; "reduced": a -race or -short pass; "": any other`)
-	status := fs.Int("status", 0, "go test's exit status (status)")
+	status := fs.Int("status", 0, "the pass's exit status: go test's, or a step's such as scripts/fuzz (status)")
 	trim := fs.String("trim", "", "a prefix (the module path and a slash) left out of package paths in the report")
 	ci := fs.Bool("ci", os.Getenv("CI") == "true", "fail the report on any skip a reduced pass does not explain (default: CI=true)")
 	if err := fs.Parse(args[1:]); err != nil {

@@ -181,7 +181,7 @@ func Report(w io.Writer, results []Result, ci bool, trim string) bool {
 		var what string
 		switch res.Action {
 		case ActionExit:
-			what = fmt.Sprintf("go test exited with status %d", res.Status)
+			what = fmt.Sprintf("exited with status %d", res.Status)
 		case ActionBuildFail:
 			what = res.Package + ": the test binary did not build"
 		case ActionUnfinished:

@@ -166,7 +166,7 @@ func TestReport(t *testing.T) {
 		{"a test that did not finish", with(Result{Pass: "full", Mode: ModeFull, Package: "m/p", Test: "TestHang", Action: ActionUnfinished, Reason: "panic: test timed out after 20m0s"}), false, false,
 			[]string{"m/p TestHang: did not finish: panic: test timed out after 20m0s"}},
 		{"go test's exit status", with(Result{Pass: "fuzz", Action: ActionExit, Status: 1}), false, false,
-			[]string{"fuzz  go test exited with status 1"}},
+			[]string{"fuzz  exited with status 1"}},
 		{"a clean exit status", with(fullPass, Result{Pass: "full", Action: ActionExit}), true, true,
 			[]string{"  full  full     1 passed, 0 skipped, 0 failed (tests and subtests) in 1 packages", "skipped (0)"}},
 	} {
@@ -217,7 +217,7 @@ func TestCommand(t *testing.T) {
 		t.Errorf("report:\n%s", out)
 	}
 	step([]string{"status", "-pass", "full", "-status", "2"}, "", 0)
-	if out := step([]string{"report"}, "", 1); !strings.Contains(out, "full  go test exited with status 2") {
+	if out := step([]string{"report"}, "", 1); !strings.Contains(out, "full  exited with status 2") {
 		t.Errorf("report after a failed go test:\n%s", out)
 	}
 	bad := strings.Replace(stream, `"Action":"pass","Package":"m/p","Elapsed"`, `"Action":"fail","Package":"m/p","Elapsed"`, 1)
