@@ -486,6 +486,70 @@ func TestProcessStoppedMidOperation(t *testing.T) {
 	expect(t, victim, "err")
 }
 
+// TestStoppedPeerWaiterIdle: a rank whose peer is stopped (SIGSTOP) in the
+// middle of an allreduce waits for it without burning CPU, over TCP and
+// over shared memory (the single-copy path, whose waits spin briefly and
+// then sleep on a futex). The waiter's CPU time (utime+stime from
+// /proc/<pid>/stat) over the whole wait, from the stop to its ErrTimeout
+// three seconds on, must stay under 5% of that wait.
+func TestStoppedPeerWaiterIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tr   func(t *testing.T) procTransport
+	}{
+		{"tcp", func(*testing.T) procTransport { return procTransport{} }},
+		{"shm", func(t *testing.T) procTransport { return procTransport{kind: "shm", dir: t.TempDir()} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const timeout = 3 * time.Second
+			procs := startRanksOn(t, 2, timeout, tc.tr(t))
+			tell(t, procs, "loop 65536")
+			for _, p := range procs {
+				expect(t, p, "looping")
+			}
+			waiter, victim := procs[0], procs[1]
+			if err := victim.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			cpu0, at0 := procCPU(t, waiter.Pid()), time.Now()
+			line := expect(t, waiter, "err")
+			cpu1, at1 := procCPU(t, waiter.Pid()), time.Now()
+			if f := strings.Fields(line); f[1] != "timeout" || f[2] != "1" {
+				t.Fatalf("the waiter ended with %q, want a timeout naming rank 1", line)
+			}
+			waited, used := at1.Sub(at0), cpu1-cpu0
+			if waited < time.Second {
+				t.Fatalf("the wait measured lasted %v: the %v operation timeout should have held the waiter longer", waited, timeout)
+			}
+			t.Logf("waiter (pid %d) used %v of CPU while waiting %v on a stopped peer", waiter.Pid(), used, waited.Round(time.Millisecond))
+			if used > waited/20 {
+				t.Errorf("the waiter used %v of CPU in %v waiting on a stopped peer, more than 5%%: it spins", used, waited.Round(time.Millisecond))
+			}
+		})
+	}
+}
+
+// procCPU is the CPU time (user and system) process pid has used, from
+// /proc/<pid>/stat, in clock ticks of 10ms (USER_HZ on Linux).
+func procCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name (which may hold spaces) start at the state, field 3.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		t.Fatalf("/proc/%d/stat: %q", pid, b)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("/proc/%d/stat: utime %q, stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 // rebuild joins the survivors as generation 2 (ranks renumbered in order, same
 // ports) and checks an allreduce; pl is how generation 2 reduces.
 func rebuild(t *testing.T, survivors []*launch.Proc, pl plane) {
