@@ -92,7 +92,11 @@ type Group struct {
 	fast     *shmFast   // the shared-memory allreduce, when every peer is on shared memory
 	hier     *hierarchy // the hierarchical allreduce, when the group spans hosts of several ranks each
 	deadline time.Time  // the running operation's
-	stopCtx  func() bool
+	// The fast path's watch of an operation's context (watchContext) stays
+	// registered while operations keep passing the same context, as a
+	// training loop does: registering one per operation allocated.
+	watched context.Context
+	stopCtx func()
 
 	failMu  sync.Mutex
 	err     error
@@ -258,6 +262,7 @@ func (g *Group) Close() error {
 		g.mu.Lock()
 	}
 	defer g.mu.Unlock()
+	g.unwatch()
 	healthy := g.failure() == nil
 	close(g.closing)
 	g.sendWG.Wait() // healthy senders have written their goodbye and half-closed
@@ -312,8 +317,9 @@ func (g *Group) begin(ctx context.Context, op opCode, dt DType, count int, arg u
 	}
 	g.timer.Reset(timeout)
 	g.deadline = time.Now().Add(timeout)
-	if g.fast != nil {
-		g.stopCtx = g.fast.watchContext(ctx)
+	if g.fast != nil && ctx != g.watched {
+		g.unwatch()
+		g.watched, g.stopCtx = ctx, g.fast.watchContext(ctx)
 	}
 	for _, l := range g.links {
 		if l != nil {
@@ -331,10 +337,6 @@ func (g *Group) end(err error) error {
 		err = g.drain()
 	}
 	g.timer.Stop()
-	if g.stopCtx != nil {
-		g.stopCtx()
-		g.stopCtx = nil
-	}
 	if err != nil {
 		g.fail(err)
 		g.sendWG.Wait()
@@ -344,6 +346,17 @@ func (g *Group) end(err error) error {
 	g.ctx, g.ctxDone = nil, nil
 	g.mu.Unlock()
 	return err
+}
+
+// unwatch ends the fast path's watch of the last operation's context. A
+// watch left registered between operations only rings this rank's own
+// doorbell if that context ends, which a waiter treats as a reason to look
+// again, never as an event.
+func (g *Group) unwatch() {
+	if g.stopCtx != nil {
+		g.stopCtx()
+	}
+	g.watched, g.stopCtx = nil, nil
 }
 
 func (g *Group) drain() error {

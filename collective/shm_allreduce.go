@@ -349,10 +349,20 @@ func reduceN(dt DType, op ReduceOp, dst, also []byte, srcs [][]byte) {
 }
 
 // watchContext makes a cancelled ctx wake this rank's waiter; the returned
-// function stops watching.
-func (f *shmFast) watchContext(ctx context.Context) func() bool {
+// function stops watching, and waits for a wake-up already under way, which
+// rings a doorbell in the segment: the group's Close unmaps it afterwards.
+func (f *shmFast) watchContext(ctx context.Context) func() {
 	if ctx.Done() == nil {
 		return nil
 	}
-	return context.AfterFunc(ctx, f.interrupt)
+	rung := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(rung)
+		f.interrupt()
+	})
+	return func() {
+		if !stop() {
+			<-rung
+		}
+	}
 }

@@ -385,3 +385,45 @@ func TestShmNoLostWakeup(t *testing.T) {
 		t.Logf("%d parks in %d allgathers", n, iters)
 	}
 }
+
+// TestShmCancelWakesFastPath: a rank asleep in the single-copy allreduce
+// (its peer never calls) wakes when its context is cancelled, whether the
+// context is the one its previous operations used (whose watch stays
+// registered between operations) or a new one.
+func TestShmCancelWakesFastPath(t *testing.T) {
+	for _, sameCtx := range []bool{true, false} {
+		t.Run(fmt.Sprintf("same-context=%v", sameCtx), func(t *testing.T) {
+			s := newShmRanks(t, 2, TransportShm, t.TempDir())
+			groups := s.join(t, "cancel", 1, []int{0, 1}, nil, Options{Timeout: time.Minute})
+			if groups[0].fast == nil {
+				t.Fatal("no single-copy path between two shared-memory ranks")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			for range 3 {
+				mustAll(t, onEveryRank(groups, func(_ int, g *Group) error {
+					return g.AllReduce(ctx, Float32s(make([]float32, 64)), Sum)
+				}))
+			}
+			opCtx, opCancel := ctx, cancel
+			if !sameCtx {
+				opCtx, opCancel = context.WithCancel(context.Background())
+				defer opCancel()
+			}
+			done := make(chan error, 1)
+			go func() { done <- groups[0].AllReduce(opCtx, Float32s(make([]float32, 64)), Sum) }()
+			waitUntil(t, 10*time.Second, "rank 0 asleep on its doorbell in the single-copy allreduce", func() bool {
+				return groups[0].fast.sleep[0].Load() != 0
+			})
+			opCancel()
+			select {
+			case err := <-done:
+				if !errors.Is(err, ErrAborted) || !errors.Is(err, context.Canceled) {
+					t.Fatalf("got %v, want ErrAborted wrapping context.Canceled", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("rank 0 still asleep 10s after its context was cancelled")
+			}
+		})
+	}
+}
