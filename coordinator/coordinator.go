@@ -50,6 +50,64 @@ type Config struct {
 	Logger       *zap.Logger
 	// OnDecision observes every generation this coordinator writes.
 	OnDecision func(*phalanxpb.Generation)
+	// OnLeadership observes this coordinator winning its election and
+	// stepping down.
+	OnLeadership func(Leadership)
+}
+
+// Leadership is a coordinator (or shard-map writer) winning its election
+// or stepping down, as told to an observer.
+type Leadership struct {
+	Leading bool
+	// Key and Rev are its election key and the key's create revision:
+	// what each of its requests while leading compares, so that none
+	// lands once the key is gone (its session expired) or replaced.
+	Key string
+	Rev int64
+	// Err is why it stepped down (Leading false).
+	Err error
+}
+
+// fence is a leader's election key and its create revision: a request
+// made under it holds only while the key is the one this leader created.
+// A deposed leader still running (paused past its session TTL, then
+// continued) has lost its key with its lease, so its requests fail the
+// comparison in etcd itself, whatever it believes.
+type fence struct {
+	key string
+	rev int64
+}
+
+func (f fence) held() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev)
+}
+
+func (f fence) lost(what string) error {
+	return fmt.Errorf("%w: %s refused by the fence (election key %s of revision %d gone)", ErrLeadershipLost, what, f.key, f.rev)
+}
+
+// refused is the error of a fenced write refused by etcd; resp's second
+// Else response is a get of the election key, which tells a lost key
+// from a record changed under a leader that still holds its own.
+func (f fence) refused(what string, resp *clientv3.TxnResponse) error {
+	if len(resp.Responses) > 1 {
+		if kv := first(resp.Responses[1].GetResponseRange().Kvs); kv != nil && kv.CreateRevision == f.rev {
+			return fmt.Errorf("%w: %s refused: the record changed under its leader", ErrLeadershipLost, what)
+		}
+	}
+	return f.lost(what)
+}
+
+// check asks etcd whether f still holds: nil, or ErrLeadershipLost.
+func (f fence) check(ctx context.Context, cli *clientv3.Client, what string) error {
+	resp, err := cli.Txn(ctx).If(f.held()).Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return f.lost(what)
+	}
+	return nil
 }
 
 // ErrLeadershipLost is returned by a coordinator whose election session
@@ -160,8 +218,10 @@ type report struct {
 	msg *phalanxpb.LossReport
 }
 
-func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
-	resp, err := c.cli.Txn(ctx).Then(
+// read takes the snapshot under the fence: a deposed coordinator decides
+// nothing (probes, revocations) from a read made after it lost its key.
+func (c *Coordinator) read(ctx context.Context, f fence) (*snapshot, error) {
+	resp, err := c.cli.Txn(ctx).If(f.held()).Then(
 		clientv3.OpGet(c.keys.Workers(), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Generation()),
 		clientv3.OpGet(c.keys.Reports(), clientv3.WithPrefix()),
@@ -171,6 +231,9 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: reading job state: %w", err)
+	}
+	if !resp.Succeeded {
+		return nil, f.lost("reading the job")
 	}
 	s := &snapshot{rev: resp.Header.Revision, leases: map[string]clientv3.LeaseID{}}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
@@ -217,7 +280,7 @@ func (c *Coordinator) read(ctx context.Context) (*snapshot, error) {
 // write puts next as the generation if this coordinator still leads (its
 // election key keeps its revision) and the record is still the one decided
 // from (fencing).
-func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, genRev int64, next *phalanxpb.Generation) error {
+func (c *Coordinator) write(ctx context.Context, f fence, genRev int64, next *phalanxpb.Generation) error {
 	if next.DecidedUnixNano == 0 { // stamped once: a retry writes the same bytes
 		next.DecidedBy = c.cfg.ID
 		next.DecidedUnixNano = c.cfg.Now().UnixNano()
@@ -227,9 +290,9 @@ func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, ge
 		return err
 	}
 	resp, err := c.cli.Txn(ctx).If(
-		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", leaderRev),
+		f.held(),
 		clientv3.Compare(clientv3.ModRevision(c.keys.Generation()), "=", genRev),
-	).Then(clientv3.OpPut(c.keys.Generation(), string(val))).Else(clientv3.OpGet(c.keys.Generation())).Commit()
+	).Then(clientv3.OpPut(c.keys.Generation(), string(val))).Else(clientv3.OpGet(c.keys.Generation()), clientv3.OpGet(f.key)).Commit()
 	if err != nil {
 		return fmt.Errorf("coordinator: writing generation %d: %w", next.Number, err)
 	}
@@ -237,7 +300,7 @@ func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, ge
 		if bytes.Equal(valueOf(resp), val) {
 			return nil // a retry of a write whose answer was lost: it landed
 		}
-		return fmt.Errorf("%w: generation %d refused by the fence", ErrLeadershipLost, next.Number)
+		return f.refused(fmt.Sprintf("generation %d", next.Number), resp)
 	}
 	return nil
 }
@@ -250,7 +313,11 @@ func (c *Coordinator) write(ctx context.Context, leaderKey string, leaderRev, ge
 // been decided, for a newcomer, before the report was read), but a worker
 // that answers it does not break the newer ring; other old reports are
 // dropped.
-func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[string]string, retry func(string, func(context.Context) error) error) (broken bool, err error) {
+//
+// A revocation is made only after its fence is checked again (the probe
+// took time), and a report is cleared under the fence: a coordinator
+// deposed meanwhile leaves the reports to the one that leads.
+func (c *Coordinator) verify(ctx context.Context, f fence, s *snapshot, detected map[string]string, retry func(string, func(context.Context) error) error) (broken bool, err error) {
 	byID := map[string]*phalanxpb.Registration{}
 	for _, r := range s.live {
 		byID[r.Id] = r
@@ -273,6 +340,9 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[stri
 				c.log.Warn("reported worker does not answer; removing it", zap.String("worker", r.Id),
 					zap.String("reporter", rep.msg.ReporterId), zap.Error(err))
 				if err := retry("removing a worker", func(ctx context.Context) error {
+					if err := f.check(ctx, c.cli, "removing worker "+r.Id); err != nil {
+						return err
+					}
 					_, err := c.cli.Revoke(ctx, s.leases[r.Id])
 					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 						return nil // gone already: expired, or revoked by a try whose answer was lost
@@ -289,7 +359,10 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[stri
 			}
 		}
 		if err := retry("clearing a report", func(ctx context.Context) error {
-			_, err := c.cli.Delete(ctx, rep.key)
+			resp, err := c.cli.Txn(ctx).If(f.held()).Then(clientv3.OpDelete(rep.key)).Commit()
+			if err == nil && !resp.Succeeded {
+				err = f.lost("clearing report " + rep.key)
+			}
 			return err
 		}); err != nil {
 			return false, fmt.Errorf("coordinator: clearing report %s: %w", rep.key, err)
@@ -301,7 +374,7 @@ func (c *Coordinator) verify(ctx context.Context, s *snapshot, detected map[stri
 // ErrDone is returned by Run once the job's done key is written.
 var ErrDone = errors.New("coordinator: the job is done")
 
-func (c *Coordinator) lead(ctx context.Context) error {
+func (c *Coordinator) lead(ctx context.Context) (err error) {
 	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int(ttlSeconds(c.cfg.SessionTTL))), concurrency.WithContext(ctx))
 	if err != nil {
 		return fmt.Errorf("coordinator: election session: %w", err)
@@ -311,7 +384,19 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	if err := el.Campaign(ctx, c.cfg.ID); err != nil {
 		return fmt.Errorf("coordinator: campaign: %w", err)
 	}
-	c.log.Info("leading", zap.String("election_key", el.Key()))
+	f := fence{key: el.Key(), rev: el.Rev()}
+	c.log.Info("leading", zap.String("election_key", f.key), zap.Int64("election_rev", f.rev))
+	c.observe(Leadership{Leading: true, Key: f.key, Rev: f.rev})
+	defer func() {
+		// Every way out of here ends the leadership: the loop below
+		// decides nothing more, and Run campaigns again.
+		lvl := zap.WarnLevel
+		if errors.Is(err, ErrDone) || ctx.Err() != nil {
+			lvl = zap.InfoLevel
+		}
+		c.log.Log(lvl, "stepped down", zap.String("election_key", f.key), zap.Int64("election_rev", f.rev), zap.Error(err))
+		c.observe(Leadership{Key: f.key, Rev: f.rev, Err: err})
+	}()
 	// Every request while leading goes through retry under the session's
 	// context: an election inside the etcd cluster fails requests for a
 	// second or two, and giving up leadership for it would revoke the
@@ -319,9 +404,9 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	// when the session does.
 	lctx := sess.Ctx()
 	retry := func(what string, op func(context.Context) error) error {
-		return Retry(lctx, c.cfg.SessionTTL, func(err error) {
+		return sessionEnded(lctx, ctx, Retry(lctx, c.cfg.SessionTTL, func(err error) {
 			c.log.Warn(what+": etcd unavailable; retrying", zap.Error(err))
-		}, op)
+		}, op))
 	}
 	firstSeen := map[string]time.Time{}
 	wasExcluded := map[string]bool{} // stragglers left out by this coordinator, to name their readmission
@@ -331,7 +416,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	for {
 		var s *snapshot
 		if err := retry("reading the job", func(ctx context.Context) (err error) {
-			s, err = c.read(ctx)
+			s, err = c.read(ctx, f)
 			return err
 		}); err != nil {
 			return err
@@ -341,7 +426,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			return ErrDone
 		}
 		if len(s.reports) > 0 {
-			b, err := c.verify(lctx, s, detected, retry)
+			b, err := c.verify(lctx, f, s, detected, retry)
 			if err != nil {
 				return err
 			}
@@ -411,7 +496,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			broken = false
 			clear(detected)
 			if err := retry("writing the generation", func(ctx context.Context) error {
-				return c.write(ctx, el.Key(), el.Rev(), s.genRev, d.Next)
+				return c.write(ctx, f, s.genRev, d.Next)
 			}); err != nil {
 				return err
 			}
@@ -429,7 +514,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 				stop := &phalanxpb.Generation{Number: s.cur.Number + 1, StartStep: start, Stopped: true,
 					Reason: fmt.Sprintf("stopped: %s for longer than %s", d.Reason, c.cfg.MinWorkersTimeout)}
 				if err := retry("writing the stop", func(ctx context.Context) error {
-					return c.write(ctx, el.Key(), el.Rev(), s.genRev, stop)
+					return c.write(ctx, f, s.genRev, stop)
 				}); err != nil {
 					return err
 				}
@@ -449,6 +534,22 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		if err := c.wait(ctx, sess, s.rev, wake); err != nil {
 			return err
 		}
+	}
+}
+
+// sessionEnded is err, or ErrLeadershipLost when err is a request's
+// cut short by the end of the election session (sess's context), not of
+// ctx: the leadership ended, not etcd.
+func sessionEnded(sess, ctx context.Context, err error) error {
+	if err != nil && sess.Err() != nil && ctx.Err() == nil && !errors.Is(err, ErrLeadershipLost) {
+		return fmt.Errorf("%w: election session expired (%v)", ErrLeadershipLost, err)
+	}
+	return err
+}
+
+func (c *Coordinator) observe(l Leadership) {
+	if c.cfg.OnLeadership != nil {
+		c.cfg.OnLeadership(l)
 	}
 }
 

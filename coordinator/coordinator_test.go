@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -21,11 +20,16 @@ import (
 var endpoints []string
 
 func TestMain(m *testing.M) {
+	if raw, ok := os.LookupEnv(helperEnv); ok { // a coordinator process of a test
+		os.Exit(runHelper(raw))
+	}
 	dir, err := os.MkdirTemp("", "phalanx-etcd-")
 	if err != nil {
 		panic(err)
 	}
-	e, err := StartEmbedded(context.Background(), EmbeddedOptions{Dir: dir})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	e, err := StartEmbedded(ctx, EmbeddedOptions{Dir: dir})
+	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -51,20 +55,67 @@ func client(t *testing.T) *clientv3.Client {
 // never sees an earlier run's keys.
 func jobKeys(t *testing.T, name string) Keys {
 	t.Helper()
-	keys, err := KeysFor(fmt.Sprintf("%s-%d", name, time.Now().UnixNano()))
+	keys, err := KeysFor(jobName(name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return keys
 }
 
+func jobName(name string) string { return fmt.Sprintf("%s-%d", name, time.Now().UnixNano()) }
+
+// testTTL is the lease and session TTL of these tests: no test waits for
+// one to expire (a test that needs a lease gone revokes it, or waits for an
+// observable takeover), and a loaded 2-core machine must never lose one
+// by a late keep-alive.
+const testTTL = 10 * time.Second
+
 func register(t *testing.T, cli *clientv3.Client, keys Keys, id, addr string) *Lease {
 	t.Helper()
-	l, err := Register(context.Background(), cli, keys, &phalanxpb.Registration{Id: id, DataAddr: addr, ControlAddr: addr, RankHint: -1}, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := Register(ctx, cli, keys, &phalanxpb.Registration{Id: id, DataAddr: addr, ControlAddr: addr, RankHint: -1}, testTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// recv waits for a value from ch, failing the test after d with what it
+// waited for.
+func recv[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("waited %v for %s", d, what)
+		var zero T
+		return zero
+	}
+}
+
+// runUntilCancelled runs a coordinator until the test ends: its cleanup
+// cancels it and waits (bounded) for Run to return.
+func runUntilCancelled(t *testing.T, ctx context.Context, c *Coordinator) (stop context.CancelFunc, done <-chan error) {
+	t.Helper()
+	cctx, cancel := context.WithCancel(ctx)
+	ch, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		ch <- c.Run(cctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-finished:
+		case <-time.After(30 * time.Second):
+			t.Errorf("coordinator %s still running 30s after its context was cancelled", c.cfg.ID)
+		}
+	})
+	return cancel, ch
 }
 
 // generations watches the job's generation record and delivers each new one.
@@ -74,7 +125,11 @@ func generations(t *testing.T, ctx context.Context, cli *clientv3.Client, keys K
 		for resp := range cli.Watch(ctx, keys.Generation()) {
 			for _, ev := range resp.Events {
 				if g, err := DecodeGeneration(keys.Generation(), ev.Kv.Value); err == nil {
-					out <- g
+					select {
+					case out <- g:
+					case <-ctx.Done():
+						return
+					}
 				}
 			}
 		}
@@ -84,13 +139,7 @@ func generations(t *testing.T, ctx context.Context, cli *clientv3.Client, keys K
 
 func next(t *testing.T, ch <-chan *phalanxpb.Generation) *phalanxpb.Generation {
 	t.Helper()
-	select {
-	case g := <-ch:
-		return g
-	case <-time.After(30 * time.Second):
-		t.Fatal("no new generation")
-		return nil
-	}
+	return recv(t, ch, 30*time.Second, "a new generation")
 }
 
 func memberIDs(g *phalanxpb.Generation) []string {
@@ -120,15 +169,12 @@ func addrs(t *testing.T) (alive, dead string) {
 
 func start(t *testing.T, ctx context.Context, cli *clientv3.Client, keys Keys, id string, r Rendezvous) context.CancelFunc {
 	t.Helper()
-	c, err := New(cli, keys, Config{ID: id, Rendezvous: r, JoinWindow: time.Millisecond, SessionTTL: time.Second})
+	c, err := New(cli, keys, Config{ID: id, Rendezvous: r, JoinWindow: time.Millisecond, SessionTTL: testTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); c.Run(cctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return cancel
+	stop, _ := runUntilCancelled(t, ctx, c)
+	return stop
 }
 
 // TestMembershipLifecycle: rendezvous, a verified loss report, a refuted
@@ -192,14 +238,11 @@ func TestBelowMinimumStops(t *testing.T) {
 	alive, _ := addrs(t)
 	register(t, cli, keys, "a", alive)
 	b := register(t, cli, keys, "b", alive)
-	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 2, MaxWorkers: 2}, MinWorkersTimeout: 50 * time.Millisecond})
+	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 2, MaxWorkers: 2}, MinWorkersTimeout: 50 * time.Millisecond, SessionTTL: testTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); c.Run(cctx) }()
-	defer func() { stop(); <-done }()
+	runUntilCancelled(t, ctx, c)
 	if g := next(t, gens); len(g.Members) != 2 {
 		t.Fatalf("rendezvous: %v", g)
 	}
@@ -220,71 +263,59 @@ func TestDoneEndsTheCoordinator(t *testing.T) {
 	gens := generations(t, ctx, cli, keys)
 	alive, _ := addrs(t)
 	register(t, cli, keys, "a", alive)
-	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}})
+	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}, SessionTTL: testTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	_, done := runUntilCancelled(t, ctx, c)
 	if g := next(t, gens); len(g.Members) != 1 {
 		t.Fatalf("rendezvous: %v", g)
 	}
 	if _, err := cli.Put(ctx, keys.Done(), "step 10"); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
+	if err := recv(t, done, 30*time.Second, "Run to return once the job is done"); err != nil {
 		t.Fatalf("Run after done: %v", err)
 	}
 }
 
-// TestStandbyTakesOverAndFencing: when the leader dies a standby leads; the
-// deposed one's writes are refused.
-func TestStandbyTakesOverAndFencing(t *testing.T) {
+// TestStandbyTakesOver: when the leader dies a standby leads and decides.
+// The test stands for the lease's expiry by revoking the dead leader's
+// lease itself. A deposed leader that is still alive is
+// TestDeposedCoordinatorIsFenced's.
+func TestStandbyTakesOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cli := client(t)
 	keys := jobKeys(t, "standby")
 	gens := generations(t, ctx, cli, keys)
 	alive, _ := addrs(t)
-	var decided = make(chan string, 8)
-	mk := func(id string) (*Coordinator, context.CancelFunc, chan struct{}) {
-		c, err := New(client(t), keys, Config{ID: id, Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond,
-			SessionTTL: time.Second, OnDecision: func(*phalanxpb.Generation) { decided <- id }})
+	mk := func(id string) (context.CancelFunc, <-chan error) {
+		c, err := New(client(t), keys, Config{ID: id, Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond, SessionTTL: testTTL})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cctx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); c.Run(cctx) }()
-		return c, stop, done
+		return runUntilCancelled(t, ctx, c)
 	}
-	_, stopA, doneA := mk("A")
+	stopA, doneA := mk("A")
 	register(t, cli, keys, "w1", alive)
 	if g := next(t, gens); g.DecidedBy != "A" {
 		t.Fatalf("first decision by %q, want A", g.DecidedBy)
 	}
-	<-decided
-	_, stopB, doneB := mk("B")
-	defer func() { stopB(); <-doneB }()
-	stopA() // the leader dies; its session is closed and B is elected
-	<-doneA
+	mk("B")
+	waitUntil(t, 30*time.Second, "B campaigning behind A", func() (bool, string) {
+		kvs := electionKeys(t, ctx, cli, keys.Election())
+		return len(kvs) == 2 && string(kvs[0].Value) == "A" && string(kvs[1].Value) == "B", fmt.Sprint(kvs)
+	})
+	head := electionKeys(t, ctx, cli, keys.Election())[0]
+	stopA() // the leader dies
+	recv(t, doneA, 30*time.Second, "A's Run to return once cancelled")
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(head.Lease)); err != nil { // its lease, expired
+		t.Fatal(err)
+	}
 	register(t, cli, keys, "w2", alive)
 	if g := next(t, gens); g.DecidedBy != "B" || !slices.Equal(memberIDs(g), []string{"w1", "w2"}) {
 		t.Fatalf("after A died: %v decided by %q", memberIDs(g), g.DecidedBy)
-	}
-
-	// A deposed coordinator's write: its election key is gone.
-	deposed, _ := New(cli, keys, Config{ID: "A", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}})
-	_, rev, err := CurrentGeneration(ctx, cli, keys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = deposed.write(ctx, keys.Election()+"/gone", 1, rev, &phalanxpb.Generation{Number: 99})
-	if !errors.Is(err, ErrLeadershipLost) {
-		t.Fatalf("deposed write: %v, want ErrLeadershipLost", err)
-	}
-	if g, _, _ := CurrentGeneration(ctx, cli, keys); g.Number == 99 {
-		t.Fatal("the deposed coordinator's generation was written")
 	}
 }
 

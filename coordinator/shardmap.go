@@ -95,6 +95,9 @@ type ShardMapConfig struct {
 	Logger           *zap.Logger
 	OnMap            func(*phalanxpb.ShardMap)
 	FirstMapTimeout  time.Duration // how long to wait for the servers (default 2 minutes)
+	// OnLeadership observes this writer winning its election and
+	// stepping down.
+	OnLeadership func(Leadership)
 }
 
 // RunShardMap writes the parameter servers' shard map: once Servers have
@@ -125,7 +128,7 @@ func RunShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 	}
 }
 
-func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg ShardMapConfig) error {
+func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg ShardMapConfig) (err error) {
 	// The session outlives ctx so that its Close revokes the lease (a
 	// cancelled context would fail the revoke, noisily).
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttlSeconds(cfg.SessionTTL))), concurrency.WithContext(context.WithoutCancel(ctx)))
@@ -137,6 +140,22 @@ func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 	if err := el.Campaign(ctx, cfg.ID); err != nil {
 		return fmt.Errorf("coordinator: shard-map campaign: %w", err)
 	}
+	f := fence{key: el.Key(), rev: el.Rev()}
+	cfg.Logger.Info("writing the shard map", zap.String("election_key", f.key), zap.Int64("election_rev", f.rev))
+	observe := func(l Leadership) {
+		if cfg.OnLeadership != nil {
+			cfg.OnLeadership(l)
+		}
+	}
+	observe(Leadership{Leading: true, Key: f.key, Rev: f.rev})
+	defer func() {
+		lvl := zap.WarnLevel
+		if err == nil || errors.Is(err, ErrShardLost) || ctx.Err() != nil {
+			lvl = zap.InfoLevel
+		}
+		cfg.Logger.Log(lvl, "stepped down", zap.String("election_key", f.key), zap.Int64("election_rev", f.rev), zap.Error(err))
+		observe(Leadership{Key: f.key, Rev: f.rev, Err: err})
+	}()
 	started := time.Now()
 	// As in Coordinator.lead: transient etcd errors are retried while the
 	// session lives, not taken for a lost leadership.
@@ -144,17 +163,14 @@ func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 	defer stop()
 	context.AfterFunc(sess.Ctx(), stop)
 	retry := func(what string, op func(context.Context) error) error {
-		return Retry(lctx, cfg.SessionTTL, func(err error) {
+		return sessionEnded(sess.Ctx(), ctx, Retry(lctx, cfg.SessionTTL, func(err error) {
 			cfg.Logger.Warn(what+": etcd unavailable; retrying", zap.Error(err))
-		}, op)
+		}, op))
 	}
 	for {
 		var resp *clientv3.TxnResponse
 		if err := retry("reading the parameter servers", func(ctx context.Context) (err error) {
-			resp, err = cli.Txn(ctx).Then(
-				clientv3.OpGet(keys.PSServers(), clientv3.WithPrefix()),
-				clientv3.OpGet(keys.ShardMap()),
-			).Commit()
+			resp, err = readShardMapState(ctx, cli, keys, f)
 			return err
 		}); err != nil {
 			return fmt.Errorf("coordinator: reading the parameter servers: %w", err)
@@ -202,23 +218,10 @@ func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 			if err != nil {
 				return err
 			}
-			var landed bool
 			if err := retry("writing the shard map", func(ctx context.Context) error {
-				tx, err := cli.Txn(ctx).If(
-					clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev()),
-					clientv3.Compare(clientv3.ModRevision(keys.ShardMap()), "=", curRev),
-				).Then(clientv3.OpPut(keys.ShardMap(), string(val))).Else(clientv3.OpGet(keys.ShardMap())).Commit()
-				if err != nil {
-					return err
-				}
-				// a retry of a write whose answer was lost finds its own bytes
-				landed = tx.Succeeded || bytes.Equal(valueOf(tx), val)
-				return nil
+				return writeShardMap(ctx, cli, keys, f, curRev, val)
 			}); err != nil {
 				return fmt.Errorf("coordinator: writing the shard map: %w", err)
-			}
-			if !landed {
-				return fmt.Errorf("%w: the shard map changed under us", ErrLeadershipLost)
 			}
 			cfg.Logger.Info("shard map", zap.Uint64("generation", next.Generation), zap.String("reason", next.Reason))
 			if cfg.OnMap != nil {
@@ -230,6 +233,38 @@ func runShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 			return err
 		}
 	}
+}
+
+// readShardMapState reads the parameter servers' registrations and the
+// shard map under the fence: a deposed writer acts on no read made after
+// it lost its key.
+func readShardMapState(ctx context.Context, cli *clientv3.Client, keys Keys, f fence) (*clientv3.TxnResponse, error) {
+	resp, err := cli.Txn(ctx).If(f.held()).Then(
+		clientv3.OpGet(keys.PSServers(), clientv3.WithPrefix()),
+		clientv3.OpGet(keys.ShardMap()),
+	).Commit()
+	if err == nil && !resp.Succeeded {
+		err = f.lost("reading the parameter servers")
+	}
+	return resp, err
+}
+
+// writeShardMap puts val as the shard map if the writer still holds its
+// fence and the map is still the one of revision curRev; else
+// ErrLeadershipLost. A retry of a write whose answer was lost finds its
+// own bytes, and counts as landed.
+func writeShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f fence, curRev int64, val []byte) error {
+	tx, err := cli.Txn(ctx).If(
+		f.held(),
+		clientv3.Compare(clientv3.ModRevision(keys.ShardMap()), "=", curRev),
+	).Then(clientv3.OpPut(keys.ShardMap(), string(val))).Else(clientv3.OpGet(keys.ShardMap()), clientv3.OpGet(f.key)).Commit()
+	switch {
+	case err != nil:
+		return err
+	case tx.Succeeded || bytes.Equal(valueOf(tx), val):
+		return nil
+	}
+	return f.refused("the shard map", tx)
 }
 
 // waitChange returns when a key under prefix changes after rev, after wake

@@ -80,25 +80,25 @@ func TestRunShardMap(t *testing.T) {
 	maps := make(chan *phalanxpb.ShardMap, 8)
 	done := make(chan error, 1)
 	go func() {
-		done <- RunShardMap(ctx, cli, keys, ShardMapConfig{ID: "m", Shards: 2, Replicas: 1, Servers: 2, SessionTTL: 5 * time.Second,
+		done <- RunShardMap(ctx, cli, keys, ShardMapConfig{ID: "m", Shards: 2, Replicas: 1, Servers: 2, SessionTTL: testTTL,
 			OnMap: func(m *phalanxpb.ShardMap) { maps <- m }})
 	}()
 	var leases []*Lease
 	for _, s := range servers("s0", "s1") {
-		l, err := RegisterAt(ctx, cli, keys.PSServer(s.Id), s, 5*time.Second)
+		l, err := RegisterAt(ctx, cli, keys.PSServer(s.Id), s, testTTL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		leases = append(leases, l)
 	}
-	first := <-maps
+	first := recv(t, maps, 30*time.Second, "the first shard map")
 	if got := placement(first); !slices.EqualFunc(got, [][]string{{"s0", "s1"}, {"s1", "s0"}}, slices.Equal) {
 		t.Fatalf("first map %v", got)
 	}
 	if err := leases[0].Close(ctx); err != nil { // s0 gone
 		t.Fatal(err)
 	}
-	second := <-maps
+	second := recv(t, maps, 30*time.Second, "the shard map after s0 went")
 	if got := placement(second); !slices.EqualFunc(got, [][]string{{"s1"}, {"s1"}}, slices.Equal) || len(second.Failovers) != 1 {
 		t.Fatalf("after s0 went: %v, failovers %v", got, second.Failovers)
 	}
@@ -109,7 +109,7 @@ func TestRunShardMap(t *testing.T) {
 	if err := leases[1].Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; !errors.Is(err, ErrShardLost) {
+	if err := recv(t, done, 30*time.Second, "RunShardMap to return once every copy is gone"); !errors.Is(err, ErrShardLost) {
 		t.Fatalf("every copy gone: %v", err)
 	}
 }
