@@ -2,15 +2,26 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/nn"
 )
+
+// controlPlaneAllocs bounds what one rank's step allocates through the
+// actors (TestRankActorStepAllocs). Measured: 8.5 a rank on two ranks —
+// StepReady and its ActorRef, StepGo, the group actor's readiness map,
+// PIDs and participant list, and protoactor scheduling a mailbox that
+// had gone idle. The Trainer allocates nothing.
+const controlPlaneAllocs = 10
 
 // The examples' MLP and global batch: what the training-throughput figure
 // measures.
@@ -301,17 +312,34 @@ func (m *linearModel) Step(b *Batch, scale float32, ready func(int)) (Result, er
 
 // TestStepAllocs: in steady state a training step allocates nothing — the
 // overlapped step, the sequential one and a hybrid step — on two ranks (the
-// second stepping in lockstep on its own goroutine).
+// second stepping in lockstep on its own goroutine), over in-process pipes
+// and over loopback TCP, with a cancellable context as a worker's.
 func TestStepAllocs(t *testing.T) {
 	if raceEnabled {
-		t.Skip("the race detector allocates")
+		t.Skip("the race detector allocates; the non-race pass (go test without -race, as scripts/test runs it) runs this test")
 	}
-	ctx := context.Background()
-	groups, err := collective.InprocGroups(ctx, 2, "allocs", 1, collective.Options{Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
+	for _, transport := range []string{"inproc", "tcp"} {
+		t.Run(transport, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var groups []*collective.Group
+			if transport == "tcp" {
+				groups = tcpGroups(ctx, t, 2)
+			} else {
+				var err error
+				if groups, err = collective.InprocGroups(ctx, 2, "allocs", 1, collective.Options{Timeout: time.Minute}); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { collective.CloseGroups(groups) })
+			}
+			stepAllocs(t, ctx, groups)
+		})
 	}
-	t.Cleanup(func() { collective.CloseGroups(groups) })
+}
+
+// stepAllocs checks that every step mode allocates nothing on the two
+// ranks of groups.
+func stepAllocs(t *testing.T, ctx context.Context, groups []*collective.Group) {
 	data := newBlobs(600)
 	ranks := make([]*Trainer, 2)
 	for r, g := range groups {
@@ -343,8 +371,15 @@ func TestStepAllocs(t *testing.T) {
 				if _, err := mode.run(ctx, ranks[0]); err != nil && failed == nil {
 					failed = err
 				}
-				if err := <-done; err != nil && failed == nil {
-					failed = err
+				select {
+				case err := <-done:
+					if err != nil && failed == nil {
+						failed = err
+					}
+				case <-ctx.Done():
+					if failed == nil {
+						failed = fmt.Errorf("rank 1's step did not end: %w", ctx.Err())
+					}
 				}
 			}
 			for range 12 { // past an epoch boundary: the sampler's permutation is drawn again in place
@@ -456,4 +491,128 @@ func BenchmarkStepOverlap(b *testing.B) {
 			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// TestRankActorStepAllocs measures a bulk-synchronous step driven through
+// the actors — rank actors computing and finishing on the Trainer, StepReady
+// to the group actor and StepGo back, as a worker runs them — on two ranks
+// over loopback TCP. The Trainer's part allocates nothing (TestStepAllocs);
+// the control plane's messages are protobufs handed to protoactor and
+// allocate a fixed few a rank per step, whatever the model's size: the test
+// holds them to controlPlaneAllocs a rank, and checks they do not grow with
+// the number of gradient buckets (one bucket, then one per 64 bytes: two).
+func TestRankActorStepAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector; the non-race pass (go test without -race, as scripts/test runs it) runs this test")
+	}
+	const world = 2
+	few := rankActorStepAllocs(t, world, 1<<20)
+	many := rankActorStepAllocs(t, world, 64)
+	t.Logf("allocations a rank per step through the actors: %.1f with 1 bucket, %.1f with %d", few.perRank, many.perRank, many.buckets)
+	if many.buckets < 2 || few.buckets != 1 {
+		t.Fatalf("%d and %d buckets: the test wants one and several", few.buckets, many.buckets)
+	}
+	for _, m := range []rankActorAllocs{few, many} {
+		if m.perRank > controlPlaneAllocs {
+			t.Errorf("%.1f allocations a rank per step through the actors with %d buckets, more than the control plane's %d", m.perRank, m.buckets, controlPlaneAllocs)
+		}
+	}
+	if many.perRank-few.perRank >= 0.5 {
+		t.Errorf("%.1f allocations a rank per step with %d buckets, %.1f with one: a step allocates per bucket", many.perRank, many.buckets, few.perRank)
+	}
+}
+
+type rankActorAllocs struct {
+	perRank float64
+	buckets int
+}
+
+// rankActorStepAllocs runs world rank actors and a group actor over
+// loopback TCP with the given bucket size and measures a step's
+// allocations. Each rank pauses in its AfterStep until the test releases
+// the next step, so a measured round is exactly one step on every rank.
+func rankActorStepAllocs(t *testing.T, world, bucketBytes int) rankActorAllocs {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	groups := tcpGroups(ctx, t, world)
+	sys, err := actors.NewSystem(actors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	data := newBlobs(600)
+	groupPID := actor.NewPID(sys.Address(), "job/group")
+	children := []actors.Child{{Name: "group", Props: NewGroupProps(GroupConfig{World: world, Generation: 1})}}
+	stepped := make(chan int, world)
+	next := make([]chan bool, world) // true: step on; false: stop
+	done := make(chan error, world)
+	buckets := 0
+	for r := range world {
+		next[r] = make(chan bool)
+		m := newLinearModel()
+		opt, _ := nn.NewOptimizer(nn.OptimizerConfig{Kind: "adam"}, m.Params())
+		tr, err := NewTrainer(ctx, groups[r], m, data, opt, Config{GlobalBatch: 60, BucketBytes: bucketBytes, Schedule: nn.Schedule{Base: 0.01}, Seed: 1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		buckets = len(tr.grads.chunks)
+		children = append(children, actors.Child{Name: fmt.Sprintf("rank%d", r), Props: NewRankProps(RankConfig{
+			Trainer: tr, Rank: r, Generation: 1, Steps: 1 << 40, Group: groupPID, Context: ctx,
+			AfterStep: func(StepStats) (bool, error) {
+				stepped <- r
+				select {
+				case goOn := <-next[r]:
+					return !goOn, nil
+				case <-ctx.Done():
+					return false, ctx.Err()
+				}
+			},
+			OnDone: func(err error) { done <- err }})})
+	}
+	gaveUp := make(chan error, 1)
+	sup, _, err := actors.StartSupervisor(sys, "job", &actors.Strategy{GiveUp: func(e *actors.GiveUpError) { gaveUp <- e }}, children...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer actors.StopChild(sys, sup)
+	awaitStep := func() {
+		for range world {
+			select {
+			case <-stepped:
+			case err := <-done:
+				t.Fatalf("a rank ended: %v", err)
+			case err := <-gaveUp:
+				t.Fatal(err)
+			case <-ctx.Done():
+				t.Fatal("no step within the test's 2 minutes")
+			}
+		}
+	}
+	step := func() {
+		for r := range world {
+			next[r] <- true
+		}
+		awaitStep()
+	}
+	awaitStep()
+	for range 12 { // warm-up: buffers, the sampler's next epoch, the mailboxes
+		step()
+	}
+	allocs := testing.AllocsPerRun(50, step)
+	for r := range world {
+		next[r] <- false
+	}
+	for range world {
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrStopped) {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatal("the ranks did not stop")
+		}
+	}
+	return rankActorAllocs{perRank: allocs / float64(world), buckets: buckets}
 }
