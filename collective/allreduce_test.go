@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -64,8 +65,10 @@ func checkAllReduce[T Float](t *testing.T, groups []*Group, n int, op ReduceOp, 
 		inputs[r] = randomInput[T](r, n, seed)
 		results[r] = append([]T(nil), inputs[r]...)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
-		return g.AllReduceWith(context.Background(), Of(results[r]), op, algo)
+		return g.AllReduceWith(ctx, Of(results[r]), op, algo)
 	}))
 	want := reference(inputs, op)
 	tol := tolerance[T](world)
@@ -131,7 +134,7 @@ func TestSpecialValues(t *testing.T) {
 			res := make([][]float32, len(rows))
 			mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
 				res[r] = append([]float32(nil), rows[r]...)
-				return g.AllReduceWith(context.Background(), Float32s(res[r]), op, algo)
+				return g.AllReduceWith(testContext(t), Float32s(res[r]), op, algo)
 			}))
 			for r := 1; r < len(rows); r++ {
 				for i := range res[0] {

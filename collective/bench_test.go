@@ -1,9 +1,9 @@
 package collective
 
 import (
-	"context"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // BenchmarkAllReduce measures steady-state allreduce over in-process ranks;
@@ -17,7 +17,7 @@ func BenchmarkAllReduce(b *testing.B) {
 				for r := range bufs {
 					bufs[r] = make([]float32, size/4)
 				}
-				ctx := context.Background()
+				ctx := testContext(b)
 				start := make([]chan struct{}, len(groups))
 				done := make(chan error, len(groups))
 				for r := 1; r < len(groups); r++ {
@@ -39,7 +39,7 @@ func BenchmarkAllReduce(b *testing.B) {
 						b.Fatal(err)
 					}
 					for r := 1; r < len(groups); r++ {
-						if err := <-done; err != nil {
+						if err := recvWithin(b, done, time.Minute, "a rank's allreduce"); err != nil {
 							b.Fatal(err)
 						}
 					}

@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"context"
 	"testing"
 )
 
@@ -11,7 +10,7 @@ import (
 func TestAllReduceTensors(t *testing.T) {
 	sizes := []int{3, 100, 0, 5000, 7, 1, 40000, 12, 12}
 	groups := inprocGroups(t, 3, 1, Options{})
-	ctx := context.Background()
+	ctx := testContext(t)
 	fused := make([][][]float32, len(groups))
 	single := make([][][]float32, len(groups))
 	for r := range groups {
@@ -51,7 +50,7 @@ func TestAllReduceTensors(t *testing.T) {
 // (bucket 0 completes before the last tensor is marked).
 func TestFuserOverlap(t *testing.T) {
 	groups := inprocGroups(t, 2, 1, Options{})
-	ctx := context.Background()
+	ctx := testContext(t)
 	mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
 		ts := [][]float64{{1, 2}, {3}, {4, 5, 6}}
 		f := NewFuser(ctx, g, ts, Sum, 16) // two float64 per bucket: [0] [1] [2]
@@ -84,7 +83,7 @@ func TestFuserOverlap(t *testing.T) {
 // corrupted bucket.
 func TestFuserRounds(t *testing.T) {
 	groups := inprocGroups(t, 2, 1, Options{})
-	ctx := context.Background()
+	ctx := testContext(t)
 	mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
 		ts := [][]float32{{1, 2}, {3}, {4, 5, 6}}
 		f := NewFuser(ctx, g, ts, Sum, 12) // buckets: [0,1] [2]

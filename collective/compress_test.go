@@ -50,7 +50,7 @@ func TestFuserWire(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/N=%d/%s/%s", c.wire, c.world, c.algo, c.op), func(t *testing.T) {
 			groups := inprocGroups(t, c.world, 1, Options{Algorithm: c.algo})
-			ctx := context.Background()
+			ctx := testContext(t)
 			exact := len(wireLayout) - 1
 			in := make([][][]float32, c.world)
 			out := make([][][]float32, c.world)
@@ -129,7 +129,7 @@ func TestAllReduceWire(t *testing.T) {
 						out[r] = append([]uint16(nil), in[r]...)
 					}
 					mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
-						return g.AllReduce(context.Background(), Buffer{b: bytesOf(out[r]), dt: wire}, op)
+						return g.AllReduce(testContext(t), Buffer{b: bytesOf(out[r]), dt: wire}, op)
 					}))
 					rel, abs := halfUnit(wire)
 					for j := range n {
@@ -189,7 +189,7 @@ func TestFuserErrorFeedback(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/N=%d/scale=%g", c.wire, c.world, c.scale), func(t *testing.T) {
 			groups := inprocGroups(t, c.world, 1, Options{})
-			ctx := context.Background()
+			ctx := testContext(t)
 			grad := func(r, i, k int) float32 { // biased: the same fraction of a grid step most rounds
 				return float32(c.scale * (0.3 + 0.37*float64(i)/n + 0.11*float64(r) + 0.001*float64((i*7+k*13)%5)))
 			}
@@ -316,7 +316,7 @@ func TestFuserWireBytes(t *testing.T) {
 	for _, world := range []int{2, 3, 4} {
 		t.Run(fmt.Sprintf("N=%d", world), func(t *testing.T) {
 			groups, ct := countedGroups(t, world)
-			ctx := context.Background()
+			ctx := testContext(t)
 			bytes := map[DType]int64{}
 			for _, wire := range []DType{Float32, Float16, BFloat16} {
 				before := ct.written.Load()
@@ -374,6 +374,8 @@ func (s *stepper) step() error {
 	}
 	err := s.round(0)
 	for range s.start[1:] {
+		// Bounded by the rounds' own contexts (testContext), whose end fails
+		// them; a timer here would allocate in the measured rounds.
 		if e := <-s.done; err == nil {
 			err = e
 		}
@@ -403,7 +405,7 @@ func TestFuserWireAllocs(t *testing.T) {
 		t.Run(wire.String(), func(t *testing.T) {
 			const world = 3
 			groups := inprocGroups(t, world, 1, Options{})
-			ctx := context.Background()
+			ctx := testContext(t)
 			fusers := make([]*Fuser[float32], world)
 			for r := range world {
 				var ts [][]float32
@@ -438,7 +440,7 @@ func TestFuserWireAllocs(t *testing.T) {
 // Fuser is made.
 func TestFuserOptionsRefused(t *testing.T) {
 	groups := inprocGroups(t, 1, 1, Options{})
-	ctx := context.Background()
+	ctx := testContext(t)
 	f32 := [][]float32{{1, 2}}
 	f64 := [][]float64{{1, 2}}
 	cases := []struct {
@@ -482,7 +484,7 @@ func TestFuserOptionsRefused(t *testing.T) {
 // ClearResidues makes a Fuser with error feedback behave as a fresh one.
 func TestFuserWireState(t *testing.T) {
 	groups := inprocGroups(t, 1, 1, Options{})
-	ctx := context.Background()
+	ctx := testContext(t)
 	ts := [][]float32{{1, 2}, {3}, {4, 5, 6}}
 	plain := NewFuser(ctx, groups[0], ts, Sum, 12)
 	defer plain.Close()
@@ -533,7 +535,7 @@ func BenchmarkFuserWire(b *testing.B) {
 		for _, wire := range []DType{Float32, Float16, BFloat16} {
 			b.Run(fmt.Sprintf("%dMiB/%s", size>>20, wire), func(b *testing.B) {
 				groups := inprocGroups(b, world, 1, Options{})
-				ctx := context.Background()
+				ctx := testContext(b)
 				fusers := make([]*Fuser[float32], world)
 				const parts = 4
 				for r := range world {

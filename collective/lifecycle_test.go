@@ -36,10 +36,11 @@ func libraryGoroutines() []string {
 func TestRebuildNextGeneration(t *testing.T) {
 	net := NewInprocNetwork()
 	peers := []string{"a", "b", "c"}
+	ctx := testContext(t)
 	join := func(gen uint64) []*Group {
 		gs := make([]*Group, 3)
 		mustAll(t, onEveryRank(gs, func(r int, _ *Group) error {
-			g, err := Join(context.Background(), net, Membership{Job: "j", Generation: gen, Rank: r, Peers: peers}, Options{})
+			g, err := Join(ctx, net, Membership{Job: "j", Generation: gen, Rank: r, Peers: peers}, Options{})
 			gs[r] = g
 			return err
 		}))
@@ -48,7 +49,7 @@ func TestRebuildNextGeneration(t *testing.T) {
 	g1 := join(1)
 	g1[1].Abort("test")
 	for r, g := range g1 {
-		err := g.Barrier(context.Background())
+		err := g.Barrier(ctx)
 		if !errors.Is(err, ErrAborted) {
 			t.Errorf("generation 1 rank %d: %v, want ErrAborted", r, err)
 		}
@@ -57,7 +58,7 @@ func TestRebuildNextGeneration(t *testing.T) {
 	g2 := join(2)
 	mustAll(t, onEveryRank(g2, func(r int, g *Group) error {
 		x := []float64{float64(r)}
-		if err := g.AllReduce(context.Background(), Float64s(x), Sum); err != nil {
+		if err := g.AllReduce(ctx, Float64s(x), Sum); err != nil {
 			return err
 		}
 		if x[0] != 3 {
@@ -143,7 +144,7 @@ func TestDeadlineNamesMissingRank(t *testing.T) {
 func TestClosedGroup(t *testing.T) {
 	groups := inprocGroups(t, 2, 1, Options{})
 	closeGroups(groups)
-	if err := groups[0].Barrier(context.Background()); !errors.Is(err, ErrClosed) {
+	if err := groups[0].Barrier(testContext(t)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("got %v, want ErrClosed", err)
 	}
 }

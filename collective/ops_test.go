@@ -1,13 +1,12 @@
 package collective
 
 import (
-	"context"
 	"errors"
 	"testing"
 )
 
 func TestReduceScatterAllGatherBroadcast(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	for world := 1; world <= 6; world++ {
 		groups := inprocGroups(t, world, 1, Options{SegmentBytes: 256})
 		for _, n := range []int{0, 1, 5, 64, 1031, 70000} {
@@ -124,7 +123,7 @@ func TestBroadcastLargeChain(t *testing.T) {
 				buf[i] = byte(i * 7)
 			}
 		}
-		if err := g.Broadcast(context.Background(), Bytes(buf), 2); err != nil {
+		if err := g.Broadcast(testContext(t), Bytes(buf), 2); err != nil {
 			return err
 		}
 		for i := range buf {
@@ -138,7 +137,7 @@ func TestBroadcastLargeChain(t *testing.T) {
 }
 
 func TestBarrierAndSendRecv(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	for world := 2; world <= 5; world++ {
 		groups := inprocGroups(t, world, 1, Options{SegmentBytes: 1024})
 		mustAll(t, onEveryRank(groups, func(r int, g *Group) error {
@@ -189,7 +188,7 @@ func TestBarrierAndSendRecv(t *testing.T) {
 // TestMismatchedCalls: calls that disagree across ranks fail with ErrMismatch
 // on every rank, never a hang or a wrong sum.
 func TestMismatchedCalls(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	cases := []struct {
 		name string
 		call func(r int, g *Group) error
@@ -246,7 +245,7 @@ func TestMismatchedCalls(t *testing.T) {
 func TestLocalArgumentErrors(t *testing.T) {
 	groups := inprocGroups(t, 1, 1, Options{})
 	g := groups[0]
-	ctx := context.Background()
+	ctx := testContext(t)
 	if err := g.AllReduce(ctx, Bytes(make([]byte, 4)), Sum); err == nil {
 		t.Error("reducing bytes succeeded")
 	}

@@ -43,7 +43,7 @@ func tcpPair(t *testing.T, gen uint64) (*Group, net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := <-ch
+	r := recvWithin(t, ch, 20*time.Second, "rank 1's Connect")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -99,7 +99,7 @@ func TestMalformedFrames(t *testing.T) {
 			g, fake := tcpPair(t, gen)
 			done := make(chan error, 1)
 			go func() {
-				done <- g.AllReduceWith(context.Background(), Float32s(make([]float32, 4)), Sum, AlgoRecursiveDoubling)
+				done <- g.AllReduceWith(testContext(t), Float32s(make([]float32, 4)), Sum, AlgoRecursiveDoubling)
 			}()
 			fake.Write(tc.stream)
 			if tc.close {
@@ -112,12 +112,12 @@ func TestMalformedFrames(t *testing.T) {
 					fake.Close()
 				}
 			}
-			err := <-done
+			err := recvWithin(t, done, 30*time.Second, "the allreduce to fail on the bad stream")
 			var oe *OpError
 			if !errors.Is(err, tc.kind) || !errors.As(err, &oe) || oe.Rank != 1 || !strings.Contains(err.Error(), tc.detail) {
 				t.Fatalf("got %v, want %v naming rank 1 and mentioning %q", err, tc.kind, tc.detail)
 			}
-			if err2 := g.Barrier(context.Background()); !errors.Is(err2, tc.kind) {
+			if err2 := g.Barrier(testContext(t)); !errors.Is(err2, tc.kind) {
 				t.Errorf("the failed group accepted another operation: %v", err2)
 			}
 		})
@@ -131,9 +131,9 @@ func TestAbortFrameRelaysCause(t *testing.T) {
 	reason := []byte("rank 3 went silent")
 	h := header{kind: kindAbort, op: opCode(kindCode(ErrTimeout)), src: 1, index: 3, gen: 1, job: JobHash("proto")}
 	done := make(chan error, 1)
-	go func() { done <- g.Barrier(context.Background()) }()
+	go func() { done <- g.Barrier(testContext(t)) }()
 	fake.Write(encoded(h, reason))
-	err := <-done
+	err := recvWithin(t, done, 30*time.Second, "the barrier to fail on the abort frame")
 	var oe *OpError
 	if !errors.Is(err, ErrTimeout) || !errors.As(err, &oe) || oe.Rank != 3 || oe.ReportedBy != 1 {
 		t.Fatalf("got %v, want ErrTimeout about rank 3 reported by rank 1", err)
@@ -324,7 +324,7 @@ func TestHandshakeRefusals(t *testing.T) {
 			errs <- err
 		}()
 		for range 2 {
-			if err := <-errs; !errors.Is(err, ErrMismatch) {
+			if err := recvWithin(t, errs, 30*time.Second, "a Connect of mismatched worlds to fail"); !errors.Is(err, ErrMismatch) {
 				t.Errorf("got %v, want ErrMismatch", err)
 			}
 		}
