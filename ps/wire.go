@@ -120,6 +120,9 @@ const (
 	// MaxDim bounds a row's width.
 	MaxDim     = 1 << 16
 	maxMessage = 1 << 16
+	// frameReadChunk is how much of an announced body ReadFrame reserves
+	// before any of it arrived; past it the buffer grows as bytes come.
+	frameReadChunk = 1 << 20
 )
 
 // Header is a frame's fixed part.
@@ -234,6 +237,19 @@ func parseHeader(b []byte) (Header, int, error) {
 // viewed in place.
 type Buffer struct{ words []uint64 }
 
+// capacity is how many bytes the buffer holds without growing.
+func (b *Buffer) capacity() int { return 8 * cap(b.words) }
+
+// grow returns the buffer grown to n bytes, keeping its first keep bytes.
+func (b *Buffer) grow(n, keep int) []byte {
+	if w := (n + 7) / 8; cap(b.words) < w {
+		words := make([]uint64, w, w+w/4)
+		copy(words, b.words[:(keep+7)/8])
+		b.words = words
+	}
+	return b.bytes(n)
+}
+
 // bytes returns the buffer grown to n bytes.
 func (b *Buffer) bytes(n int) []byte {
 	w := (n + 7) / 8
@@ -257,12 +273,18 @@ func ReadFrame(r io.Reader, hdr *[headerSize]byte, buf *Buffer) (Frame, error) {
 	if err != nil {
 		return Frame{}, err
 	}
-	body := buf.bytes(n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	// A header may announce up to MaxFrameBody: reserve it only as the
+	// body arrives (doubling), so that a peer speaking garbage costs what
+	// it sent, not a gigabyte per connection.
+	body := buf.bytes(min(n, max(buf.capacity(), frameReadChunk)))
+	for got := 0; got < n; got = len(body) {
+		body = buf.grow(min(n, max(2*got, len(body))), got)
+		if _, err := io.ReadFull(r, body[got:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return Frame{}, fmt.Errorf("ps: reading a %v frame's body of %d bytes: %w", h.Op, n, err)
 		}
-		return Frame{}, fmt.Errorf("ps: reading a %v frame's body of %d bytes: %w", h.Op, n, err)
 	}
 	return decodeBody(h, body)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -94,6 +95,55 @@ func TestFrameRejects(t *testing.T) {
 	}
 }
 
+// TestReadFrameGrows: a frame larger than frameReadChunk, read in pieces
+// (the buffer grows as its body arrives), comes out whole, and so does a
+// small one after it in the same buffer; the same frame cut short is an
+// unexpected EOF, having reserved no more than about twice what came.
+func TestReadFrameGrows(t *testing.T) {
+	const keys, dim = 1 << 16, 16 // a body of 4.5 MiB
+	h := Header{Op: OpPush, ID: 3, Dim: dim, Clock: 2}
+	k, v := make([]uint64, keys), make([]float32, keys*dim)
+	for i := range k {
+		k[i] = uint64(i) * 7919
+	}
+	for i := range v {
+		v[i] = float32(i) / 3
+	}
+	var wire bytes.Buffer
+	w := NewWriter(&wire)
+	if err := w.Write(h, k, v); err != nil {
+		t.Fatal(err)
+	}
+	whole := slices.Clone(wire.Bytes())
+	if err := w.Write(Header{Op: OpPull, ID: 4, Dim: 2}, []uint64{1, 2}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var hdr [headerSize]byte
+	var buf Buffer
+	r := iotest.HalfReader(&wire)
+	f, err := ReadFrame(r, &hdr, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := h; f.Count != keys || !slices.Equal(f.Keys, k) || !slices.Equal(f.Values, v) || f.ID != want.ID {
+		t.Fatalf("read %+v with %d keys and %d values, want the %d keys and %d values written", f.Header, len(f.Keys), len(f.Values), keys, len(v))
+	}
+	if f, err = ReadFrame(r, &hdr, &buf); err != nil || f.Op != OpPull || !slices.Equal(f.Keys, []uint64{1, 2}) {
+		t.Fatalf("the frame after it: %+v, %v", f, err)
+	}
+	cut := whole[:len(whole)/3]
+	var small Buffer
+	if _, err := ReadFrame(bytes.NewReader(cut), &hdr, &small); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a frame cut short: %v, want io.ErrUnexpectedEOF", err)
+	}
+	if got := small.capacity(); got > 3*len(cut) {
+		t.Errorf("a frame cut at %d bytes reserved %d", len(cut), got)
+	}
+}
+
+// FuzzDecodeFrame: any bytes decode to a FrameError or to a frame that
+// encodes back to the same bytes, never a panic; ReadFrame reads the same
+// frame from a stream, allocating no more than the stream carried.
 func FuzzDecodeFrame(f *testing.F) {
 	for _, h := range []Header{{Op: OpPull, Dim: 2}, {Op: OpPush, Dim: 1}, {Op: OpPull, Flags: FlagResponse, Dim: 1}} {
 		var b bytes.Buffer
@@ -104,10 +154,23 @@ func FuzzDecodeFrame(f *testing.F) {
 	NewWriter(&b).WriteError(Header{Op: OpPull}, StatusBadRequest, "no")
 	f.Add(b.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// ReadFrame, what servers and clients read connections with,
+		// allocates in proportion to the bytes that came, not to what a
+		// header announced: a peer speaking garbage cannot make it reserve
+		// a gigabyte with 56 bytes.
+		var rbuf Buffer
+		var hdr [headerSize]byte
+		rf, rerr := ReadFrame(bytes.NewReader(data), &hdr, &rbuf)
+		if got, bound := 8*cap(rbuf.words), 3*len(data)+2*frameReadChunk; got > bound {
+			t.Fatalf("ReadFrame of %d bytes (%v) allocated %d bytes, want at most %d", len(data), rerr, got, bound)
+		}
 		var buf Buffer
 		fr, err := DecodeFrame(data, &buf)
 		if err != nil {
 			return
+		}
+		if rerr != nil || rf.Header != fr.Header || !slices.Equal(rf.Keys, fr.Keys) || !slices.Equal(rf.Values, fr.Values) || rf.Message != fr.Message {
+			t.Fatalf("ReadFrame read %+v, %v; DecodeFrame %+v", rf, rerr, fr)
 		}
 		// A frame that decodes re-encodes to the same bytes.
 		var out bytes.Buffer
