@@ -10,7 +10,9 @@ import (
 // member lost, and the ring trains on while its coordinator fails over.
 // Each heal's evidence carries the recovery figures, against the lease
 // TTL: when another etcd member led and the cluster took a write again,
-// or when a standby coordinator led and decided its first generation.
+// or when a standby coordinator led and decided its first generation; a
+// paused coordinator's, that it stepped down once continued and wrote
+// nothing.
 func etcdKinds() []Kind {
 	return []Kind{
 		{Name: "etcd-kill", Doc: "SIGKILL an etcd member (target rank:N is member N, random a random one, none the leader); with a duration it is restarted on its data after it, else it stays dead (two of three keep the quorum)",
@@ -22,6 +24,10 @@ func etcdKinds() []Kind {
 		{Name: "coordinator-leader-kill", Doc: "SIGKILL the coordinator process that leads the job's election: a standby takes over within the lease TTL and decides the next generations",
 			Needs: "etcd", Changes: "none",
 			New: func(p Planned) Fault { return &coordinatorKill{} }},
+		{Name: "coordinator-leader-pause", Doc: "SIGSTOP the coordinator process that leads the job's election until its lease has expired and a standby leads (no earlier than the fault's duration, which it needs), then SIGCONT: " +
+			"the deposed coordinator must step down (its requests refused by the fence, or its session found expired) and campaign again behind the new leader, and write no generation",
+			Needs: "etcd", Changes: "none",
+			New: func(p Planned) Fault { return &coordinatorPause{} }},
 	}
 }
 
@@ -79,6 +85,15 @@ func etcdScenarios() []Scenario {
 				{Kind: "coordinator-leader-kill", Trigger: Trigger{Step: 150}},
 				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
 			}},
+		{Name: "coordinator-pause", CI: true,
+			Description: "SIGSTOP of the coordinator that leads, past its lease TTL: the standby takes over; then SIGCONT: the deposed coordinator finds its leadership gone, " +
+				"steps down and campaigns again, and writes nothing; then SIGKILL of a worker, whose ring the new leader decides",
+			Job: clusterJob(3),
+			Faults: []FaultSpec{
+				// The duration is the lease TTL; the heal waits on for the standby to lead.
+				{Kind: "coordinator-leader-pause", Trigger: Trigger{Step: 150}, Duration: Duration(5 * time.Second)},
+				{Kind: "sigkill", Target: "random", Trigger: Trigger{After: Duration(6 * time.Second)}},
+			}},
 		{Name: "etcd-member-restart",
 			Description: "SIGKILL of etcd member 1 for 3s, then restarted on its data; then SIGKILL of a worker",
 			Job:         clusterJob(3),
@@ -100,7 +115,7 @@ func EtcdRecovery(rep *Report) []string {
 		switch {
 		case f.Injected.IsZero():
 			continue
-		case f.Kind == "etcd-kill" || f.Kind == "etcd-pause" || f.Kind == "coordinator-leader-kill":
+		case f.Kind == "etcd-kill" || f.Kind == "etcd-pause" || f.Kind == "coordinator-leader-kill" || f.Kind == "coordinator-leader-pause":
 			at := f.Injected.Sub(rep.Started).Seconds()
 			next := "no step after it"
 			for _, s := range rep.Steps {

@@ -1,17 +1,23 @@
 package chaos
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // measureBound bounds a fault's recovery measurement.
@@ -91,19 +97,78 @@ func (c *etcdCluster) leader(ctx context.Context, skip int) (int, uint64) {
 	return -1, 0
 }
 
+// agreedLeader asks every usable member (alive, not stopped by a fault,
+// not skip) for its status: the leader's index and the raft term when
+// every one of them answers and names the same leader at the same term;
+// ok is false otherwise (an election under way, a member that has not
+// heard of its outcome yet, or one that does not answer). One member's
+// word is not enough: a member can name a leader that the others have
+// already replaced.
+func (c *etcdCluster) agreedLeader(ctx context.Context, skip int) (idx int, term uint64, ok bool) {
+	idx, asked := -1, 0
+	for i, m := range c.members {
+		c.mu.Lock()
+		usable := i != skip && m.done != nil && m.alive() && !m.stopped
+		c.mu.Unlock()
+		if !usable {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		st, err := c.cli.Status(sctx, m.client)
+		cancel()
+		if err != nil || st.Leader == 0 {
+			return -1, 0, false
+		}
+		li, known := c.ids[st.Leader]
+		if !known || asked > 0 && (li != idx || st.RaftTerm != term) {
+			return -1, 0, false
+		}
+		idx, term = li, st.RaftTerm
+		asked++
+	}
+	return idx, term, asked > 0
+}
+
+// stableLeader waits, up to bound, until every usable member names the
+// same leader at the same term twice in a row, 100 ms apart.
+func (c *etcdCluster) stableLeader(ctx context.Context, skip int, bound time.Duration) (int, uint64, error) {
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	prev, prevTerm := -1, uint64(0)
+	for {
+		idx, term, ok := c.agreedLeader(ctx, skip)
+		if ok && idx == prev && term == prevTerm {
+			return idx, term, nil
+		}
+		prev, prevTerm = idx, term
+		select {
+		case <-tick.C:
+		case <-timer.C:
+			return -1, 0, fmt.Errorf("the etcd members did not agree on a leader within %v", bound)
+		case <-ctx.Done():
+			return -1, 0, ctx.Err()
+		}
+	}
+}
+
 // target resolves a member fault's target: rank:N is member N, random a
-// member drawn with the fault's pick, none the current leader.
+// member drawn with the fault's pick, none the leader every member agrees
+// on.
 func (c *etcdCluster) target(ctx context.Context, p Planned) (idx int, leads bool, term uint64, err error) {
-	lead, term := c.leader(ctx, -1)
+	var lead int
+	if p.RandomRank || p.Rank >= 0 {
+		lead, term = c.leader(ctx, -1)
+	} else if lead, term, err = c.stableLeader(ctx, -1, 10*time.Second); err != nil {
+		return 0, false, 0, err
+	}
 	switch {
 	case p.RandomRank:
 		idx = int(p.Pick % etcdMembers)
 	case p.Rank >= 0:
 		idx = p.Rank
 	default:
-		if lead < 0 {
-			return 0, false, 0, errors.New("no etcd member reports a leader")
-		}
 		idx = lead
 	}
 	if idx >= len(c.members) {
@@ -354,14 +419,21 @@ func (f *coordFigures) String(ttl time.Duration) string {
 // electionLeader is the id of the job's elected coordinator ("" : none):
 // the election key created first.
 func electionLeader(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) (string, error) {
-	resp, err := cli.Get(ctx, keys.Election()+"/", clientv3.WithFirstCreate()...)
-	if err != nil {
+	kvs, err := electionKeys(ctx, cli, keys)
+	if err != nil || len(kvs) == 0 {
 		return "", err
 	}
-	if len(resp.Kvs) == 0 {
-		return "", nil
+	return string(kvs[0].Value), nil
+}
+
+// electionKeys are the job's coordinators' campaign keys, oldest first:
+// the first leads, the others wait behind it in turn.
+func electionKeys(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) ([]*mvccpb.KeyValue, error) {
+	resp, err := cli.Get(ctx, keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, err
 	}
-	return string(resp.Kvs[0].Value), nil
+	return resp.Kvs, nil
 }
 
 // measureTakeover watches the job's keys from the kill on: a standby
@@ -454,4 +526,225 @@ func (f *coordinatorKill) Heal(context.Context, *Env) (string, error) {
 	}
 	f.meas.wait(measureBound)
 	return fmt.Sprintf("coordinator %s stays dead; %s", f.fig.killed, f.fig.String(f.c.leaseTTL())), nil
+}
+
+// coordinatorPause SIGSTOPs the job's elected coordinator, so that its
+// session's lease expires and a standby takes over; Heal, once a standby
+// leads (no earlier than the fault's duration), SIGCONTs it and checks
+// that it stepped down: its log says so and why (its requests refused by
+// the fence, or its session found expired), it campaigns again behind
+// the new leader, and no generation written since the SIGCONT is its.
+type coordinatorPause struct {
+	c    *etcdCluster
+	keys coordinator.Keys
+	p    *serviceProc
+	id   string
+	pid  int
+	log  string // its log file
+	key  string // its election key...
+	rev  int64  // ...and that key's create revision
+	at   time.Time
+}
+
+func (f *coordinatorPause) Inject(ctx context.Context, env *Env) (string, error) {
+	c, err := cluster(env)
+	if err != nil {
+		return "", err
+	}
+	c.ringClient(env, -1, false)
+	keys, err := coordinator.KeysFor(env.run.job)
+	if err != nil {
+		return "", err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	kvs, err := electionKeys(rctx, c.cli, keys)
+	g, _, _ := coordinator.CurrentGeneration(rctx, c.cli, keys)
+	cancel()
+	if err != nil {
+		return "", fmt.Errorf("reading the coordinator election: %w", err)
+	}
+	if len(kvs) == 0 {
+		return "", errors.New("no coordinator leads the job's election")
+	}
+	id := string(kvs[0].Value)
+	p := c.coordinator(id)
+	if p == nil {
+		return "", fmt.Errorf("no coordinator process of the job is %q, the election's leader", id)
+	}
+	if len(kvs) < 2 {
+		return "", fmt.Errorf("coordinator %s leads with no standby behind it", id)
+	}
+	c.mu.Lock()
+	pid, job := p.pid, c.job
+	err = syscall.Kill(pid, syscall.SIGSTOP)
+	p.stopped = err == nil
+	c.mu.Unlock()
+	if err != nil {
+		return "", fmt.Errorf("SIGSTOP to coordinator %s (pid %d): %w", id, pid, err)
+	}
+	*f = coordinatorPause{c: c, keys: keys, p: p, id: id, pid: pid, log: c.logPath(job + "-" + id),
+		key: string(kvs[0].Key), rev: kvs[0].CreateRevision, at: time.Now()}
+	decided := ""
+	if g != nil {
+		decided = fmt.Sprintf(", generation %d decided by %s", g.Number, g.DecidedBy)
+	}
+	return fmt.Sprintf("SIGSTOP to coordinator %s (pid %d), the election's leader (its key of revision %d)%s", id, pid, f.rev, decided), nil
+}
+
+func (f *coordinatorPause) Heal(ctx context.Context, env *Env) (string, error) {
+	if f.c == nil {
+		return "", nil
+	}
+	c := f.c
+	bctx, cancel := context.WithTimeout(ctx, measureBound)
+	defer cancel()
+	standby, tookOver, terr := f.takeover(bctx)
+	// Continued whatever happened: a stopped process must not outlive the fault.
+	var offset int64
+	if st, err := os.Stat(f.log); err == nil {
+		offset = st.Size()
+	}
+	rctx, rcancel := context.WithTimeout(bctx, 5*time.Second)
+	before, rerr := c.cli.Get(rctx, f.keys.Generation())
+	rcancel()
+	c.mu.Lock()
+	err := syscall.Kill(f.pid, syscall.SIGCONT)
+	f.p.stopped = false
+	c.mu.Unlock()
+	cont := time.Now()
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("SIGCONT to coordinator %s (pid %d): %w", f.id, f.pid, err)
+	case terr != nil:
+		return "", fmt.Errorf("SIGCONT to coordinator %s (pid %d) with no standby leading: %w", f.id, f.pid, terr)
+	case rerr != nil:
+		return "", fmt.Errorf("reading the generation before the SIGCONT: %w", rerr)
+	}
+	did := fmt.Sprintf("SIGCONT to coordinator %s (pid %d) once standby %s led, %.2fs after the SIGSTOP (lease TTL %v)",
+		f.id, f.pid, standby, tookOver.Sub(f.at).Seconds(), c.leaseTTL())
+	why, down, err := f.steppedDown(bctx, offset, standby)
+	if err != nil {
+		return "", fmt.Errorf("%s; %w", did, err)
+	}
+	did += fmt.Sprintf("; %s stepped down %.2fs after the SIGCONT (%s) and campaigns again behind %s", f.id, down.Sub(cont).Seconds(), why, standby)
+	written, err := f.writtenSince(bctx, before.Header.Revision)
+	if err != nil {
+		return "", fmt.Errorf("%s; %w", did, err)
+	}
+	var others []string
+	for _, g := range written {
+		if g.DecidedBy == f.id {
+			return "", fmt.Errorf("%s; but it wrote generation %d after the SIGCONT: the fence let a deposed coordinator write", did, g.Number)
+		}
+		others = append(others, fmt.Sprintf("%d by %s", g.Number, g.DecidedBy))
+	}
+	did += "; no generation written by it after the SIGCONT"
+	if len(others) > 0 {
+		did += " (generations since: " + strings.Join(others, ", ") + ")"
+	}
+	return did, nil
+}
+
+// takeover waits until another coordinator leads the election: the
+// paused one's key went with its lease.
+func (f *coordinatorPause) takeover(ctx context.Context) (string, time.Time, error) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		kvs, err := electionKeys(rctx, f.c.cli, f.keys)
+		cancel()
+		if err == nil && len(kvs) > 0 && string(kvs[0].Key) != f.key && string(kvs[0].Value) != f.id {
+			return string(kvs[0].Value), time.Now(), nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return "", time.Time{}, fmt.Errorf("no standby led within %v of the SIGSTOP", measureBound)
+		}
+	}
+}
+
+// steppedDown waits until the continued coordinator has logged (after
+// offset) that it stepped down, and campaigns again behind standby: it
+// returns the reason it logged and when both were seen.
+func (f *coordinatorPause) steppedDown(ctx context.Context, offset int64, standby string) (string, time.Time, error) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	why := ""
+	behind := false
+	for {
+		if why == "" {
+			why = loggedStepDown(f.log, offset)
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		kvs, err := electionKeys(rctx, f.c.cli, f.keys)
+		cancel()
+		if err == nil && len(kvs) > 1 && string(kvs[0].Value) == standby {
+			for _, kv := range kvs[1:] {
+				behind = behind || string(kv.Value) == f.id && kv.CreateRevision > f.rev
+			}
+		}
+		if why != "" && behind {
+			return why, time.Now(), nil
+		}
+		select {
+		case <-tick.C:
+		case <-f.p.done:
+			return "", time.Time{}, fmt.Errorf("coordinator %s exited after the SIGCONT (%v) before it was seen to step down (logged %q, campaigning again: %v)",
+				f.id, f.p.cmd.ProcessState, why, behind)
+		case <-ctx.Done():
+			return "", time.Time{}, fmt.Errorf("coordinator %s not seen to step down within %v of the SIGSTOP (logged %q, campaigning again behind %s: %v)",
+				f.id, measureBound, why, standby, behind)
+		}
+	}
+}
+
+// loggedStepDown is the error of the first "stepped down" line of a
+// coordinator's JSON log after offset ("" : none yet).
+func loggedStepDown(path string, offset int64) string {
+	fh, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer fh.Close()
+	if _, err := fh.Seek(offset, io.SeekStart); err != nil {
+		return ""
+	}
+	sc := bufio.NewScanner(fh)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var line struct {
+			Msg   string `json:"msg"`
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "stepped down" {
+			return line.Error
+		}
+	}
+	return ""
+}
+
+// writtenSince reads back, from etcd's history, every generation record
+// written after revision rev, newest first.
+func (f *coordinatorPause) writtenSince(ctx context.Context, rev int64) ([]*phalanxpb.Generation, error) {
+	var out []*phalanxpb.Generation
+	var opts []clientv3.OpOption
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := f.c.cli.Get(rctx, f.keys.Generation(), opts...)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("reading the generations written since the SIGCONT: %w", err)
+		}
+		if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision <= rev {
+			return out, nil
+		}
+		g, err := coordinator.DecodeGeneration(f.keys.Generation(), resp.Kvs[0].Value)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+		opts = []clientv3.OpOption{clientv3.WithRev(resp.Kvs[0].ModRevision - 1)}
+	}
 }
