@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -169,7 +170,14 @@ func FuzzDecodeFrame(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if rerr != nil || rf.Header != fr.Header || !slices.Equal(rf.Keys, fr.Keys) || !slices.Equal(rf.Values, fr.Values) || rf.Message != fr.Message {
+		bits := func(v []float32) []uint32 { // NaN payloads compare too
+			out := make([]uint32, len(v))
+			for i, x := range v {
+				out[i] = math.Float32bits(x)
+			}
+			return out
+		}
+		if rerr != nil || rf.Header != fr.Header || !slices.Equal(rf.Keys, fr.Keys) || !slices.Equal(bits(rf.Values), bits(fr.Values)) || rf.Message != fr.Message {
 			t.Fatalf("ReadFrame read %+v, %v; DecodeFrame %+v", rf, rerr, fr)
 		}
 		// A frame that decodes re-encodes to the same bytes.
