@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,7 +26,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	e, err := coordinator.StartEmbedded(context.Background(), coordinator.EmbeddedOptions{Dir: dir})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: dir})
+	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -117,7 +121,9 @@ func startAgent(t *testing.T, ctx context.Context, keys coordinator.Keys, id str
 		t.Fatal(err)
 	}
 	a, err := New(Config{Client: client(t), Keys: keys, Job: "counter", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
-		RankHint: -1, LeaseTTL: 2 * time.Second, ID: id, ConfigHash: "cfg-1",
+		// A lease a loaded machine cannot lose by a pause; no test waits for
+		// one to expire (a stopped agent's lease is revoked as it returns).
+		RankHint: -1, LeaseTTL: 10 * time.Second, ID: id, ConfigHash: "cfg-1",
 		Collective: collective.Options{Timeout: 20 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +144,30 @@ func startCoordinator(t *testing.T, ctx context.Context, keys coordinator.Keys, 
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(cctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		awaitCoordinator(t, done)
+	})
+}
+
+// awaitCoordinator waits for a cancelled coordinator's Run to return, and
+// fails the test with the coordinator's goroutines if it has not within 30s
+// (seen once, under a load average of 12, in TestEtcdUnreachable; a cancelled
+// coordinator returns within microseconds otherwise).
+func awaitCoordinator(t *testing.T, done <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		buf := make([]byte, 8<<20)
+		var stuck []string
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "phalanx/coordinator") {
+				stuck = append(stuck, g)
+			}
+		}
+		t.Errorf("the coordinator did not return within 30s of its cancellation; its goroutines:\n%s", strings.Join(stuck, "\n\n"))
+	}
 }
 
 // waitFor waits until agent who ("" any) has passed step, and fails the
@@ -253,8 +282,10 @@ func TestConfigMismatchRefused(t *testing.T) {
 
 // TestEtcdUnreachable: with etcd gone, the ring keeps training (membership
 // is unchanged), and each worker fails with ErrUnreachable once its lease
-// cannot be renewed for longer than the bound. The bound (6 s) leaves a
-// loaded machine ample time for the 1000 steps that show training goes on.
+// cannot be renewed for longer than the bound. The lease (5 s) is lost
+// about 5 s after etcd goes, the bound (6 s) runs from there: a loaded
+// machine has ample time for the 1000 steps that show training goes on,
+// and no pause of it loses the lease while etcd is up.
 func TestEtcdUnreachable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -281,7 +312,10 @@ func TestEtcdUnreachable(t *testing.T) {
 	cctx, stop := context.WithCancel(ctx)
 	cdone := make(chan struct{})
 	go func() { defer close(cdone); c.Run(cctx) }()
-	defer func() { stop(); <-cdone }()
+	defer func() {
+		stop()
+		awaitCoordinator(t, cdone)
+	}()
 	j := &counterJob{target: 1 << 40, steps: map[string]int{}, worlds: map[int]bool{}, reached: make(chan string, 1)}
 	var runs []chan error
 	for _, id := range []string{"u1", "u2"} {
@@ -295,7 +329,7 @@ func TestEtcdUnreachable(t *testing.T) {
 		}
 		defer wcli.Close()
 		a, err := New(Config{Client: wcli, Keys: keys, Job: "unreachable", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
-			RankHint: -1, LeaseTTL: time.Second, Unreachable: 6 * time.Second, ID: id})
+			RankHint: -1, LeaseTTL: 5 * time.Second, Unreachable: 6 * time.Second, ID: id})
 		if err != nil {
 			t.Fatal(err)
 		}
