@@ -163,7 +163,7 @@ type testStore struct {
 func localStore(t *testing.T) (checkpoint.Store, string) {
 	t.Helper()
 	dir := t.TempDir()
-	s, err := checkpoint.OpenURL(context.Background(), dir, checkpoint.Credentials{})
+	s, err := checkpoint.OpenURL(testContext(t), dir, checkpoint.Credentials{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func flipFile(t *testing.T, s checkpoint.Store, name string) {
 // readObject reads a whole object.
 func readObject(t *testing.T, s checkpoint.Store, name string) []byte {
 	t.Helper()
-	ctx := context.Background()
+	ctx := testContext(t)
 	objs, err := s.List(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +208,7 @@ func readObject(t *testing.T, s checkpoint.Store, name string) []byte {
 // replaceObject puts data in place of an object.
 func replaceObject(t *testing.T, s checkpoint.Store, name string, data []byte) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := testContext(t)
 	if err := s.Delete(ctx, name); err != nil {
 		t.Fatal(err)
 	}
@@ -612,7 +612,7 @@ func TestServeRestores(t *testing.T) {
 		if err := WriteJob(ctx, cli, keys, job); err != nil {
 			t.Fatal(err)
 		}
-		err := Serve(ctx, cli, keys, NodeConfig{ID: "r0", Listen: "127.0.0.1:0", LeaseTTL: 2 * time.Second,
+		err := Serve(ctx, cli, keys, NodeConfig{ID: "r0", Listen: "127.0.0.1:0", LeaseTTL: 10 * time.Second,
 			OnReady: func(string) { t.Error("a server with a corrupt checkpoint became ready") }})
 		if err == nil || !strings.Contains(err.Error(), Prefix(3)+"shard-0001.snap") {
 			t.Fatalf("Serve: %v, want an error naming the corrupt object", err)

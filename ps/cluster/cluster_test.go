@@ -476,7 +476,9 @@ func startJob(t *testing.T, ctx context.Context, cli *clientv3.Client, keys coor
 		}
 	})
 	for _, id := range ids {
-		r.servers[id] = serveNode(t, ctx, cli, keys, NodeConfig{ID: id, Listen: "127.0.0.1:0", LeaseTTL: 2 * time.Second})
+		// A lease no pause of a loaded machine loses: tests end a server by
+		// stopping it or revoking its lease, never by waiting one out.
+		r.servers[id] = serveNode(t, ctx, cli, keys, NodeConfig{ID: id, Listen: "127.0.0.1:0", LeaseTTL: 10 * time.Second})
 	}
 	return r
 }

@@ -251,7 +251,7 @@ func TestServeRetriesRoles(t *testing.T) {
 	ln.Close()
 
 	log, retrying := loggerTelling("taking the shard map's roles; retrying")
-	s0 := serveNode(t, ctx, cli, keys, NodeConfig{ID: "s0", Listen: "127.0.0.1:0", LeaseTTL: 2 * time.Second, Logger: log})
+	s0 := serveNode(t, ctx, cli, keys, NodeConfig{ID: "s0", Listen: "127.0.0.1:0", LeaseTTL: 10 * time.Second, Logger: log})
 	stopped := map[string]*routine{"s0": s0}
 	t.Cleanup(func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // ctx may have ended
@@ -265,7 +265,7 @@ func TestServeRetriesRoles(t *testing.T) {
 		Shards: []*phalanxpb.ShardPlacement{{Shard: 0, Primary: "s0", Backups: []string{"s1"}}, {Shard: 1, Primary: "s1", Backups: []string{"s0"}}}})
 	recv(t, ctx, retrying, "s0's failed link to s1")
 
-	stopped["s1"] = serveNode(t, ctx, cli, keys, NodeConfig{ID: "s1", Listen: addr1, LeaseTTL: 2 * time.Second})
+	stopped["s1"] = serveNode(t, ctx, cli, keys, NodeConfig{ID: "s1", Listen: addr1, LeaseTTL: 10 * time.Second})
 	cl, dir := r.client(t, ctx, cli, 0)
 	table := job.Tables[0].Id
 	keysOf := []uint64{3, 17, 49, 50, 64, 99} // 3 on each shard
