@@ -51,7 +51,7 @@ func newCluster(t *testing.T, n, shards, replicas int, tables []TableSpec, sync 
 	}
 	t.Cleanup(sys.Shutdown)
 	c := &cluster{t: t, sys: sys, tables: tables, sync: sync, shards: shards, waits: make(chan waitEvent, 64), timers: make(chan func(), 64)}
-	ctx := context.Background()
+	ctx := testContext(t)
 	for i := range n {
 		i := i
 		s, err := Listen(ServerConfig{Addr: "127.0.0.1:0", Tables: tables, Sync: sync, System: sys,
@@ -108,7 +108,7 @@ func (c *cluster) client(worker int, part Partition) *Client {
 // rows reads every row of table held by server i's copy of shard.
 func (c *cluster) rows(i int, sh, table uint32) map[uint64][]float32 {
 	c.t.Helper()
-	v, err := c.servers[i].inspect(context.Background(), sh, func(s *shard) any {
+	v, err := c.servers[i].inspect(testContext(c.t), sh, func(s *shard) any {
 		out := map[uint64][]float32{}
 		t := s.tables[table]
 		d := t.rows.Spec().Dim
@@ -148,7 +148,7 @@ func near(a, b []float32) bool {
 func TestPushPullASP(t *testing.T) {
 	spec := sgdTable(2)
 	c := newCluster(t, 2, 2, 0, []TableSpec{spec}, SyncSpec{Mode: ASP, Workers: 2})
-	ctx := context.Background()
+	ctx := testContext(t)
 	w0, w1 := c.client(0, PartitionRange), c.client(1, PartitionRange)
 	keys := []uint64{10, 900, 10 + 1} // shard 0, shard 1, shard 0
 	out := make([]float32, 6)
@@ -183,7 +183,7 @@ func TestPushPullASP(t *testing.T) {
 func TestBSP(t *testing.T) {
 	spec := sgdTable(1)
 	c := newCluster(t, 2, 2, 0, []TableSpec{spec}, SyncSpec{Mode: BSP, Workers: 3})
-	ctx := context.Background()
+	ctx := testContext(t)
 	ws := []*Client{c.client(0, PartitionHash), c.client(1, PartitionHash), c.client(2, PartitionHash)}
 	keys := []uint64{3, 500}
 	for w, cl := range ws[:2] {
@@ -200,14 +200,14 @@ func TestBSP(t *testing.T) {
 		got <- out
 	}()
 	for range 2 { // held on both shards
-		if e := <-c.waits; e.worker != 0 || e.clock != 1 {
+		if e := within(t, c.waits, "a held pull"); e.worker != 0 || e.clock != 1 {
 			t.Fatalf("held pull %+v, want worker 0 at clock 1", e)
 		}
 	}
 	if _, err := ws[2].Push(ctx, 1, keys, []float32{3, 1}); err != nil {
 		t.Fatal(err)
 	}
-	out := <-got
+	out := within(t, got, "the held pull's rows")
 	want := []float32{initial(spec, 3)[0] - 0.5*(1+2+3)/3, initial(spec, 500)[0] - 0.5*1}
 	if !near(out, want) {
 		t.Fatalf("after clock 0: %v, want %v", out, want)
@@ -225,7 +225,7 @@ func TestBSP(t *testing.T) {
 func TestSSP(t *testing.T) {
 	spec := sgdTable(1)
 	c := newCluster(t, 1, 1, 0, []TableSpec{spec}, SyncSpec{Mode: SSP, Workers: 2, Staleness: 1})
-	ctx := context.Background()
+	ctx := testContext(t)
 	fast, slow := c.client(0, PartitionRange), c.client(1, PartitionRange)
 	out := make([]float32, 1)
 	for clock := range 2 { // clocks 0 and 1: at most one ahead of the slowest (at 0)
@@ -241,13 +241,13 @@ func TestSSP(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- fast.Pull(ctx, 1, []uint64{1}, out) }() // clock 2: two ahead
-	if e := <-c.waits; e.worker != 0 || e.clock != 2 {
+	if e := within(t, c.waits, "the fast worker's held pull"); e.worker != 0 || e.clock != 2 {
 		t.Fatalf("held %+v, want worker 0 at clock 2", e)
 	}
 	if _, err := slow.Push(ctx, 1, []uint64{1}, []float32{1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
+	if err := within(t, done, "the fast worker's pull"); err != nil {
 		t.Fatal(err)
 	}
 	if want := initial(spec, 1)[0] - 0.5*3; !near(out, []float32{want}) {
@@ -261,7 +261,7 @@ func TestSSP(t *testing.T) {
 func TestHybridClocks(t *testing.T) {
 	spec := sgdTable(1)
 	c := newCluster(t, 1, 1, 0, []TableSpec{spec}, SyncSpec{Mode: Hybrid, Workers: 3, Quorum: 0.6, Deadline: time.Second})
-	ctx := context.Background()
+	ctx := testContext(t)
 	ws := []*Client{c.client(0, PartitionRange), c.client(1, PartitionRange), c.client(2, PartitionRange)}
 	for w, g := range []float32{2, 4} {
 		if stale, err := ws[w].Push(ctx, 1, []uint64{7}, []float32{g}); err != nil || stale != 0 {
@@ -286,9 +286,9 @@ func TestHybridClocks(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() { got <- a.Pull(ctx, 1, []uint64{7}, out) }()
-	<-d.waits
-	(<-d.timers)() // clock 0's deadline passes
-	if err := <-got; err != nil {
+	within(t, d.waits, "the held pull")
+	within(t, d.timers, "clock 0's deadline timer")() // clock 0's deadline passes
+	if err := within(t, got, "the pull held until the deadline"); err != nil {
 		t.Fatal(err)
 	}
 	if want := initial(spec, 7)[0] - 0.5*2; !near(out, []float32{want}) {
@@ -305,7 +305,7 @@ func TestReplicatedPushes(t *testing.T) {
 	spec := sgdTable(4)
 	spec.Optimizer = Adam
 	c := newCluster(t, 2, 2, 1, []TableSpec{spec}, SyncSpec{Mode: ASP, Workers: 1})
-	ctx := context.Background()
+	ctx := testContext(t)
 	w := c.client(0, PartitionHash)
 	for i := range 20 {
 		keys := []uint64{uint64(i), uint64(i * 7 % 13), 999}
@@ -351,7 +351,7 @@ func TestReplicatedPushes(t *testing.T) {
 func TestBadRequests(t *testing.T) {
 	dense := TableSpec{ID: 2, Name: "w", Dim: 1, Rows: 10, Optimizer: SGD, LR: 1}
 	c := newCluster(t, 1, 1, 0, []TableSpec{sgdTable(2), dense}, SyncSpec{Mode: ASP, Workers: 1})
-	ctx := context.Background()
+	ctx := testContext(t)
 	w := c.client(0, PartitionRange)
 	if _, err := w.Push(ctx, 2, []uint64{10}, []float32{1}); err == nil || !strings.Contains(err.Error(), "outside its 10 rows") {
 		t.Errorf("a key outside a dense table: %v", err)
@@ -395,7 +395,7 @@ func TestBadRequests(t *testing.T) {
 func TestClientCache(t *testing.T) {
 	spec := sgdTable(1)
 	c := newCluster(t, 1, 1, 0, []TableSpec{spec}, SyncSpec{Mode: ASP, Workers: 1})
-	ctx := context.Background()
+	ctx := testContext(t)
 	w, err := NewClient(ClientConfig{Worker: 0, Tables: []TableSpec{spec}, Partition: PartitionRange, Shards: 1,
 		Sync: SyncSpec{Mode: ASP, Workers: 1}, Directory: c.dir(), CacheRows: 2, CacheStaleness: 1})
 	if err != nil {
@@ -449,7 +449,7 @@ func TestShardActorRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	ctx := context.Background()
+	ctx := testContext(t)
 	if err := srv.Host(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -473,5 +473,26 @@ func TestShardActorRestart(t *testing.T) {
 	}
 	if want := initial(spec, 4)[0] - 3*0.5; !fired.Load() || !near(out, []float32{want}) {
 		t.Fatalf("after 3 pushes and a restart: %v, want %v (fired %v)", out, want, fired.Load())
+	}
+}
+
+// testContext ends with the test, and after two minutes at the latest, so
+// that a blocking call of a test fails rather than hanging the package.
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// within receives from ch, failing the test, naming what it waited for,
+// after 30 seconds.
+func within[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("waited 30s for %s", what)
+		panic("unreachable")
 	}
 }
