@@ -92,15 +92,17 @@ type job struct {
 
 func newJob(t *testing.T, world int, gen uint64, store Store, cfg Config) *job {
 	t.Helper()
-	ctx := context.Background()
+	ctx := testContext(t)
 	groups, err := collective.InprocGroups(ctx, world, "ckpt-test", gen, collective.Options{Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	j := &job{groups: groups, ev: &events{}}
 	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
 		for _, c := range j.ckpts {
-			c.Close(context.Background())
+			c.Close(cctx)
 		}
 		collective.CloseGroups(groups)
 	})
@@ -173,7 +175,7 @@ func (j *job) restore(ctx context.Context, required bool) ([]*Restored, error) {
 // checkpoint is restored bitwise into rings of 1, 3 and 5 ranks, with its
 // step and position, and every checksum verifies.
 func TestSaveAndResumeReshaped(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	for name, store := range stores(t) {
 		t.Run(name, func(t *testing.T) {
 			j := newJob(t, 4, 1, store, Config{EverySteps: 3})
@@ -256,7 +258,7 @@ func corruptByte(t *testing.T, dir, name string, at int64) {
 // checkpoint's shard makes the resume take the previous one and say why; a
 // checkpoint whose manifest is gone is not seen at all.
 func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	dir := t.TempDir()
 	store, err := NewLocalStore(dir)
 	if err != nil {
@@ -319,7 +321,7 @@ func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
 // TestResumeRefusesOtherModel: a checkpoint of other shapes or another
 // state hash is an error, never loaded.
 func TestResumeRefusesOtherModel(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	store, _ := NewLocalStore(t.TempDir())
 	j := newJob(t, 2, 1, store, Config{})
 	if err := j.train(ctx, 1, 1, 1, nil); err != nil {
@@ -370,7 +372,7 @@ func (g *gatedStore) Put(ctx context.Context, name string, data []byte) error {
 // uploaded; the checkpoint is reported failed, never complete, training goes
 // on, and once MinIO is back the next checkpoint completes.
 func TestStorageDownDuringUpload(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	srv := startMinio(t)
 	inner := minioStore(t, srv, "down")
 	gs := &gatedStore{Store: inner, started: make(chan string, 16), release: make(chan struct{})}
@@ -381,8 +383,13 @@ func TestStorageDownDuringUpload(t *testing.T) {
 		switch step {
 		case 2: // both ranks' uploads of step 2 have begun: kill the server under them
 			once.Do(func() {
-				<-gs.started
-				<-gs.started
+				for i := range 2 {
+					select {
+					case <-gs.started:
+					case <-time.After(time.Minute):
+						t.Errorf("waited a minute for upload %d of step 2 to begin", i+1)
+					}
+				}
 				srv.Stop()
 				close(gs.release)
 			})
@@ -419,7 +426,7 @@ func TestStorageDownDuringUpload(t *testing.T) {
 // TestStopRequest: a stop asked of one rank makes every rank checkpoint at
 // the next boundary and stop there.
 func TestStopRequest(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	store, _ := NewLocalStore(t.TempDir())
 	j := newJob(t, 3, 1, store, Config{EverySteps: 100})
 	stopped := make([]int64, 3)
@@ -444,7 +451,7 @@ func TestStopRequest(t *testing.T) {
 // TestRetention keeps the last two and every third by sequence, and cleans
 // up what failed uploads left.
 func TestRetention(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	store, _ := NewLocalStore(t.TempDir())
 	j := newJob(t, 2, 1, store, Config{EverySteps: 1, Retention: Retention{KeepLast: 2, KeepEvery: 3}})
 	if err := j.train(ctx, 1, 8, 8, nil); err != nil {
@@ -502,7 +509,7 @@ func TestManifestRejectsInconsistency(t *testing.T) {
 // TestResumeNothingVerifies: when every checkpoint is corrupt, the resume
 // fails naming the store rather than train afresh over a half-loaded state.
 func TestResumeNothingVerifies(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	dir := t.TempDir()
 	store, _ := NewLocalStore(dir)
 	j := newJob(t, 2, 1, store, Config{})
@@ -524,7 +531,7 @@ func TestResumeNothingVerifies(t *testing.T) {
 // TestCheckpointEveryDuration: with a period in time, rank 0's clock decides
 // and every rank checkpoints at the same step.
 func TestCheckpointEveryDuration(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	store, _ := NewLocalStore(t.TempDir())
 	var now atomic.Int64 // seconds, advanced by the test between steps
 	clock := func() time.Time { return time.Unix(now.Load(), 0) }
@@ -545,4 +552,12 @@ func TestCheckpointEveryDuration(t *testing.T) {
 	if !slices.Equal(steps, []int64{12, 10, 5}) {
 		t.Fatalf("checkpoints at %v, want [12 10 5]", steps)
 	}
+}
+
+// testContext ends with the test, and after three minutes at the latest, so
+// that a blocking call of a test fails rather than hanging the package.
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
