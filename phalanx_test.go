@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
@@ -120,7 +121,9 @@ func smallJob() phalanx.LaunchConfig {
 // ExampleLaunch trains a model of this program's own on two worker
 // processes of the program itself.
 func ExampleLaunch() {
-	res, err := phalanx.Launch(context.Background(), smallJob())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := phalanx.Launch(ctx, smallJob())
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -206,7 +209,7 @@ func TestLaunchRefusesBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			lc := smallJob()
 			tc.edit(&lc)
-			_, err := phalanx.Launch(context.Background(), lc)
+			_, err := phalanx.Launch(launchContext(t), lc)
 			var ce *phalanx.ConfigError
 			if !errors.As(err, &ce) || ce.Field != tc.field {
 				t.Fatalf("got %v, want a ConfigError naming %s", err, tc.field)
@@ -286,19 +289,24 @@ func TestStop(t *testing.T) {
 	lc.Steps, lc.Checkpoint.Location = 100000, dir
 	stopped := make(chan error, 1)
 	sink := &captured{onJob: func(ep, job string) {
-		go func() { stopped <- phalanx.Stop(context.Background(), strings.Split(ep, ","), job, "test") }()
+		go func() { stopped <- phalanx.Stop(launchContext(t), strings.Split(ep, ","), job, "test") }()
 	}}
 	lc.Events = sink
-	_, err := phalanx.Launch(context.Background(), lc)
+	_, err := phalanx.Launch(launchContext(t), lc)
 	var se *phalanx.StoppedError
 	if !errors.As(err, &se) || !se.Requested || se.Step < 1 || se.Step >= lc.Steps {
 		t.Fatalf("Launch: %v, want a requested stop before the last step", err)
 	}
-	if err := <-stopped; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Stop did not return within a minute of the launch's end")
 	}
 	lc.Steps, lc.Events = se.Step+5, nil
-	res, err := phalanx.Launch(context.Background(), lc)
+	res, err := phalanx.Launch(launchContext(t), lc)
 	if err != nil || res.Step != se.Step+5 {
 		t.Fatalf("resumed: %+v, %v; want step %d", res, err, se.Step+5)
 	}
@@ -345,7 +353,7 @@ func TestDataPlanes(t *testing.T) {
 			lc.Transport, lc.WireDType, lc.ErrorFeedback = tc.transport, tc.wire, tc.feedback
 			p := &planes{}
 			lc.Events = p
-			res, err := phalanx.Launch(context.Background(), lc)
+			res, err := phalanx.Launch(launchContext(t), lc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -360,4 +368,13 @@ func TestDataPlanes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// launchContext bounds an in-process launch: a job that hangs fails its test
+// after five minutes (cancelling a launch stops its job) rather than
+// running into go test's timeout.
+func launchContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
