@@ -253,7 +253,7 @@ func TestRankActorRestart(t *testing.T) {
 // TestRecoverUnrecoverable: a failure in the update without a commit at the
 // step's start is reported, not papered over.
 func TestRecoverUnrecoverable(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	groups, err := collective.InprocGroups(ctx, 1, "x", 1, collective.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"context"
 	"math"
 	"slices"
 	"testing"
@@ -75,7 +74,7 @@ func TestGradArenaLayout(t *testing.T) {
 // whole global batch), and training follows the float32 run closely; a wire
 // type the Fuser refuses is refused by NewTrainer.
 func TestTrainerWire(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	run := func(t *testing.T, cfg Config, steps int) ([]*Trainer, []StepStats) {
 		groups, err := collective.InprocGroups(ctx, 2, "wire", 1, collective.Options{Timeout: time.Minute})
 		if err != nil {
@@ -100,8 +99,8 @@ func TestTrainerWire(t *testing.T) {
 			for r, tr := range ranks {
 				go func() { last[r], errs[r] = tr.Step(ctx); done <- r }()
 			}
-			<-done
-			<-done
+			recvWithin(t, done, time.Minute, "a rank's step")
+			recvWithin(t, done, time.Minute, "the other rank's step")
 			for _, err := range errs {
 				if err != nil {
 					t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 // newHybridRanks builds world trainers over in-process groups.
 func newHybridRanks(t *testing.T, world int, cfg Config) []*Trainer {
 	t.Helper()
-	ctx := context.Background()
+	ctx := testContext(t)
 	groups, err := collective.InprocGroups(ctx, world, "hybrid", 1, collective.Options{Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func paramsOf(tr *Trainer) []float32 {
 // hybrid step equals a synchronous one (to rounding: another summation
 // order).
 func TestHybridSteps(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	for _, stale := range []Stale{StaleDrop, StaleDecay} {
 		cfg := Config{GlobalBatch: 60, Schedule: nn.Schedule{Base: 0.05}, Seed: 5, Stale: stale, StaleDecay: 0.5}
 		ranks := newHybridRanks(t, 3, cfg)
@@ -149,13 +149,14 @@ func TestHybridSteps(t *testing.T) {
 
 func mustSteps(t *testing.T, ranks []*Trainer, n int) {
 	t.Helper()
+	ctx := testContext(t)
 	for range n {
 		var wg sync.WaitGroup
 		for _, tr := range ranks {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := tr.Step(context.Background()); err != nil {
+				if _, err := tr.Step(ctx); err != nil {
 					t.Error(err)
 				}
 			}()
@@ -166,7 +167,7 @@ func mustSteps(t *testing.T, ranks []*Trainer, n int) {
 
 func hybridAll(t *testing.T, ranks []*Trainer, n int) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := testContext(t)
 	for s := range n {
 		var wg sync.WaitGroup
 		for _, tr := range ranks {

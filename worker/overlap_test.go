@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 // over in-process groups.
 func overlapRanks(t *testing.T) ([]*Trainer, []*linearModel) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := testContext(t)
 	groups, err := collective.InprocGroups(ctx, 2, "overlap", 1, collective.Options{Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +60,7 @@ func TestStepOverlapsBackward(t *testing.T) {
 		go func() { _, err := tr.Step(ctx); errs <- err }()
 	}
 	for range ranks {
-		if err := <-errs; err != nil {
+		if err := recvWithin(t, errs, time.Minute, "a rank's step"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -121,7 +122,7 @@ func TestRecoverAfterLaunch(t *testing.T) {
 		launched bool
 	}{{"before the first bucket", false}, {"after the first bucket", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
+			ctx := testContext(t)
 			groups, err := collective.InprocGroups(ctx, 1, "launch", 1, collective.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -187,7 +188,13 @@ func TestWithdraw(t *testing.T) {
 			}()
 			go func() { // rank 1: the step closed without it while it computed
 				err := ranks[1].ComputeOverlapped(ctx)
-				in := !<-withdrawn
+				var in bool
+				select {
+				case w := <-withdrawn:
+					in = !w
+				case <-ctx.Done():
+					err = fmt.Errorf("rank 1's withdrawal never came: %w", ctx.Err())
+				}
 				if err == nil {
 					err = ranks[1].ReduceStep(ctx, 1, in)
 				}
@@ -197,7 +204,7 @@ func TestWithdraw(t *testing.T) {
 				errs <- err
 			}()
 			for range ranks {
-				if err := <-errs; err != nil {
+				if err := recvWithin(t, errs, time.Minute, "a rank's hybrid step"); err != nil {
 					t.Fatal(err)
 				}
 			}

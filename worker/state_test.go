@@ -1,9 +1,9 @@
 package worker
 
 import (
-	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -12,7 +12,7 @@ import (
 // TestStateCommitRestoreSync: Restore returns to the commit; Sync makes every
 // rank root's, optimizer slots, step and position included.
 func TestStateCommitRestoreSync(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	groups, err := collective.InprocGroups(ctx, 3, "state", 1, collective.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestStateCommitRestoreSync(t *testing.T) {
 		go func() { errs <- states[r].Sync(ctx, groups[r], 2) }()
 	}
 	for range states {
-		if err := <-errs; err != nil {
+		if err := recvWithin(t, errs, time.Minute, "a rank's Sync"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -60,7 +60,7 @@ func TestStateCommitRestoreSync(t *testing.T) {
 // like any other: reported at once, restored (the live tensors are still
 // its), taken by flush before the tensors change, and by Sync.
 func TestStateCommitLater(t *testing.T) {
-	ctx := context.Background()
+	ctx := testContext(t)
 	for _, tc := range []struct {
 		name string
 		do   func(t *testing.T, s *State, p *nn.Param) // after commitLater at step 3 with w[0] = 1

@@ -207,7 +207,7 @@ func BenchmarkStep(b *testing.B) {
 			}
 			for _, mode := range stepModes {
 				b.Run(fmt.Sprintf("%s/N=%d/%s", transport, n, mode.name), func(b *testing.B) {
-					ctx := context.Background()
+					ctx := testContext(b)
 					var groups []*collective.Group
 					if transport == "tcp" {
 						groups = tcpGroups(ctx, b, n)
@@ -430,7 +430,7 @@ func hybridStep(ctx context.Context, t *Trainer, compute func(context.Context) e
 func BenchmarkHybridStep(b *testing.B) {
 	for _, n := range []int{2, 4} {
 		b.Run(fmt.Sprintf("tcp/N=%d", n), func(b *testing.B) {
-			ctx := context.Background()
+			ctx := testContext(b)
 			ranks := mlpRanks(ctx, b, tcpGroups(ctx, b, n))
 			modes := append(hybridModes[:2:2], stepModes[2])
 			var spent [3]time.Duration
@@ -468,7 +468,7 @@ func BenchmarkHybridStep(b *testing.B) {
 func BenchmarkStepOverlap(b *testing.B) {
 	for _, n := range []int{2, 4} {
 		b.Run(fmt.Sprintf("tcp/N=%d", n), func(b *testing.B) {
-			ctx := context.Background()
+			ctx := testContext(b)
 			ranks := mlpRanks(ctx, b, tcpGroups(ctx, b, n))
 			var spent [3]time.Duration
 			const turn = 4 // steps per mode per turn
@@ -590,10 +590,17 @@ func rankActorStepAllocs(t *testing.T, world, bucketBytes int) rankActorAllocs {
 			}
 		}
 	}
-	step := func() {
+	tell := func(goOn bool) {
 		for r := range world {
-			next[r] <- true
+			select {
+			case next[r] <- goOn:
+			case <-ctx.Done():
+				t.Fatalf("rank %d never waited for its next step", r)
+			}
 		}
+	}
+	step := func() {
+		tell(true)
 		awaitStep()
 	}
 	awaitStep()
@@ -601,9 +608,7 @@ func rankActorStepAllocs(t *testing.T, world, bucketBytes int) rankActorAllocs {
 		step()
 	}
 	allocs := testing.AllocsPerRun(50, step)
-	for r := range world {
-		next[r] <- false
-	}
+	tell(false)
 	for range world {
 		select {
 		case err := <-done:
