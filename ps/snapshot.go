@@ -91,6 +91,10 @@ func DecodeSnapshots(b []byte) ([]Snapshot, error) {
 		s := Snapshot{Table: le.Uint32(body[at:]), Dim: int(le.Uint32(body[at+4:])), Stride: int(le.Uint32(body[at+8:])),
 			Clock: int64(le.Uint64(body[at+16:]))}
 		n := le.Uint64(body[at+24:])
+		if r := le.Uint32(body[at+12:]); r != 0 {
+			// What EncodeSnapshots writes as zero: anything else is not ours.
+			return nil, fmt.Errorf("ps: snapshot table %d: reserved field %#x, want 0", s.Table, r)
+		}
 		at += 32
 		if s.Dim < 1 || s.Dim > MaxDim || s.Stride < s.Dim || s.Stride > 3*MaxDim+1 {
 			return nil, fmt.Errorf("ps: snapshot table %d: rows of %d values in %d floats", s.Table, s.Dim, s.Stride)
