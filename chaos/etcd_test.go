@@ -106,8 +106,9 @@ func TestEtcdScenarios(t *testing.T) {
 
 // checkDeposed: the coordinator paused is the one continued, which
 // stepped down behind the standby that took over; the standby is not the
-// one paused; and the new leader decided every generation after the heal
-// (the worker's kill among them), the paused one none.
+// one paused; and every generation decided after the pause (the worker's
+// kill makes one, before or after the heal) is the new leader's, none the
+// paused one's.
 func checkDeposed(t *testing.T, rep *Report, f *FaultRecord) {
 	t.Helper()
 	paused := regexp.MustCompile(`^SIGSTOP to coordinator (coordinator-\d) \(pid (\d+)\)`).FindStringSubmatch(f.What)
@@ -120,19 +121,19 @@ func checkDeposed(t *testing.T, rep *Report, f *FaultRecord) {
 		t.Errorf("paused %s (pid %s); continued %s (pid %s), stepped down %s behind %s, standby %s: want the paused one continued and stepped down behind another",
 			id, pid, healed[1], healed[2], healed[4], healed[5], standby)
 	}
-	healedAt := f.Healed.Sub(rep.Started).Seconds()
+	pausedAt := f.Injected.Sub(rep.Started).Seconds()
 	after := 0
 	for _, g := range rep.Generations {
-		if g.T < healedAt || g.DecidedBy == "" {
+		if g.T < pausedAt || g.DecidedBy == "" {
 			continue
 		}
 		after++
 		if g.DecidedBy != standby {
-			t.Errorf("generation %d (%s), %.2fs into the run after the heal at %.2fs, decided by %s, not by the new leader %s", g.Generation, g.Reason, g.T, healedAt, g.DecidedBy, standby)
+			t.Errorf("generation %d (%s), %.2fs into the run, after the pause at %.2fs, decided by %s, not by the new leader %s", g.Generation, g.Reason, g.T, pausedAt, g.DecidedBy, standby)
 		}
 	}
 	if after == 0 {
-		t.Errorf("no generation after the heal at %.2fs (the worker's kill should make one): %+v", healedAt, rep.Generations)
+		t.Errorf("no generation after the pause at %.2fs (the worker's kill should make one): %+v", pausedAt, rep.Generations)
 	}
 }
 
