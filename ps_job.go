@@ -330,7 +330,8 @@ func (p *psLaunch) pushAccounts(ctx context.Context, done *Report) {
 		}
 		var pushes []map[string]any
 		for share, c := range a.Info.Pushes {
-			pushes = append(pushes, map[string]any{"share": share, "last": c.Last, "applied": c.Applied, "duplicates": c.Duplicates, "base": c.Base})
+			pushes = append(pushes, map[string]any{"share": share, "last": c.Last, "applied": c.Applied, "duplicates": c.Duplicates, "base": c.Base,
+				"again": c.Again, "skipped": c.Skipped})
 		}
 		fields := []events.Field{events.F("table", a.Table), events.F("shard", a.Shard), events.F("clock", a.Info.Clock), events.F("pushes", pushes)}
 		if mode != ps.ASP {

@@ -420,13 +420,14 @@ type psShardAccount struct {
 // exactlyOnce reports whether a shard's account shows every step of every
 // share from its base to steps applied once: true only where every step
 // pushes every shard (not asp, where a step pushes only the shards its keys
-// fall on).
+// fall on). The count alone is not enough: a step lost beside one applied
+// twice leaves it even.
 func (a psShardAccount) exactlyOnce(mode ps.Mode, steps int64) bool {
 	if mode == ps.ASP {
 		return false
 	}
 	for _, p := range a.Info.Pushes {
-		if int64(p.Last) != steps || int64(p.Applied) != steps-p.Base {
+		if int64(p.Last) != steps || int64(p.Applied) != steps-p.Base || p.Again != 0 || p.Skipped != 0 {
 			return false
 		}
 	}

@@ -598,13 +598,14 @@ func (c *Client) Info(ctx context.Context, table uint32, shard int) (ShardInfo, 
 			return &RemoteError{Status: StatusBadRequest, Message: "an info answer without the row count"}
 		}
 		w := c.cfg.Sync.Workers
-		if len(f.Keys) != 2+3*w {
+		if len(f.Keys) != 2+5*w {
 			return &RemoteError{Status: StatusBadRequest, Message: fmt.Sprintf("an info answer of %d numbers for %d workers", len(f.Keys), w)}
 		}
 		k := f.Keys[1:]
 		info = ShardInfo{Clock: f.Clock, Rows: f.Keys[0], LastIDs: append([]uint64(nil), k[:w]...), Pushes: make([]PushCounts, w)}
 		for i := range w {
-			info.Pushes[i] = PushCounts{Last: k[i], Applied: k[w+i], Duplicates: k[2*w+i], Base: int64(k[3*w])}
+			info.Pushes[i] = PushCounts{Last: k[i], Applied: k[w+i], Duplicates: k[2*w+i], Base: int64(k[3*w]),
+				Again: k[3*w+1+i], Skipped: k[4*w+1+i]}
 		}
 		return nil
 	})

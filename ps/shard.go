@@ -288,8 +288,8 @@ func (s *shard) answerPull(t *tableState, r *request) {
 	r.done()
 }
 
-// take applies a push's decision to a table; it is the same on a primary and
-// its backups.
+// take applies a push's decision to a table and counts what it applied;
+// it is the same on a primary and its backups.
 func (s *shard) take(t *tableState, r *request) (PushAction, error) {
 	act, err := t.clocks.Push(int(r.Worker), r.ID, r.Clock)
 	if err != nil {
@@ -303,8 +303,11 @@ func (s *shard) take(t *tableState, r *request) (PushAction, error) {
 	case StaleDecay:
 		t.agg.add(r.Keys, r.Values, s.cfg.Sync.Decay)
 	}
-	if s.cfg.Applied != nil && act != Duplicate {
-		s.cfg.Applied(r.Table, r.Worker, r.ID, r.Clock, act)
+	if act != Duplicate {
+		t.clocks.Took(int(r.Worker), r.ID)
+		if s.cfg.Applied != nil {
+			s.cfg.Applied(r.Table, r.Worker, r.ID, r.Clock, act)
+		}
 	}
 	return act, nil
 }
@@ -577,7 +580,8 @@ func containsAddr(rs []Replica, addr string) bool {
 
 // info answers OpInfo: Clock, and as keys the table's row count, each
 // worker's last push id, each worker's pushes taken, each worker's
-// duplicates refused, and the clocks' base.
+// duplicates refused, the clocks' base, then each worker's first push id
+// taken twice and first one skipped (PushCounts).
 func (s *shard) info(r *request) {
 	t := s.tables[r.Table]
 	if t == nil {
@@ -589,6 +593,8 @@ func (s *shard) info(r *request) {
 	keys = append(keys, c.applied...)
 	keys = append(keys, c.dups...)
 	keys = append(keys, uint64(max(c.base, 0)))
+	keys = append(keys, c.again...)
+	keys = append(keys, c.skipped...)
 	h := r.Header
 	h.Flags, h.Clock, h.Dim = FlagResponse, t.clocks.Clock(), 0
 	if err := r.from.answer(h, keys, nil); err != nil {

@@ -134,9 +134,15 @@ type Clocks struct {
 	lastID []uint64
 	// applied and dups count each worker's pushes taken and refused as
 	// duplicates since base (the clock the shard started or was restored
-	// at): the evidence that no push is lost or applied twice.
+	// at): the evidence that no push is lost or applied twice. applied is
+	// counted where a push is applied (Took), not where Push decided.
 	applied, dups []uint64
 	base          int64
+	// top is each worker's highest push id taken; again and skipped are
+	// the first id taken out of sequence (Took): counts alone cannot say
+	// which step, and a step lost beside one applied twice leaves them
+	// even.
+	top, again, skipped []uint64
 }
 
 // NewClocks is a shard's consistency state at clock 0.
@@ -146,7 +152,7 @@ func NewClocks(spec SyncSpec) (*Clocks, error) {
 	}
 	n := spec.Workers
 	return &Clocks{spec: spec, pushed: make([]bool, n), next: make([]int64, n), lastID: make([]uint64, n),
-		applied: make([]uint64, n), dups: make([]uint64, n)}, nil
+		applied: make([]uint64, n), dups: make([]uint64, n), top: make([]uint64, n), again: make([]uint64, n), skipped: make([]uint64, n)}, nil
 }
 
 // Spec is the configuration.
@@ -154,7 +160,9 @@ func (c *Clocks) Spec() SyncSpec { return c.spec }
 
 // Push decides what to do with worker's push id for clock. A push that
 // breaks the protocol (a bad worker, a clock ahead of the open one, a
-// second push of the same clock) is an error and changes nothing.
+// second push of the same clock) is an error and changes nothing. The
+// caller applies the push as decided and counts it with Took (a
+// duplicate is counted here).
 func (c *Clocks) Push(worker int, id uint64, clock int64) (PushAction, error) {
 	if worker < 0 || worker >= c.spec.Workers {
 		return 0, fmt.Errorf("ps: push from worker %d of %d", worker, c.spec.Workers)
@@ -196,8 +204,30 @@ func (c *Clocks) Push(worker int, id uint64, clock int64) (PushAction, error) {
 	if id != 0 {
 		c.lastID[worker] = id
 	}
-	c.applied[worker]++
 	return act, nil
+}
+
+// Took counts worker's push id as taken (applied, aggregated or stale)
+// where the shard applied it, so that a push applied against Push's
+// decision is counted all the same. It keeps the first id taken out of
+// sequence: again, an id not above one taken before (a step applied
+// twice); skipped, the first id missing below one taken (a step lost;
+// not under asp, where a step pushes only the shards its keys fall on).
+func (c *Clocks) Took(worker int, id uint64) {
+	if worker < 0 || worker >= len(c.applied) {
+		return
+	}
+	c.applied[worker]++
+	if id == 0 {
+		return
+	}
+	switch top := c.top[worker]; {
+	case id <= top && c.again[worker] == 0:
+		c.again[worker] = id
+	case id > top+1 && c.spec.Mode != ASP && c.skipped[worker] == 0:
+		c.skipped[worker] = top + 1
+	}
+	c.top[worker] = max(c.top[worker], id)
 }
 
 // ShouldClose reports whether the open clock closes now (bsp, hybrid):
@@ -276,6 +306,10 @@ type PushCounts struct {
 	Applied, Duplicates uint64
 	// Base is the clock the shard started at (a restored checkpoint's).
 	Base int64
+	// Again is the first push id (step) taken a second time, Skipped the
+	// first one never taken below a later one taken (not under asp); 0:
+	// none. They name the step that Applied only counts.
+	Again, Skipped uint64
 }
 
 // Counts is worker's account.
@@ -283,7 +317,8 @@ func (c *Clocks) Counts(worker int) PushCounts {
 	if worker < 0 || worker >= len(c.lastID) {
 		return PushCounts{}
 	}
-	return PushCounts{Last: c.lastID[worker], Applied: c.applied[worker], Duplicates: c.dups[worker], Base: c.base}
+	return PushCounts{Last: c.lastID[worker], Applied: c.applied[worker], Duplicates: c.dups[worker], Base: c.base,
+		Again: c.again[worker], Skipped: c.skipped[worker]}
 }
 
 // restore starts the clocks at clock (at least), as a checkpoint left
@@ -295,7 +330,8 @@ func (c *Clocks) restore(clock int64) {
 	for w := range c.next {
 		c.next[w] = max(c.next[w], clock)
 		c.lastID[w] = uint64(max(clock, 0))
-		c.applied[w], c.dups[w] = 0, 0
+		c.top[w] = c.lastID[w]
+		c.applied[w], c.dups[w], c.again[w], c.skipped[w] = 0, 0, 0, 0
 	}
 	clear(c.pushed)
 	c.npushed = 0

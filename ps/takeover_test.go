@@ -157,6 +157,9 @@ func TestClocksCounts(t *testing.T) {
 			if (tc.want == Duplicate) != (act == Duplicate) {
 				t.Fatalf("%v: push %d: %v, want duplicate %v", mode, tc.id, act, tc.want == Duplicate)
 			}
+			if act != Duplicate {
+				c.Took(0, tc.id) // as the shard does once it applied the push
+			}
 			if mode.aggregates() && act != Duplicate {
 				c.Close()
 			}
