@@ -14,6 +14,8 @@ import (
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/ps"
+	pscluster "github.com/phalanx-rt/phalanx/ps/cluster"
 )
 
 // A parameter-server job (job.kind ps) is the sparse-lr example (or
@@ -89,9 +91,16 @@ func psConfigure(sc *Scenario, lc *phalanx.LaunchConfig) {
 		lc.Sync.Mode = c
 	}
 	if j.LeaseTTL == 0 {
-		lc.LeaseTTL = 2 * time.Second // a dead primary's or worker's lease goes soon
+		lc.LeaseTTL = psLeaseTTL
 	}
 }
+
+// psLeaseTTL is a ps job's lease when job.lease_ttl is unset: how long a
+// dead primary's or worker's lease lasts, most of a failover's or an
+// adoption's recovery. 2s lapsed live servers' and workers' leases on a
+// loaded 2-core machine (a keepalive every TTL/3 must get through); 5s is
+// the library's default.
+const psLeaseTTL = 5 * time.Second
 
 // psModelSteps is the step count of a scenario's sparse-lr job (what its
 // job.steps must be), or 0 for another model.
@@ -136,8 +145,28 @@ func psGeometryOf(r *Runner, lc *phalanx.LaunchConfig) (psGeometry, bool) {
 	return g, g.perEpoch > 0
 }
 
-// psPush is a shard's account of one share's pushes (ps_pushes).
-type psPush struct{ share, last, applied, dups, base int64 }
+// psPush is a shard's account of one share's pushes (ps_pushes): again
+// and skipped are the first step applied twice and the first never
+// applied below a later one (0: none).
+type psPush struct{ share, last, applied, dups, base, again, skipped int64 }
+
+// irregular names the steps of the share the shard applied out of
+// sequence, or is "".
+func (p psPush) irregular() string {
+	var out []string
+	if p.again > 0 {
+		out = append(out, fmt.Sprintf("share %d's step %d applied twice", p.share, p.again))
+	}
+	if p.skipped > 0 {
+		out = append(out, fmt.Sprintf("share %d's step %d never applied", p.share, p.skipped))
+	}
+	return strings.Join(out, " and ")
+}
+
+// taken is the account's count in words.
+func (p psPush) taken() string {
+	return fmt.Sprintf("%d pushes taken for steps %d..%d", p.applied, p.base+1, p.last)
+}
 
 // psAccount is one ps_pushes event.
 type psAccount struct {
@@ -179,7 +208,7 @@ func psFactsOf(evs []Event) psFacts {
 				m, _ := p.(map[string]any)
 				x := Event{Fields: m}
 				a.pushes = append(a.pushes, psPush{share: x.num("share"), last: x.num("last"), applied: x.num("applied"),
-					dups: x.num("duplicates"), base: x.num("base")})
+					dups: x.num("duplicates"), base: x.num("base"), again: x.num("again"), skipped: x.num("skipped")})
 			}
 			slices.SortFunc(a.pushes, func(x, y psPush) int { return int(x.share - y.share) })
 			f.accounts = append(f.accounts, a)
@@ -253,6 +282,9 @@ func psCheckExamples(f psFacts, g psGeometry, geo bool) Verdict {
 			var last int64
 			for _, a := range f.accounts {
 				for _, p := range a.pushes {
+					if w := p.irregular(); w != "" {
+						return verdict(2, false, "%s; but shard %d: %s (%s)", claims, a.shard, w, p.taken())
+					}
 					if p.share == share {
 						last = max(last, p.last)
 					}
@@ -273,9 +305,12 @@ func psCheckExamples(f psFacts, g psGeometry, geo bool) Verdict {
 		}
 		var from int64 = -1
 		for _, p := range a.pushes {
-			if p.applied != p.last-p.base {
-				return verdict(2, false, "shard %d's account of share %d: %d steps applied after step %d, up to step %d: a step skipped or applied twice",
-					a.shard, p.share, p.applied, p.base, p.last)
+			if w := p.irregular(); w != "" || p.applied != p.last-p.base {
+				if w == "" {
+					w = "a step skipped or applied twice"
+				}
+				return verdict(2, false, "shard %d's account of share %d: %d steps applied after step %d, up to step %d: %s",
+					a.shard, p.share, p.applied, p.base, p.last, w)
 			}
 			if from < 0 || p.base < from {
 				from = p.base
@@ -333,8 +368,8 @@ func psCheckReplicas(f, rf psFacts) Verdict {
 		case !ok2:
 			return verdict(3, false, "the undisturbed run has no account of shard %d", shard)
 		case a.clock != b.clock || !sameApplied(a.pushes, b.pushes):
-			return verdict(3, false, "shard %d's promoted backup %v ended at clock %d with pushes %v; the undisturbed primary at clock %d with %v",
-				shard, fo.Fields["new"], a.clock, a.pushes, b.clock, b.pushes)
+			return verdict(3, false, "shard %d's promoted backup %v ended at clock %d with %s; the undisturbed primary at clock %d with %s",
+				shard, fo.Fields["new"], a.clock, firstApart(a.pushes, b.pushes), b.clock, firstApart(b.pushes, a.pushes))
 		}
 		got = append(got, fmt.Sprintf("shard %d's backup %v, promoted from %v, ended at clock %d with every share's %d pushes, as the undisturbed primary",
 			shard, fo.Fields["new"], fo.Fields["old"], a.clock, a.pushes[0].applied))
@@ -358,11 +393,30 @@ func sameApplied(a, b []psPush) bool {
 		return false
 	}
 	for i := range a {
-		if a[i].share != b[i].share || a[i].last != b[i].last || a[i].applied != b[i].applied || a[i].base != b[i].base {
+		if !samePush(a[i], b[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+func samePush(a, b psPush) bool {
+	return a.share == b.share && a.last == b.last && a.applied == b.applied && a.base == b.base && a.again == b.again && a.skipped == b.skipped
+}
+
+// firstApart is a's account of the first share where a and b differ, in
+// words.
+func firstApart(a, b []psPush) string {
+	for i, p := range a {
+		if i < len(b) && samePush(p, b[i]) {
+			continue
+		}
+		if w := p.irregular(); w != "" {
+			return fmt.Sprintf("%s (share %d: %s)", w, p.share, p.taken())
+		}
+		return fmt.Sprintf("share %d: %s", p.share, p.taken())
+	}
+	return fmt.Sprintf("%d shares' pushes", len(a))
 }
 
 // psCheckModel is invariant 4: the held-out AUC within the tolerance of
@@ -407,7 +461,9 @@ func psCheckPushes(f, rf psFacts) Verdict {
 		}
 		for _, p := range a.pushes {
 			refused += p.dups
-			switch {
+			switch w := p.irregular(); {
+			case w != "":
+				return verdict(6, false, "shard %d: %s (%s; %d refused as duplicates)", a.shard, w, p.taken(), p.dups)
 			case f.consistency == "asp" && p.applied > p.last-p.base:
 				return verdict(6, false, "shard %d took %d pushes of share %d for steps %d..%d: one applied twice", a.shard, p.applied, p.share, p.base+1, p.last)
 			case f.consistency != "asp" && (p.last != f.steps || p.applied != p.last-p.base):
@@ -452,14 +508,19 @@ func psCheckRecovery(faults []*FaultRecord, f psFacts, bound time.Duration) Verd
 		}
 		var took time.Time
 		var what string
-		switch x := fr.fault.(type) {
-		case *psPrimaryKill:
+		killed := func(x *psPrimaryKill) {
 			for _, fo := range f.failovers {
 				if fo.num("shard") == x.shard && fo.Fields["old"] == x.server && fo.At.After(fr.Injected) {
 					took, what = fo.At, fmt.Sprintf("shard %d failed over to %v after %.2fs", x.shard, fo.Fields["new"], fo.At.Sub(fr.Injected).Seconds())
 					break
 				}
 			}
+		}
+		switch x := fr.fault.(type) {
+		case *psPrimaryKill:
+			killed(x)
+		case *psAckLost:
+			killed(&x.psPrimaryKill)
 		case *psWorkerKill:
 			left := map[int64]bool{}
 			for _, s := range x.shares {
@@ -535,6 +596,11 @@ func psKinds() []Kind {
 		{Name: "ps-primary-kill", Doc: "SIGKILL the parameter server that is primary of a shard (the fault's pick chooses the shard; job.kind ps with a backup per shard): its backup takes over once the lease expires, the workers resend what was not acknowledged",
 			Changes: "ring", Needs: "ps",
 			New: func(p Planned) Fault { return &psPrimaryKill{pick: p.Pick} }},
+		{Name: "ps-ack-lost", Doc: "SIGSTOP the backup of a shard (the fault's pick chooses the shard; job.kind ps, the backup no shard's primary: one shard on two servers) for the fault's duration, in which every worker's next push reaches the primary, is forwarded to the frozen backup and waits for its acknowledgement; then SIGKILL the primary and SIGCONT the backup: it takes over holding every push in flight, which the workers resend, each to be refused as a duplicate",
+			Changes: "ring", Needs: "ps",
+			New: func(p Planned) Fault {
+				return &psAckLost{psPrimaryKill: psPrimaryKill{pick: p.Pick}, hold: time.Duration(p.Duration)}
+			}},
 		{Name: "ps-worker-kill", Doc: "SIGKILL the parameter-server worker process training a share (the fault's pick chooses the share among those in training; job.kind ps): another worker adopts its shares and resumes them where the shards say they stopped",
 			Changes: "ring", Needs: "ps",
 			New: func(p Planned) Fault { return &psWorkerKill{pick: p.Pick} }},
@@ -612,6 +678,132 @@ func (f *psPrimaryKill) Inject(ctx context.Context, env *Env) (string, error) {
 
 func (f *psPrimaryKill) Heal(context.Context, *Env) (string, error) { return "", nil }
 
+// psAckLost loses the acknowledgements of pushes a backup applied: it
+// freezes a shard's backup (Inject) and, the fault's duration later, once
+// every worker waits for the acknowledgement of a push the primary
+// forwarded, SIGKILLs the primary and thaws the backup (Heal). The backup
+// applies what it was sent and takes over; every worker resends its push
+// in flight with the same id: a replay, which the backup must refuse as a
+// duplicate. The built-in PS scenarios replay only by chance (a kill
+// between a backup's apply and the acknowledgement, a worker killed
+// between its shards): this one replays one push per share every time.
+type psAckLost struct {
+	psPrimaryKill
+	hold      time.Duration
+	backup    string
+	backupPid int
+	froze     time.Time
+}
+
+func (f *psAckLost) Inject(ctx context.Context, env *Env) (string, error) {
+	if f.hold <= 0 {
+		return "", fmt.Errorf("ps-ack-lost needs a duration: how long the backup is frozen before the primary is killed")
+	}
+	keys, err := psEtcd(env)
+	if err != nil {
+		return "", err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := psShardMap(cctx, env, keys)
+	if err != nil {
+		return "", err
+	}
+	if m == nil || len(m.Shards) == 0 {
+		return "", fmt.Errorf("the job has no shard map yet")
+	}
+	s := m.Shards[f.pick%uint64(len(m.Shards))]
+	if len(s.Backups) == 0 {
+		return "", fmt.Errorf("shard %d has no backup (job.options %s)", s.Shard, psOptReplicas)
+	}
+	f.shard, f.server, f.backup = int64(s.Shard), s.Primary, s.Backups[0]
+	for _, o := range m.Shards {
+		if o.Primary == f.backup {
+			// Frozen, it would hold every worker on that shard too, some on
+			// a pull with no push in flight to the primary killed.
+			return "", fmt.Errorf("shard %d's backup %s is also shard %d's primary: give the job one shard (job.options %s 1)", s.Shard, f.backup, o.Shard, psOptShards)
+		}
+	}
+	for _, srv := range m.Servers {
+		switch srv.Id {
+		case f.server:
+			f.pid = int(srv.Pid)
+		case f.backup:
+			f.backupPid = int(srv.Pid)
+		}
+	}
+	if f.pid <= 0 || f.backupPid <= 0 {
+		return "", fmt.Errorf("shard %d's primary %s (pid %d) or backup %s (pid %d) has no pid in shard map %d", s.Shard, f.server, f.pid, f.backup, f.backupPid, m.Generation)
+	}
+	if err := syscall.Kill(f.backupPid, syscall.SIGSTOP); err != nil {
+		return "", fmt.Errorf("SIGSTOP to parameter server %s (pid %d): %w", f.backup, f.backupPid, err)
+	}
+	f.froze = env.run.r.now()
+	return fmt.Sprintf("SIGSTOP to parameter server %s (pid %d), backup of shard %d of %d in shard map %d (primary %s, pid %d), for %v",
+		f.backup, f.backupPid, s.Shard, len(m.Shards), m.Generation, f.server, f.pid, f.hold), nil
+}
+
+// Heal kills the primary, the workers' pushes in flight, and thaws the
+// backup; the primary's account of each share's last step is the evidence
+// of what was in flight.
+func (f *psAckLost) Heal(ctx context.Context, env *Env) (string, error) {
+	var what []string
+	if last, err := psLastSteps(ctx, env, f.shard); err != nil {
+		what = append(what, fmt.Sprintf("the primary's account not read (%v)", err))
+	} else {
+		var shares []string
+		for share, step := range last {
+			shares = append(shares, fmt.Sprintf("share %d's step %d", share, step))
+		}
+		what = append(what, fmt.Sprintf("the last pushes the primary %s took, forwarded to the frozen backup: %s", f.server, strings.Join(shares, ", ")))
+	}
+	kerr := syscall.Kill(f.pid, syscall.SIGKILL)
+	if kerr == nil {
+		what = append(what, fmt.Sprintf("SIGKILL to parameter server %s (pid %d), primary of shard %d", f.server, f.pid, f.shard))
+	}
+	if err := syscall.Kill(f.backupPid, syscall.SIGCONT); err != nil {
+		return strings.Join(what, "; "), fmt.Errorf("SIGCONT to parameter server %s (pid %d): %w", f.backup, f.backupPid, err)
+	}
+	what = append(what, fmt.Sprintf("SIGCONT to its backup %s (pid %d), frozen %.2fs", f.backup, f.backupPid, env.run.r.now().Sub(f.froze).Seconds()))
+	if kerr != nil {
+		return strings.Join(what, "; "), fmt.Errorf("SIGKILL to parameter server %s (pid %d): %w", f.server, f.pid, kerr)
+	}
+	return strings.Join(what, "; "), nil
+}
+
+// psLastSteps is each share's last step a shard's primary took (its
+// account, OpInfo), read the way a worker reads it.
+func psLastSteps(ctx context.Context, env *Env, shard int64) ([]uint64, error) {
+	keys, err := psEtcd(env)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel() // ends the directory's watch
+	job, err := pscluster.ReadJob(cctx, env.run.cli, keys)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := pscluster.SpecOf(job)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := pscluster.NewDirectory(cctx, env.run.cli, keys)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := ps.NewClient(ps.ClientConfig{Worker: 0, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards, Sync: spec.Sync, Directory: dir})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	info, err := cl.Info(cctx, spec.Tables[0].ID, int(shard))
+	if err != nil {
+		return nil, err
+	}
+	return info.LastIDs, nil
+}
+
 // psWorkerKill SIGKILLs the worker process training a share (the pick
 // chooses among the shares in training, by number).
 type psWorkerKill struct {
@@ -674,13 +866,27 @@ func psJob() JobSpec {
 		Workers: 3, Steps: 2500, Batch: 192, Seed: 11}
 }
 
-// psScenarios are the built-in scenarios of parameter-server jobs.
+// psAckLostJob is psJob on one shard: its backup is no shard's primary,
+// so that ps-ack-lost can freeze it and hold only the pushes' acknowledgements.
+func psAckLostJob() JobSpec {
+	j := psJob()
+	j.Options[psOptShards] = "1"
+	return j
+}
+
+// psScenarios are the built-in scenarios of parameter-server jobs. The
+// primary is killed at step 1000 of 2500 rather than a time after the
+// first step: mid-job on any machine, however loaded.
 func psScenarios() []Scenario {
 	return []Scenario{
 		{Name: "ps-primary-kill", CI: true,
 			Description: "SIGKILL of the parameter server that is primary of a shard mid-training: its backup takes over, every push applied once, the AUC the undisturbed run's",
 			Job:         psJob(),
-			Faults:      []FaultSpec{{Kind: "ps-primary-kill", Trigger: Trigger{After: Duration(2 * time.Second)}}}},
+			Faults:      []FaultSpec{{Kind: "ps-primary-kill", Trigger: Trigger{Step: 1000}}}},
+		{Name: "ps-ack-lost", CI: true,
+			Description: "a shard's backup frozen while every worker's push reaches the primary, then the primary SIGKILLed and the backup thawed: the backup takes over holding pushes it never acknowledged; the workers resend them, one per share, each refused as a duplicate: every push applied once",
+			Job:         psAckLostJob(),
+			Faults:      []FaultSpec{{Kind: "ps-ack-lost", Trigger: Trigger{Step: 1000}, Duration: Duration(time.Second)}}},
 		{Name: "ps-worker-kill", CI: true,
 			Description: "SIGKILL of a parameter-server worker mid-training: another adopts its share where the shards say it stopped; every example of every epoch trained once",
 			Job:         psJob(),
