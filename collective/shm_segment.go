@@ -116,7 +116,7 @@ func decodeSegHeader(b []byte, magic uint32) (segHeader, error) {
 	if want, got := crc32.Checksum(b[:60], castagnoli), binary.LittleEndian.Uint32(b[60:]); want != got {
 		return h, fmt.Errorf("shared-memory header checksum %#08x, computed %#08x", got, want)
 	}
-	if z := binary.LittleEndian.Uint16(b[6:]) | uint16(binary.LittleEndian.Uint32(b[56:])); z != 0 {
+	if binary.LittleEndian.Uint16(b[6:]) != 0 || binary.LittleEndian.Uint32(b[56:]) != 0 {
 		return h, fmt.Errorf("reserved shared-memory header fields are not zero")
 	}
 	h = segHeader{
