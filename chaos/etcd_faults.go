@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -323,6 +324,11 @@ func (f *memberFault) Inject(ctx context.Context, env *Env) (string, error) {
 	}
 	m.stopped, m.killed = f.stop, !f.stop
 	c.mu.Unlock()
+	if f.stop {
+		if err := awaitStopped(f.pid, 5*time.Second); err != nil {
+			return "", fmt.Errorf("SIGSTOP to etcd member %s: %w", m.name, err)
+		}
+	}
 	f.fig = etcdFigures{at: time.Now()}
 	// The measurement's writes, and the runner's reads, go to the others.
 	cli, err := coordinator.Connect(c.endpointsWithout(idx), c.log)
@@ -579,6 +585,9 @@ func (f *coordinatorPause) Inject(ctx context.Context, env *Env) (string, error)
 	err = syscall.Kill(pid, syscall.SIGSTOP)
 	p.stopped = err == nil
 	c.mu.Unlock()
+	if err == nil {
+		err = awaitStopped(pid, 5*time.Second)
+	}
 	if err != nil {
 		return "", fmt.Errorf("SIGSTOP to coordinator %s (pid %d): %w", id, pid, err)
 	}
@@ -747,4 +756,49 @@ func (f *coordinatorPause) writtenSince(ctx context.Context, rev int64) ([]*phal
 		out = append(out, g)
 		opts = []clientv3.OpOption{clientv3.WithRev(resp.Kvs[0].ModRevision - 1)}
 	}
+}
+
+// awaitStopped waits, up to bound, until every thread of pid is stopped
+// (state T in /proc/<pid>/task/*/stat): kill(2) returns before a SIGSTOP
+// has taken hold, and on a loaded machine an etcd member went on for
+// 0.7s after it (a frozen leader committing requests meanwhile).
+func awaitStopped(pid int, bound time.Duration) error {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(bound)
+	for {
+		running, err := runningThreads(pid)
+		if err == nil && running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d not stopped %v after SIGSTOP (%d threads running, %v)", pid, bound, running, err)
+		}
+		<-tick.C
+	}
+}
+
+// runningThreads counts the threads of pid that are not stopped.
+func runningThreads(pid int) (int, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	running := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
+		if err != nil {
+			continue // the thread ended
+		}
+		// The state follows the command name, in parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return 0, fmt.Errorf("%s/%s/stat: %q", dir, task.Name(), b)
+		}
+		if b[i+2] != 'T' && b[i+2] != 't' {
+			running++
+		}
+	}
+	return running, nil
 }

@@ -365,6 +365,12 @@ func throughFrozenLeader(t *testing.T, ctx context.Context, c *etcdCluster, keys
 		}
 	}
 	defer thaw()
+	// kill(2) returns before the stop has taken hold of every thread; a
+	// leader still running a moment later commits the request (seen: "the
+	// request succeeded at once ... while m0, frozen, still leads").
+	if err := awaitStopped(m.pid, 5*time.Second); err != nil {
+		t.Fatalf("etcd member %s: %v", m.name, err)
+	}
 	// The others still name it, at the same term: it led when it froze.
 	switch idx, t2, ok := c.agreedLeader(ctx, frozen); {
 	case !ok || t2 != term:
