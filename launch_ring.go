@@ -201,7 +201,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 	fmt.Fprintf(r.out, "done: %d steps in %s; held-out loss %.4f, accuracy %.2f%%\n",
 		d.Step, time.Since(r.start).Round(time.Millisecond), d.Loss, 100*d.Accuracy)
 	return &Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
-		ParametersIdentical: d.Identical != nil && *d.Identical, ParametersCRC: d.ParamsCRC}, nil
+		ParametersIdentical: d.Identical != nil && *d.Identical, ParametersCRC: d.ParamsCRC, RankCRCs: d.RankCRCs}, nil
 }
 
 // exitStopped is a worker's exit status when the job stopped (below its
@@ -217,7 +217,7 @@ func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
 	switch e.Kind {
 	case "saved":
 		r.ev.Emit("checkpoint_saved", events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
-			events.F("url", e.URL), events.F("world", e.WorldAfter))
+			events.F("url", e.URL), events.F("world", e.WorldAfter), events.F("checkpoint", e.ID), events.F("manifest_crc32c", e.ManifestCRC))
 		fmt.Fprintf(r.out, "checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, bytesize.Format(e.Bytes), e.Seconds)
 	case "failed":
 		r.ev.Emit("checkpoint_failed", events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err))
@@ -347,7 +347,7 @@ func (r *ringJob) handle(l launch.Line) error {
 			r.done = &rep
 			r.ev.Emit("done", events.F("step", rep.Step), events.F("accuracy", rep.Accuracy), events.F("loss", rep.Loss),
 				events.F("generation", rep.Generation), events.F("world", rep.World), events.F("parameters_identical", rep.Identical != nil && *rep.Identical),
-				events.F("parameters_crc32c", rep.ParamsCRC))
+				events.F("parameters_crc32c", rep.ParamsCRC), events.F("parameters_crc32c_by_rank", rep.RankCRCs))
 		}
 	}
 	return nil

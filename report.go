@@ -46,6 +46,7 @@ type Report struct {
 	Replayed     bool              `json:"replayed,omitempty"`      // a step report repeated after a ring change
 	Identical    *bool             `json:"identical,omitempty"`     // done: every rank ends with bitwise the same parameters
 	ParamsCRC    uint32            `json:"params_crc32c,omitempty"` // done: rank 0's parameters' CRC32C
+	RankCRCs     []uint32          `json:"rank_crc32c,omitempty"`   // done: every rank's, by rank
 	Participants int               `json:"participants,omitempty"`  // ranks whose gradients entered the step's update
 	Stale        int               `json:"stale,omitempty"`         // ranks (or pushes) that missed the step
 	Checkpoint   *checkpoint.Event `json:"checkpoint,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
+	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -45,6 +46,12 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 		}
 		if err := t.Rebind(g); err != nil {
 			return err
+		}
+		if plant.On(plant.SlowRecovery) {
+			select { // planted: a survivor dawdles before it trains in the new ring
+			case <-time.After(3 * time.Second):
+			case <-ctx.Done():
+			}
 		}
 	}
 	ck := w.checkpointer()
@@ -105,7 +112,7 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	if r.Rank == 0 {
 		same := res2.ParametersIdentical
 		w.rep.send(Report{Kind: "done", Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
-			Identical: &same, ParamsCRC: res2.ParametersCRC})
+			Identical: &same, ParamsCRC: res2.ParametersCRC, RankCRCs: res2.RankCRCs})
 	}
 	w.mu.Lock()
 	w.result = res2
@@ -120,9 +127,13 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 	g, gen, c := r.Group, r.Generation, &w.cfg
 	hybridMode := c.Sync.Mode == "hybrid"
 	finished := make(chan error, 1)
+	last := c.Steps
+	if plant.On(plant.ShortJob) {
+		last-- // planted: the job ends a step early
+	}
 	prev := c.Now()
 	props := worker.NewRankProps(worker.RankConfig{
-		Trainer: t, Rank: r.Rank, Generation: gen.Number, Steps: c.Steps, Context: ctx, Logger: w.log, Now: c.Now,
+		Trainer: t, Rank: r.Rank, Generation: gen.Number, Steps: last, Context: ctx, Logger: w.log, Now: c.Now,
 		Hybrid: hybridMode,
 		Group:  actors.Ref(gen.Members[0].ControlAddr, "job/group"),
 		OnDone: func(err error) { finished <- err },
@@ -143,6 +154,9 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 			}
 			if r.Rank == 0 {
 				n := participants(st, g.Size())
+				if plant.On(plant.HybridUnrecorded) && n < g.Size() {
+					n++ // planted: a late rank's samples dropped without a record
+				}
 				w.rep.send(Report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
 					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
 					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds(),
@@ -184,11 +198,11 @@ func (w *ringWorker) finish(ctx context.Context, g *collective.Group) (*Result, 
 			return nil, err
 		}
 	}
-	same, crc, err := parametersAgree(ctx, g, w.params)
+	same, crcs, err := parametersAgree(ctx, g, w.params)
 	if err != nil {
 		return nil, err
 	}
-	res.ParametersIdentical, res.ParametersCRC = same, crc
+	res.ParametersIdentical, res.ParametersCRC, res.RankCRCs = same, crcs[g.Rank()], crcs
 	return res, nil
 }
 
@@ -334,19 +348,26 @@ func evaluate(ctx context.Context, g *collective.Group, m worker.Evaluator, data
 }
 
 // parametersAgree checks that every rank holds bitwise the same parameters:
-// a CRC32C of this rank's, and its negation, reduced with max, agree only if
-// every rank's checksum is the same. It also returns this rank's checksum.
-func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Param) (bool, uint32, error) {
+// each rank puts the CRC32C of its own in its slot of a vector the ranks
+// sum (exact in float64), so every rank learns every rank's checksum. It
+// returns whether they are all equal, and them by rank.
+func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Param) (bool, []uint32, error) {
 	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	for _, p := range params {
 		h.Write(collective.Float32s(p.Value).Raw())
 	}
-	crc := h.Sum32()
-	v := []float64{float64(crc), -float64(crc)}
-	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Max); err != nil {
-		return false, 0, fmt.Errorf("comparing the ranks' parameters: %w", err)
+	v := make([]float64, g.Size())
+	v[g.Rank()] = float64(h.Sum32())
+	if err := g.AllReduce(ctx, collective.Float64s(v), collective.Sum); err != nil {
+		return false, nil, fmt.Errorf("comparing the ranks' parameters: %w", err)
 	}
-	return v[0] == -v[1], crc, nil
+	crcs := make([]uint32, len(v))
+	same := true
+	for r, x := range v {
+		crcs[r] = uint32(x)
+		same = same && crcs[r] == crcs[0]
+	}
+	return same, crcs, nil
 }
 
 // participants is how many ranks' gradients entered a step: all of them

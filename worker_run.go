@@ -20,6 +20,7 @@ import (
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/hybrid"
+	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -63,6 +64,9 @@ type Result struct {
 	// order, as float32 little-endian: two runs whose checksums match ended
 	// with the same model (chaos compares a run with its undisturbed twin).
 	ParametersCRC uint32
+	// RankCRCs are every rank's ParametersCRC, by rank: which rank
+	// differs, when they are not identical.
+	RankCRCs []uint32
 	// Metrics are a parameter-server model's held-out measures.
 	Metrics map[string]float64
 }
@@ -159,6 +163,9 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	w.tr = tr
 	w.undo = append(w.undo, func() { tr.Close() })
+	if plant.On(plant.LeakProcess) {
+		plant.Orphan() // planted: a helper process the worker forgets
+	}
 	kind, err := collective.ParseTransportKind(c.Transport)
 	if err != nil {
 		return bad("Transport", c.Transport, "%v", err)

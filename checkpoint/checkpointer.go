@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -69,6 +70,9 @@ type Event struct {
 	Err         string
 	WorldBefore int
 	WorldAfter  int
+	// ManifestCRC (saved): the CRC32C of the manifest as written, so that
+	// whoever heard of the checkpoint can tell later that it is unchanged.
+	ManifestCRC uint32
 	// ConfigChanged (restored): the checkpoint was written under other
 	// training settings (Config.ConfigHash): a warning, not a refusal.
 	ConfigChanged bool
@@ -356,7 +360,7 @@ func (c *Checkpointer) start(p Progress) {
 		for _, obj := range []struct {
 			name string
 			b    []byte
-		}{{name, data}, {indexName(name), idx}} { // the shard, then its index
+		}{{name, plantCorrupt(p.Step, k, data)}, {indexName(name), idx}} { // the shard, then its index
 			cur.err = c.cfg.Backoff.do(uctx, func(ctx context.Context) error {
 				return c.cfg.Store.Put(ctx, obj.name, obj.b)
 			}, func(attempt int, err error) {
@@ -413,7 +417,12 @@ func (c *Checkpointer) commit(cur *inflight) {
 			return
 		}
 		c.cfg.OnEvent(Event{Kind: "saved", ID: cur.id, Step: cur.step, Bytes: int64(m.TotalBytes) + int64(len(b)),
-			Seconds: c.cfg.Now().Sub(cur.start).Seconds(), URL: CheckpointURL(c.cfg.Store, cur.id), WorldAfter: int(m.World)})
+			Seconds: c.cfg.Now().Sub(cur.start).Seconds(), URL: CheckpointURL(c.cfg.Store, cur.id), WorldAfter: int(m.World), ManifestCRC: crc(b)})
+		if plant.Enabled {
+			if err := c.plantRewrite(ctx, cur); err != nil {
+				c.log.Warn("planted rewrite", zap.Error(err))
+			}
+		}
 		if c.cfg.Retention.KeepLast > 0 {
 			gone, err := c.cfg.Retention.Retain(ctx, c.cfg.Store)
 			if err != nil {
@@ -495,7 +504,7 @@ func (c *Checkpointer) SaveAlone(ctx context.Context, p Progress, generation uin
 		}
 	}
 	c.cfg.OnEvent(Event{Kind: "saved", ID: id, Step: p.Step, Bytes: int64(len(data) + len(mb)), Seconds: c.cfg.Now().Sub(now).Seconds(),
-		URL: CheckpointURL(c.cfg.Store, id), WorldAfter: 1})
+		URL: CheckpointURL(c.cfg.Store, id), WorldAfter: 1, ManifestCRC: crc(mb)})
 	return id, nil
 }
 

@@ -160,7 +160,7 @@ func (t *ShmTransport) Connect(ctx context.Context, m Membership) ([]net.Conn, e
 	node := &shmNode{mem: mem}
 	node.refs.Store(1) // Connect's own, dropped below
 	defer func() {
-		os.Remove(nodePath) // every peer has mapped it, or never will
+		unlinkMapped(nodePath) // every peer has mapped it, or never will
 		node.release()
 	}()
 
@@ -272,7 +272,7 @@ func (t *ShmTransport) upgrade(ctx context.Context, m Membership, j int, c net.C
 		if pair, err = createSegment(path, pairSegmentSize(ring)); err != nil {
 			return nil, fail(ErrAborted, "creating the pair segment", err)
 		}
-		defer os.Remove(path) // mapped by the peer, or never will be
+		defer unlinkMapped(path) // mapped by the peer, or never will be
 		h := segHeader{kind: segKindPair, job: job, gen: gen, a: uint32(lo), b: uint32(hi), world: uint32(m.World()),
 			pid: uint32(os.Getpid()), ring: uint32(ring), slab: uint32(slab), nonce: nonce}
 		h.encode(pair, segMagic)

@@ -69,6 +69,7 @@ func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("collective: listen on %s: %w", opts.Bind, err)
 	}
+	plantLeakListener(ln)
 	t := &TCPTransport{
 		ln:        ln,
 		advertise: opts.Advertise,

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/plant"
 )
 
 // Position is how far the job is through the data: the epoch, and how many
@@ -56,6 +57,9 @@ func (s *Sampler) permutation(epoch int64) []int32 {
 	}
 	s.pcg.Seed(s.seed, uint64(epoch))
 	s.rng.Shuffle(s.n, func(i, j int) { s.perm[i], s.perm[j] = s.perm[j], s.perm[i] })
+	if plant.On(plant.SamplerDup) && epoch == 1 && s.n > 1 {
+		s.perm[0] = s.perm[1] // planted: one sample dealt twice, another never
+	}
 	s.epoch = epoch
 	return s.perm
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -318,6 +319,12 @@ func (t *Trainer) Restored(step int64, pos Position) error {
 		return fmt.Errorf("worker: restore in the middle of step %d", t.pend.step)
 	}
 	t.state.Step, t.state.Position = step, pos
+	if plant.On(plant.ForgetMomentum) {
+		_, live := t.state.Tensors()
+		for _, s := range live[len(t.params):] {
+			clear(s) // planted: the restore leaves the optimizer's slots at zero
+		}
+	}
 	t.state.Commit()
 	t.committed = StepStats{} // its figures were reported by the job that trained it
 	return nil
@@ -501,6 +508,9 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 	if err != nil {
 		return err
 	}
+	if plant.Enabled {
+		idx = plantSamples(idx, p.step, rank)
+	}
 	t.idx, p.size, p.next = idx, size, next
 	p.fp = FingerprintOf(idx)
 	local := t.cfg.LocalSteps > 1
@@ -652,6 +662,10 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 		t.beforeUpdate(p.step)
 	}
 	t.opt.Update(t.params, st.LR, p.step)
+	if plant.On(plant.ParamDrift) && p.step >= 40 && t.g.Rank() == 1 {
+		v := t.params[0].Value
+		v[0] = math.Nextafter32(v[0], float32(math.Inf(1))) // planted: this rank's parameters drift by one ulp
+	}
 	if t.cfg.LocalSteps > 1 && p.step%int64(t.cfg.LocalSteps) == 0 {
 		if err := collective.AllReduceTensors(ctx, t.g, t.values, collective.Avg, t.cfg.BucketBytes); err != nil {
 			return st, fmt.Errorf("worker: step %d: parameter averaging: %w", p.step, err)
