@@ -7,6 +7,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/internal/plant"
 )
 
 // replier is where a request's answer goes: the connection it came on.
@@ -295,6 +297,9 @@ func (s *shard) take(t *tableState, r *request) (PushAction, error) {
 	if err != nil {
 		return 0, err
 	}
+	if act == Duplicate && plant.On(plant.PushTwice) {
+		act = ApplyNow // planted: a replay applied to the rows again
+	}
 	switch act {
 	case ApplyNow:
 		t.rows.Apply(r.Keys, r.Values, 1)
@@ -377,6 +382,9 @@ func (s *shard) forward(req *request, ack Header, h Header, keys []uint64, value
 	h.Op, h.Flags = OpReplicate, h.Flags&FlagClose
 	h.Shard = s.cfg.ID
 	for _, b := range s.role.Backups {
+		if req != nil && req.Worker == 1 && req.ID == 500 && plant.On(plant.LoseAckedPush) {
+			continue // planted: share 1's step 500 acknowledged, never forwarded
+		}
 		if err := b.Send(s.seq, h, keys, values); err != nil {
 			s.cfg.Logger.Warn("forwarding to a backup", zap.Uint32("shard", s.cfg.ID), zap.String("backup", b.Addr()), zap.Error(err))
 			continue // its link reports the failure; the shard map will drop it
