@@ -53,7 +53,7 @@ func TestValidate(t *testing.T) {
 		edit       func(*Scenario)
 	}{
 		{"unknown kind", `unknown kind "explode"`, func(s *Scenario) { s.Faults[0].Kind = "explode" }},
-		{"trigger past the end", "not before the job's last step", func(s *Scenario) { s.Faults[0].Trigger.StepMax = 150 }},
+		{"trigger past the end", "not before the job's last step", func(s *Scenario) { s.Faults[0].Trigger.StepMax = s.Job.Steps }},
 		{"no trigger", "needs a step, an after or an on", func(s *Scenario) { s.Faults[0].Trigger = Trigger{} }},
 		{"unknown event", `trigger on "lunch"`, func(s *Scenario) { s.Faults[0].Trigger = Trigger{On: "lunch"} }},
 		{"launch with a step", "takes no step or after", func(s *Scenario) { s.Faults[0].Trigger = Trigger{On: "launch", Step: 5} }},
@@ -79,6 +79,10 @@ func TestValidate(t *testing.T) {
 		{"no target", "needs a target", func(s *Scenario) { s.Faults[0] = FaultSpec{Kind: "sigkill", Trigger: Trigger{Step: 5}} }},
 		{"stop without duration", "needs a duration", func(s *Scenario) {
 			s.Faults[0] = FaultSpec{Kind: "sigstop", Target: "rank:1", Trigger: Trigger{Step: 5}}
+		}},
+		{"ps-ack-lost without duration", "(ps-ack-lost): it needs a duration", func(s *Scenario) {
+			s.Job.Kind, s.Job.CheckpointEvery = "ps", 0
+			s.Faults[0] = FaultSpec{Kind: "ps-ack-lost", Trigger: Trigger{Step: 5}}
 		}},
 		{"bad expect", `expect "maybe"`, func(s *Scenario) { s.Expect = "maybe" }},
 		{"no workers", "job.workers 0", func(s *Scenario) { s.Job.Workers = 0 }},

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -756,49 +755,4 @@ func (f *coordinatorPause) writtenSince(ctx context.Context, rev int64) ([]*phal
 		out = append(out, g)
 		opts = []clientv3.OpOption{clientv3.WithRev(resp.Kvs[0].ModRevision - 1)}
 	}
-}
-
-// awaitStopped waits, up to bound, until every thread of pid is stopped
-// (state T in /proc/<pid>/task/*/stat): kill(2) returns before a SIGSTOP
-// has taken hold, and on a loaded machine an etcd member went on for
-// 0.7s after it (a frozen leader committing requests meanwhile).
-func awaitStopped(pid int, bound time.Duration) error {
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(bound)
-	for {
-		running, err := runningThreads(pid)
-		if err == nil && running == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pid %d not stopped %v after SIGSTOP (%d threads running, %v)", pid, bound, running, err)
-		}
-		<-tick.C
-	}
-}
-
-// runningThreads counts the threads of pid that are not stopped.
-func runningThreads(pid int) (int, error) {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	tasks, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
-	}
-	running := 0
-	for _, task := range tasks {
-		b, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
-		if err != nil {
-			continue // the thread ended
-		}
-		// The state follows the command name, in parentheses.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 || i+2 >= len(b) {
-			return 0, fmt.Errorf("%s/%s/stat: %q", dir, task.Name(), b)
-		}
-		if b[i+2] != 'T' && b[i+2] != 't' {
-			running++
-		}
-	}
-	return running, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -109,10 +110,37 @@ func (f *signalFault) Inject(_ context.Context, env *Env) (string, error) {
 		return "", err
 	}
 	f.pid = int(m.Pid)
-	if err := syscall.Kill(f.pid, f.sig); err != nil {
+	if st, _ := procState(f.pid); st == 0 {
+		// The job's events lag its processes: a trigger too near the end
+		// fires after the target is gone, and the fault does nothing.
+		return "", fmt.Errorf("rank %d (pid %d) had already exited: the fault came too late to do anything", env.Rank, f.pid)
+	}
+	sig := f.sig
+	if plant.On(plant.FaultNoop) {
+		sig = 0 // planted: the fault fires zero times
+	}
+	if err := syscall.Kill(f.pid, sig); err != nil {
 		return "", fmt.Errorf("%v to pid %d: %w", f.sig, f.pid, err)
 	}
+	if err := tookHold(f.pid, f.sig); err != nil {
+		return "", fmt.Errorf("%s to rank %d (pid %d): %w", signalName(f.sig), env.Rank, f.pid, err)
+	}
 	return fmt.Sprintf("%s to rank %d (pid %d)", signalName(f.sig), env.Rank, f.pid), nil
+}
+
+// tookHold waits (a few seconds at most) until the process shows the
+// effect of sig: stopped for SIGSTOP, dead for SIGKILL. Other signals are
+// handled by the process, on its own time: their effect is judged later
+// (see leftRing). A natural end also looks dead: invariant 0 reads the
+// killed process's exit status too.
+func tookHold(pid int, sig syscall.Signal) error {
+	switch sig {
+	case syscall.SIGSTOP:
+		return awaitState(pid, "stopped", 5*time.Second)
+	case syscall.SIGKILL:
+		return awaitState(pid, "dead", 5*time.Second)
+	}
+	return nil
 }
 
 func (f *signalFault) Heal(context.Context, *Env) (string, error) {

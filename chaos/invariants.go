@@ -1,22 +1,22 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
-	"github.com/phalanx-rt/phalanx/worker"
 )
 
 // check builds the run's report and checks every invariant.
@@ -40,7 +40,7 @@ func (ru *run) check(ctx context.Context, out, ref *Outcome, seed uint64) *Repor
 	rep.RecoveryBoundS = bound.Seconds()
 
 	rep.Invariants = []Verdict{
-		ru.checkSchedule(),
+		ru.checkSchedule(out),
 		ru.checkEnd(out),
 		ru.checkSamples(out.Events),
 		checkIdentical(out.Events),
@@ -62,6 +62,7 @@ func (ru *run) check(ctx context.Context, out, ref *Outcome, seed uint64) *Repor
 		}
 		rep.RefAccuracy = ref.Result.Metrics["auc"]
 	}
+	requireApplicable(rep.Invariants, ru.sc.inapplicable(ru.kinds))
 	rep.Passed = true
 	for _, v := range rep.Invariants {
 		if v.Status == "fail" {
@@ -91,7 +92,12 @@ func (r *Report) timeline(evs []Event, start time.Time) {
 	}
 }
 
-func (ru *run) checkSchedule() Verdict {
+// checkSchedule is invariant 0: every planned fault fired, healed when it
+// has a heal, and had the effect its kind promises: a fault that changes
+// the ring took its target out of a later generation, one that kills the
+// job was followed by a relaunch. (A signal fault also checks its signal
+// took hold when it sends it: see signalFault.)
+func (ru *run) checkSchedule(out *Outcome) Verdict {
 	var bad, did []string
 	for _, f := range ru.faults {
 		switch {
@@ -101,6 +107,14 @@ func (ru *run) checkSchedule() Verdict {
 			bad = append(bad, fmt.Sprintf("fault %d (%s): never triggered (step %d)", f.Index, f.Kind, f.Step))
 		case f.Duration > 0 && f.Healed.IsZero():
 			bad = append(bad, fmt.Sprintf("fault %d (%s): never healed", f.Index, f.Kind))
+		case f.Kind == "sigkill" && f.TargetPid != 0 && exitOf(out.Events, f.TargetPid) != "signal: killed":
+			bad = append(bad, fmt.Sprintf("fault %d (%s) had no effect: its target, rank %d (pid %d), ended with %q, not killed (%s)",
+				f.Index, f.Kind, f.TargetRank, f.TargetPid, cmp.Or(exitOf(out.Events, f.TargetPid), "no exit seen"), f.What))
+		case f.Changes == "ring" && f.TargetID != "" && !leftRing(out.Events, f):
+			bad = append(bad, fmt.Sprintf("fault %d (%s) had no effect: its target, rank %d (worker %s), is in every generation after it (%s)",
+				f.Index, f.Kind, f.TargetRank, f.TargetID, f.What))
+		case f.Changes == "resume" && out.Launches <= f.Attempt:
+			bad = append(bad, fmt.Sprintf("fault %d (%s) had no effect: launch %d was the last (%s)", f.Index, f.Kind, f.Attempt, f.What))
 		default:
 			did = append(did, fmt.Sprintf("fault %d at step %d: %s", f.Index, f.AtStep, f.What))
 		}
@@ -109,6 +123,82 @@ func (ru *run) checkSchedule() Verdict {
 		return verdict(0, false, "%s", joinLimited(bad, 5))
 	}
 	return verdict(0, true, "%s", joinLimited(did, 5))
+}
+
+// exitOf is how worker process pid ended, as its launcher saw it ("exit
+// 0", "signal: killed"; "" when no exit was seen).
+func exitOf(evs []Event, pid int64) string {
+	for _, e := range evs {
+		if e.Kind == "worker_exited" && e.num("pid") == pid {
+			s, _ := e.Fields["status"].(string)
+			return s
+		}
+	}
+	return ""
+}
+
+// leftRing says whether a generation decided after fault f, in the launch
+// it was injected into, leaves its target out.
+func leftRing(evs []Event, f *FaultRecord) bool {
+	launch := 0
+	for _, e := range evs {
+		if e.Kind == "job_started" {
+			launch++
+		}
+		if launch != f.Attempt || e.Kind != "generation" || e.At.Before(f.Injected) {
+			continue
+		}
+		ms, _ := e.Fields["members"].([]any)
+		in := false
+		for _, m := range ms {
+			mm, _ := m.(map[string]any)
+			in = in || mm["id"] == f.TargetID
+		}
+		if !in {
+			return true
+		}
+	}
+	return false
+}
+
+// requireApplicable fails every verdict that found nothing to check (n/a)
+// although na does not excuse it: a fault that silently did nothing, a
+// store that was never read, must not pass.
+func requireApplicable(vs []Verdict, na map[int]string) {
+	for i, v := range vs {
+		if _, ok := na[v.N]; v.Status == "n/a" && !ok {
+			vs[i] = verdict(v.N, false, "n/a, but the scenario's job and faults make it apply: %s", v.Evidence)
+		}
+	}
+}
+
+// inapplicable are the invariants the scenario's job and faults leave
+// nothing to check, and why; any other that finds nothing to check fails.
+func (s *Scenario) inapplicable(kinds Kinds) map[int]string {
+	na := map[int]string{}
+	if s.Job.CheckpointEvery == 0 {
+		na[5] = "the job takes no checkpoints"
+	}
+	timed, failover := false, false
+	for _, f := range s.Faults {
+		c := kinds[f.Kind].Changes
+		timed = timed || c == "ring" || c == "resume"
+		failover = failover || f.Kind == "ps-primary-kill" || f.Kind == "ps-ack-lost"
+	}
+	if !timed {
+		na[8] = "no fault of the scenario changes the ring or kills the job"
+	}
+	if s.Job.Kind == "ps" {
+		if !failover {
+			na[3] = "no fault fails a shard over: no backup is promoted"
+		}
+	} else {
+		na[6] = "a ring job has no parameter server"
+	}
+	for _, n := range s.NotApplicable {
+		na[n] = "the scenario says so"
+	}
+	return na
 }
 
 func (ru *run) checkEnd(out *Outcome) Verdict {
@@ -177,72 +267,13 @@ func restoresNext(evs []Event) bool {
 
 func (ru *run) checkSamples(evs []Event) Verdict {
 	steps := trainedSteps(evs)
-	total := ru.sc.Job.Steps
+	c := sampleCheck{total: ru.sc.Job.Steps}
 	if ru.sc.Expect == "stop" && len(steps) > 0 {
-		total = steps[len(steps)-1].num("step")
-	}
-	if int64(len(steps)) != total {
-		seen := map[int64]bool{}
-		for _, e := range steps {
-			if seen[e.num("step")] {
-				return verdict(2, false, "%d step events for %d steps: step %d trained twice", len(steps), total, e.num("step"))
-			}
-			seen[e.num("step")] = true
-		}
-		return verdict(2, false, "%d step events for %d steps", len(steps), total)
+		c.total = steps[len(steps)-1].num("step")
 	}
 	lc := ru.r.launchConfig(ru.sc, "check", ru.sc.Job.Workers, "", "", nil)
-	samples := ru.r.samples(&lc)
-	hybrid := lc.Sync.Mode == "hybrid"
-	var s *worker.Sampler
-	if samples > 0 {
-		var err error
-		if s, err = worker.NewSampler(samples, lc.Seed); err != nil {
-			return verdict(2, false, "the sampler: %v", err)
-		}
-	}
-	var pos worker.Position
-	dropped := 0
-	for i, e := range steps {
-		if e.num("step") != int64(i+1) {
-			return verdict(2, false, "step event %d is of step %d", i+1, e.num("step"))
-		}
-		if s == nil {
-			continue
-		}
-		idx, _, next, err := s.Batch(pos, lc.Batch, 1, 0, nil)
-		if err != nil {
-			return verdict(2, false, "the sampler at step %d: %v", i+1, err)
-		}
-		want := worker.FingerprintOf(idx)
-		var got worker.Fingerprint
-		fp, _ := e.Fields["fingerprint"].([]any)
-		for k := range min(len(fp), len(got)) {
-			got[k], _ = fp[k].(float64)
-		}
-		stale := e.num("stale")
-		switch {
-		case got == want:
-		case hybrid && stale > 0 && got[0] < want[0]:
-			dropped++ // recorded as dropped-stale: a subset of the batch
-		default:
-			return verdict(2, false, "step %d (generation %d, world %d) trained samples with fingerprint %v; the sampler's global batch has %v",
-				i+1, e.num("generation"), e.num("world"), got, want)
-		}
-		if e.num("epoch") != next.Epoch || e.num("offset") != next.Offset {
-			return verdict(2, false, "step %d ended at sampler position %d/%d, want %d/%d", i+1, e.num("epoch"), e.num("offset"), next.Epoch, next.Offset)
-		}
-		pos = next
-	}
-	if s == nil {
-		return verdict(2, true, "steps 1..%d each trained once; the job's sample count is unknown, so batches were not fingerprinted", total)
-	}
-	extra := ""
-	if dropped > 0 {
-		extra = fmt.Sprintf("; %d steps recorded stale ranks' samples as dropped", dropped)
-	}
-	return verdict(2, true, "steps 1..%d each trained once, each on exactly the sampler's global batch (%d samples, epoch %d at the end)%s",
-		total, samples, pos.Epoch, extra)
+	c.samples, c.batch, c.seed = ru.r.samples(&lc), lc.Batch, lc.Seed
+	return c.check(steps)
 }
 
 // samples is the job's training-set size: the model's "samples" option
@@ -278,7 +309,20 @@ func checkIdentical(evs []Event) Verdict {
 		return verdict(3, false, "no done event: the ranks' parameters were never compared")
 	}
 	same, _ := d.Fields["parameters_identical"].(bool)
-	return verdict(3, same, "done at step %d on %d ranks: parameters_identical=%v (a CRC32C reduced over the ring)", d.num("step"), d.num("world"), same)
+	crcs, _ := d.Fields["parameters_crc32c_by_rank"].([]any)
+	var differ []string
+	for r, c := range crcs {
+		if c != crcs[0] {
+			differ = append(differ, fmt.Sprintf("rank %d's parameters have CRC32C %08x, rank 0's %08x", r, uint32(c.(float64)), uint32(crcs[0].(float64))))
+		}
+	}
+	switch {
+	case same && len(differ) > 0:
+		return verdict(3, false, "done at step %d on %d ranks: parameters_identical=true, yet %s", d.num("step"), d.num("world"), joinLimited(differ, 3))
+	case !same:
+		return verdict(3, false, "done at step %d on %d ranks: parameters_identical=false: %s", d.num("step"), d.num("world"), joinLimited(differ, 3))
+	}
+	return verdict(3, true, "done at step %d on %d ranks: parameters_identical=true (every rank's CRC32C, gathered over the ring, equal)", d.num("step"), d.num("world"))
 }
 
 func (ru *run) checkReference(out, ref *Outcome) Verdict {
@@ -365,19 +409,40 @@ func (ru *run) checkCheckpoints(ctx context.Context) Verdict {
 			bad = append(bad, fmt.Sprintf("%s: %v", in.ID, err))
 		default:
 			verified++
-			if sums, ok := ru.saved[in.ID]; ok && !slices.Equal(sums, tensorSums(m)) {
-				bad = append(bad, in.ID+" changed after it was saved")
+			if want, ok := ru.saved[in.ID]; ok {
+				if got, err := manifestCRC(ctx, ru.store, in.ID); err != nil || got != want {
+					bad = append(bad, fmt.Sprintf("%s changed after it was saved: its manifest's CRC32C is %08x (%v), its writer reported %08x", in.ID, got, err, want))
+				}
 			}
 		}
 	}
 	if len(bad) > 0 {
 		return verdict(5, false, "%s", joinLimited(bad, 5))
 	}
-	ev := fmt.Sprintf("%d complete checkpoints verify (every object, block and tensor checksum); %d recorded at save unchanged", verified, len(ru.saved))
+	ev := fmt.Sprintf("%d complete checkpoints verify (every object, block and tensor checksum); the %d whose writers reported their manifests unchanged", verified, len(ru.saved))
 	if len(refused) > 0 {
 		ev += "; damaged on purpose and refused: " + joinLimited(refused, 3)
 	}
 	return verdict(5, verified > 0, "%s", ev)
+}
+
+// manifestCRC is the CRC32C of checkpoint id's manifest as stored.
+func manifestCRC(ctx context.Context, s checkpoint.Store, id string) (uint32, error) {
+	name := id + "/" + checkpoint.ManifestName
+	objs, err := s.List(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	for _, o := range objs {
+		if o.Name == name {
+			b := make([]byte, o.Size)
+			if err := s.ReadAt(ctx, name, b, 0); err != nil {
+				return 0, err
+			}
+			return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)), nil
+		}
+	}
+	return 0, fmt.Errorf("%s: %w", name, checkpoint.ErrNotFound)
 }
 
 func (ru *run) checkLeftovers(evs []Event) Verdict {
@@ -396,19 +461,29 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 			bad = append(bad, "port "+addr+" still accepts connections")
 		}
 	}
+	procs, err := markedProcesses(ru.marker)
+	if err != nil {
+		bad = append(bad, err.Error())
+	}
+	for _, p := range procs {
+		bad = append(bad, fmt.Sprintf("process %d (%s) of the job's still runs", p.pid, p.comm))
+	}
 	var jobs []string
 	for _, e := range evs {
 		if e.Kind == "job_started" {
 			j, _ := e.Fields["job"].(string)
-			jobs = append(jobs, fmt.Sprintf("phalanx-%016x-", collective.JobHash(j)))
+			jobs = append(jobs, j)
 		}
 	}
-	if ents, err := os.ReadDir("/dev/shm"); err == nil {
-		for _, ent := range ents {
-			for _, p := range jobs {
-				if strings.HasPrefix(ent.Name(), p) {
-					bad = append(bad, "shared-memory file "+filepath.Join("/dev/shm", ent.Name()))
-				}
+	dir := cmp.Or(ru.shmDir, shmDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		bad = append(bad, fmt.Sprintf("the shared-memory files could not be listed: %v", err))
+	}
+	for _, ent := range ents {
+		for _, j := range jobs {
+			if collective.ShmSegmentOf(ent.Name(), j) {
+				bad = append(bad, "shared-memory file "+filepath.Join(dir, ent.Name())+" of launch "+j)
 			}
 		}
 	}
@@ -420,7 +495,7 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 	if len(bad) > 0 {
 		return verdict(7, false, "%s", joinLimited(bad, 5))
 	}
-	return verdict(7, true, "%d worker processes gone, %d data-plane ports closed, no shared-memory file of the job's %d launch(es)",
+	return verdict(7, true, "%d worker processes gone, no process of the job's left (their environments searched), %d data-plane ports closed, no shared-memory file of the job's %d launch(es)",
 		len(ru.pids), len(ru.addrs), len(jobs))
 }
 

@@ -58,6 +58,8 @@ type FaultRecord struct {
 	Generation int64     `json:"generation"` // the ring's when injected
 	AtStep     int64     `json:"at_step"`
 	TargetRank int       `json:"target_rank"`
+	TargetID   string    `json:"target_id,omitempty"`  // the target worker's id, when it has a rank
+	TargetPid  int64     `json:"target_pid,omitempty"` // and its process
 	Injected   time.Time `json:"injected"`
 	Healed     time.Time `json:"healed"`
 	What       string    `json:"what,omitempty"`

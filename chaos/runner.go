@@ -251,6 +251,7 @@ func (r *Runner) Reference(ctx context.Context, sc *Scenario) (*Outcome, error) 
 		ckpt = filepath.Join(dir, "checkpoints")
 	}
 	lc := r.launchConfig(sc, "chaos-ref-"+sc.Name, sc.Job.Workers, ckpt, filepath.Join(dir, "job"), rec)
+	lc.Command = markCommand(lc.Command, dir)
 	r.say("chaos: %s: the undisturbed reference run", sc.Name)
 	res, err := phalanx.Launch(ctx, lc)
 	close(rec.ch)
@@ -293,10 +294,12 @@ type run struct {
 	relaunch int
 	damaged  map[string]bool
 	faults   []*FaultRecord
-	saved    map[string][]uint32 // checkpoint id → its tensor checksums when saved
+	saved    map[string]uint32 // checkpoint id → its manifest's CRC32C, as its writer reported it
 	pids     map[int64]bool
 	addrs    map[string]bool
 	start    time.Time
+	marker   string // in every process of the run's launches (markEnv)
+	shmDir   string // where the workers' shared-memory files are (default shmDir)
 }
 
 // Run runs the scenario once with seed and checks its invariants. The
@@ -316,8 +319,8 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 	if err != nil {
 		return nil, err
 	}
-	ru := &run{r: r, sc: &sc, plan: sc.Plan(seed), kinds: kinds, damaged: map[string]bool{}, saved: map[string][]uint32{},
-		pids: map[int64]bool{}, addrs: map[string]bool{}, start: r.now()}
+	ru := &run{r: r, sc: &sc, plan: sc.Plan(seed), kinds: kinds, damaged: map[string]bool{}, saved: map[string]uint32{},
+		pids: map[int64]bool{}, addrs: map[string]bool{}, start: r.now(), marker: dir}
 	for _, p := range ru.plan {
 		ru.faults = append(ru.faults, &FaultRecord{Planned: p, Changes: kinds[p.Kind].Changes})
 	}
@@ -345,6 +348,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 		rec := &recorder{now: r.now, ch: make(chan Event, 1<<16)}
 		name := fmt.Sprintf("chaos-%s-%d-%d", sc.Name, seed, attempt)
 		lc := r.launchConfig(&sc, name, workers, ckpt, filepath.Join(dir, "job-"+strconv.Itoa(attempt)), rec, ru.services...)
+		lc.Command = markCommand(lc.Command, ru.marker)
 		ru.relaunch, ru.job = 0, name
 		lctx, cancel := context.WithCancel(ctx)
 		sched := make(chan struct{})
@@ -448,6 +452,9 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 			}
 		}
 		f.Attempt, f.Generation, f.AtStep, f.TargetRank = attempt, gen, step, env.Rank
+		if m, err := env.target(); err == nil && ru.kinds[f.Kind].NeedsRank {
+			f.TargetID, f.TargetPid = m.ID, m.Pid
+		}
 		fault := ru.kinds[f.Kind].New(f.Planned)
 		f.fault, f.env = fault, env
 		what, err := fault.Inject(ctx, env)
@@ -513,7 +520,9 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 					members = append(members, Member{Rank: int(ev.num("rank")), ID: id, Pid: ev.num("pid")})
 				}
 			case "checkpoint_saved":
-				ru.recordSaved(ctx, e.num("step"))
+				if id, ok := e.Fields["checkpoint"].(string); ok {
+					ru.saved[id] = uint32(e.num("manifest_crc32c"))
+				}
 			case "step":
 				step = e.num("step")
 				if firstAt.IsZero() {
@@ -608,36 +617,6 @@ func membersOf(g *phalanxpb.Generation) []Member {
 	out := make([]Member, len(g.Members))
 	for i, m := range g.Members {
 		out[i] = Member{Rank: i, ID: m.Id, Pid: m.Pid, DataAddr: m.DataAddr}
-	}
-	return out
-}
-
-// recordSaved remembers a new checkpoint's tensor checksums, to prove at
-// the end that it was never overwritten.
-func (ru *run) recordSaved(ctx context.Context, step int64) {
-	if ru.store == nil {
-		return
-	}
-	infos, err := checkpoint.List(ctx, ru.store)
-	if err != nil {
-		return
-	}
-	for _, in := range infos {
-		if in.Step != step || !in.Complete {
-			continue
-		}
-		if m, err := checkpoint.ReadManifest(ctx, ru.store, in.ID); err == nil {
-			ru.saved[in.ID] = tensorSums(m)
-		}
-	}
-}
-
-func tensorSums(m *phalanxpb.Manifest) []uint32 {
-	var out []uint32
-	for _, t := range m.Tensors {
-		for _, s := range t.Segments {
-			out = append(out, s.Crc32C)
-		}
 	}
 	return out
 }

@@ -35,6 +35,13 @@ type Scenario struct {
 	// arithmetic changed: the held-out accuracy within this of the
 	// undisturbed run's (default 0.01, one point).
 	Tolerance float64 `json:"tolerance,omitempty"`
+	// NotApplicable names invariants that have nothing to check in this
+	// scenario beyond those its job and faults rule out by themselves (5
+	// without checkpoints, 6 outside parameter-server jobs, 8 without a
+	// fault that changes the ring, 3 in a parameter-server job without a
+	// shard failover). Any other invariant that finds nothing to check
+	// fails the run: a fault that silently did nothing must not pass.
+	NotApplicable []int `json:"not_applicable,omitempty"`
 }
 
 // JobSpec is a job in the terms of the phalanx command's flags.
@@ -206,6 +213,14 @@ func (s *Scenario) Validate(kinds Kinds) error {
 	case s.Tolerance < 0 || s.Tolerance >= 1:
 		return bad("tolerance %v: want 0 (default) or in (0, 1)", s.Tolerance)
 	}
+	for _, n := range s.NotApplicable {
+		if n < 0 || n > 8 {
+			return bad("not_applicable names invariant %d: want 0..8", n)
+		}
+		if n <= 2 || n == 7 {
+			return bad("not_applicable names invariant %d (%s): it applies to every job", n, invariantNames[n])
+		}
+	}
 	for i, f := range s.Faults {
 		k, ok := kinds[f.Kind]
 		if !ok {
@@ -242,8 +257,8 @@ func (s *Scenario) Validate(kinds Kinds) error {
 			return bad("fault %d (%s): it needs the job's %s (job.%s)", i, f.Kind, k.Needs, map[string]string{"etcd": "etcd: cluster", "minio": "store: minio", "netns": "network: netns", "ps": "kind: ps"}[k.Needs])
 		case k.NeedsCheckpoints && s.Job.CheckpointEvery == 0:
 			return bad("fault %d (%s): the job takes no checkpoints (job.checkpoint_every)", i, f.Kind)
-		case f.Kind == "sigstop" && f.Duration <= 0:
-			return bad("fault %d (sigstop): it needs a duration before SIGCONT", i)
+		case (f.Kind == "sigstop" || f.Kind == "ps-ack-lost" || f.Kind == "coordinator-leader-pause") && f.Duration <= 0:
+			return bad("fault %d (%s): it needs a duration before SIGCONT", i, f.Kind)
 		}
 		if strings.HasPrefix(f.Target, "rank:") {
 			var r int
