@@ -388,8 +388,9 @@ func CheckSamples(t testing.TB, steps []Event, total, samples, batch int, seed u
 // recorded as dropped (the step's stale ranks' shards). A step's
 // fingerprint must be that of the shards of exactly its participants ranks
 // of its world, participants + stale = world. It returns the number of
-// samples dropped.
-func CheckHybridSamples(t testing.TB, steps []Event, total, samples, batch int, seed uint64) (dropped int) {
+// samples dropped, and the ranks left out of each step that left any out
+// (by step): whose shards the fingerprint proves missing.
+func CheckHybridSamples(t testing.TB, steps []Event, total, samples, batch int, seed uint64) (dropped int, left map[int][]int) {
 	t.Helper()
 	s, err := worker.NewSampler(samples, seed)
 	if err != nil {
@@ -421,6 +422,9 @@ func CheckHybridSamples(t testing.TB, steps []Event, total, samples, batch int, 
 			got[k] = v.(float64)
 		}
 		found := false
+		if left == nil {
+			left = map[int][]int{}
+		}
 		for set := 0; set < 1<<world && !found; set++ {
 			var sum worker.Fingerprint
 			n, lost := 0, 0.0
@@ -437,6 +441,11 @@ func CheckHybridSamples(t testing.TB, steps []Event, total, samples, batch int, 
 			if n == parts && sum == got {
 				found = true
 				dropped += int(lost)
+				for r := range world {
+					if set&(1<<r) == 0 {
+						left[i+1] = append(left[i+1], r)
+					}
+				}
 			}
 		}
 		if !found {
@@ -448,7 +457,7 @@ func CheckHybridSamples(t testing.TB, steps []Event, total, samples, batch int, 
 		}
 		pos = next
 	}
-	return dropped
+	return dropped, left
 }
 
 // NewestComplete is the manifest of the newest complete checkpoint in s.
