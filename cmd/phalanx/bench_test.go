@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -10,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/phalanx-rt/phalanx/bench"
-	"github.com/phalanx-rt/phalanx/examples"
 )
 
 func TestBenchUsageErrors(t *testing.T) {
@@ -36,7 +34,7 @@ func TestBenchUsageErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		var out, errOut bytes.Buffer
-		err := run(context.Background(), examples.Registry(), tc.args, &out, &errOut)
+		err := runCommand(t, tc.args, &out, &errOut)
 		var ue usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want a usage error mentioning %q", tc.args, err, tc.want)
@@ -56,7 +54,7 @@ func TestHelpExplainsFlags(t *testing.T) {
 	}
 	for _, tc := range cases {
 		var out, errOut bytes.Buffer
-		err := run(context.Background(), examples.Registry(), []string{"bench", tc.bench, "--help"}, &out, &errOut)
+		err := runCommand(t, []string{"bench", tc.bench, "--help"}, &out, &errOut)
 		if !errors.Is(err, flag.ErrHelp) {
 			t.Fatalf("bench %s --help: got %v", tc.bench, err)
 		}
@@ -72,7 +70,7 @@ func TestHelpExplainsFlags(t *testing.T) {
 // form: one object per size, nothing else on stdout.
 func TestBenchAllReduceJSON(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), examples.Registry(), []string{"bench", "allreduce", "--transport", "inproc", "--ranks", "3",
+	err := runCommand(t, []string{"bench", "allreduce", "--transport", "inproc", "--ranks", "3",
 		"--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--json"}, &out, &errOut)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errOut.String())

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"github.com/phalanx-rt/phalanx/examples"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"io/fs"
@@ -32,9 +30,9 @@ func s3Store(t *testing.T, srv *miniotest.Server, url string) checkpoint.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := checkpoint.Open(context.Background(), l, checkpoint.Credentials{AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	s, err := checkpoint.Open(testContext(t, storeWait), l, checkpoint.Credentials{AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("opening the store %s: %v", url, err)
 	}
 	return s
 }
@@ -110,18 +108,18 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 
 	// A flipped byte in the final checkpoint: the resume says why and takes
 	// step 110's; retraining 10 steps writes a new, identical final one.
-	ctx := context.Background()
+	ctx := testContext(t, storeWait)
 	obj := finalB.Id + "/" + finalB.Objects[1].Name
 	buf := make([]byte, finalB.Objects[1].Bytes)
 	if err := store.ReadAt(ctx, obj, buf, 0); err != nil {
-		t.Fatal(err)
+		t.Fatalf("reading %s: %v", obj, err)
 	}
 	buf[len(buf)/2] ^= 1
 	if err := store.Delete(ctx, obj); err != nil { // the test rewrites it, as a failing disk would
-		t.Fatal(err)
+		t.Fatalf("deleting %s: %v", obj, err)
 	}
 	if err := store.Put(ctx, obj, buf); err != nil {
-		t.Fatal(err)
+		t.Fatalf("rewriting %s: %v", obj, err)
 	}
 	c := startJob(t, append([]string{"--workers", "3", "--checkpoint", url}, ckptJobArgs...)...).Finish(t)
 	sk, rs := c["checkpoint_skipped"], c["checkpoint_restored"]
@@ -133,8 +131,8 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	if again.Id == finalB.Id || again.Step != 120 || !slices.Equal(jobtest.TensorSums(again), jobtest.TensorSums(finalB)) {
 		t.Fatalf("the retrained final checkpoint %s differs from %s", again.Id, finalB.Id)
 	}
-	if err := checkpoint.Verify(ctx, store, again); err != nil {
-		t.Fatal(err)
+	if err := checkpoint.Verify(testContext(t, storeWait), store, again); err != nil {
+		t.Fatalf("verifying %s: %v", again.Id, err)
 	}
 }
 
@@ -183,15 +181,14 @@ func TestCheckpointSIGTERM(t *testing.T) {
 func TestCkptCommand(t *testing.T) {
 	t.Setenv("PHALANX_TEST_AS_COMMAND", "1") // the launcher's workers re-execute this binary
 	dir := t.TempDir()
-	ctx := context.Background()
 	var out strings.Builder
-	if err := run(ctx, examples.Registry(), []string{"train", "--workers", "1", "--checkpoint", dir, "--steps", "6", "--checkpoint-every-steps", "2",
+	if err := runCommand(t, []string{"train", "--workers", "1", "--checkpoint", dir, "--steps", "6", "--checkpoint-every-steps", "2",
 		"--samples", "1000", "--hidden", "16", "--checkpoint-keep", "0"}, &out, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	ck := func(args ...string) (string, error) {
 		var b strings.Builder
-		err := run(ctx, examples.Registry(), append([]string{"ckpt"}, args...), &b, &b)
+		err := runCommand(t, append([]string{"ckpt"}, args...), &b, &b)
 		return b.String(), err
 	}
 	ls, err := ck("ls", "--checkpoint", dir)
@@ -279,7 +276,7 @@ func TestCheckpointStoppedBelowMinimum(t *testing.T) {
 	}
 	store, _ := checkpoint.NewLocalStore(dir)
 	m := jobtest.NewestComplete(t, store)
-	if err := checkpoint.Verify(context.Background(), store, m); err != nil || m.Step != int64(jobtest.Num(saved, "step")) {
+	if err := checkpoint.Verify(testContext(t, storeWait), store, m); err != nil || m.Step != int64(jobtest.Num(saved, "step")) {
 		t.Fatalf("checkpoint %s step %d: %v", m.Id, m.Step, err)
 	}
 	var finals int
@@ -303,7 +300,7 @@ func TestCheckpointTrainLonger(t *testing.T) {
 		args := append([]string{"train", "--workers", "2", "--checkpoint", dir, "--samples", "1000", "--hidden", "16", "--batch", "64",
 			"--events", path}, extra...)
 		var out strings.Builder
-		if err := run(context.Background(), examples.Registry(), args, &out, &out); err != nil {
+		if err := runCommand(t, args, &out, &out); err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out.String())
 		}
 		return readEvents(t, path), out.String()

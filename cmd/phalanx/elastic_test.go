@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"net"
@@ -204,9 +203,9 @@ func TestElasticFifthWorker(t *testing.T) {
 // that the first ring waits for all three workers however slowly they
 // start (it is decided as soon as the third registers; nobody joins later).
 func TestCoordinatorLeaderKilled(t *testing.T) {
-	e, err := coordinator.StartEmbedded(context.Background(), coordinator.EmbeddedOptions{Dir: t.TempDir()})
+	e, err := coordinator.StartEmbedded(testContext(t, storeWait), coordinator.EmbeddedOptions{Dir: t.TempDir()})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("starting the embedded etcd: %v", err)
 	}
 	defer e.Close()
 	ep := strings.Join(e.Endpoints(), ",")
@@ -285,10 +284,9 @@ func TestEtcdLeaderKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	leaderOf := func() int {
 		t.Helper()
+		ctx := testContext(t, storeWait) // from the call: the job before it may take minutes
 		for i, ep := range endpoints {
 			st, err := cli.Status(ctx, ep)
 			if err != nil {
@@ -301,8 +299,8 @@ func TestEtcdLeaderKilled(t *testing.T) {
 		t.Fatal("no member is the leader")
 		return -1
 	}
-	if _, err := cli.Put(ctx, "/phalanx-test/ready", "1"); err != nil { // waits for the cluster to form
-		t.Fatal(err)
+	if _, err := cli.Put(testContext(t, storeWait), "/phalanx-test/ready", "1"); err != nil { // waits for the cluster to form
+		t.Fatalf("waiting for the etcd cluster to form: %v", err)
 	}
 	j := startJob(t, append([]string{"--workers", "3", "--etcd-endpoints", strings.Join(endpoints, ",")}, elasticJobArgs...)...)
 	j.Until(t, "step 20 in a ring of 3", jobtest.StepIn(3, 20))

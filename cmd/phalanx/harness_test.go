@@ -19,9 +19,13 @@ import (
 func runScenario(t *testing.T, sc chaos.Scenario, seed uint64) (*chaos.Report, *eventTap) {
 	t.Helper()
 	r := &chaos.Runner{Registry: examples.Registry(), Dir: t.TempDir()}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	const limit = 5 * time.Minute // its undisturbed reference and the run
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	rep, err := r.Run(ctx, sc, seed)
+	if ctx.Err() != nil {
+		t.Fatalf("waited %v for scenario %s (seed %d): %v", limit, sc.Name, seed, err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,12 +2,9 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"strings"
 	"testing"
-
-	"github.com/phalanx-rt/phalanx/examples"
 )
 
 // TestUsageErrors: a bad command line is a usage error (exit 2) that names
@@ -39,7 +36,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		var out, errOut bytes.Buffer
-		err := run(context.Background(), examples.Registry(), tc.args, &out, &errOut)
+		err := runCommand(t, tc.args, &out, &errOut)
 		var ue usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want a usage error mentioning %q", tc.args, err, tc.want)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"os"
@@ -119,13 +118,14 @@ func TestPSCheckpointHoldsSteps(t *testing.T) {
 	}
 	rows := func(dir string) map[uint64][]float32 {
 		t.Helper()
-		store, err := checkpoint.OpenURL(context.Background(), dir, checkpoint.Credentials{})
+		ctx := testContext(t, storeWait)
+		store, err := checkpoint.OpenURL(ctx, dir, checkpoint.Credentials{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, snaps, err := cluster.Load(context.Background(), store, cluster.Prefix(n))
+		m, snaps, err := cluster.Load(ctx, store, cluster.Prefix(n))
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("loading the checkpoint of step %d from %s: %v", n, dir, err)
 		}
 		if m.Step != n {
 			t.Fatalf("%s: the checkpoint of step %d", dir, m.Step)

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"github.com/phalanx-rt/phalanx"
@@ -33,7 +32,7 @@ func TestMain(m *testing.M) {
 func TestTrainJob(t *testing.T) {
 	evPath := filepath.Join(t.TempDir(), "events.jsonl")
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), examples.Registry(), []string{"train", "--workers", "2", "--steps", "6", "--batch", "64",
+	err := runCommand(t, []string{"train", "--workers", "2", "--steps", "6", "--batch", "64",
 		"--samples", "512", "--hidden", "16", "--events", evPath}, &out, &errOut)
 	if err != nil {
 		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
@@ -113,7 +112,7 @@ func TestTrainRankRestart(t *testing.T) {
 		args := append([]string{"train", "--workers", "3", "--steps", "8", "--batch", "60", "--samples", "600",
 			"--hidden", "16", "--events", path}, extra...)
 		var out, errOut bytes.Buffer
-		if err := run(context.Background(), examples.Registry(), args, &out, &errOut); err != nil {
+		if err := runCommand(t, args, &out, &errOut); err != nil {
 			t.Fatalf("%v: %v\n%s\n%s", args, err, out.String(), errOut.String())
 		}
 		return readEvents(t, path)
@@ -144,7 +143,7 @@ func TestTrainRankRestart(t *testing.T) {
 // the job with an error naming the budget, not a hang.
 func TestTrainRestartBudget(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), examples.Registry(), []string{"train", "--workers", "2", "--steps", "6", "--batch", "32", "--samples", "256",
+	err := runCommand(t, []string{"train", "--workers", "2", "--steps", "6", "--batch", "32", "--samples", "256",
 		"--hidden", "8", "--fail-at", "1:2", "--fail-times", "3", "--max-restarts", "2"}, &out, &errOut)
 	if err == nil {
 		t.Fatalf("the job succeeded:\n%s", out.String())

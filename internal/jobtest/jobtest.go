@@ -60,6 +60,15 @@ var EventsFlag = []string{"--events", "/dev/fd/3"}
 // it for a whole run.
 const DefaultDeadline = 4 * time.Minute
 
+// Deadline is PHALANX_TEST_WAIT, or DefaultDeadline: the bound of every
+// wait of a Job or Process, and of a test's other waits for a whole job.
+func Deadline() time.Duration { return deadline() }
+
+// storeWait bounds the store calls of NewestComplete and CopyCheckpoint
+// (MinIO on a loaded machine included): the error of a call cut short says
+// which it was.
+const storeWait = 2 * time.Minute
+
 // deadline is PHALANX_TEST_WAIT, or DefaultDeadline.
 func deadline() time.Duration {
 	if d, err := time.ParseDuration(os.Getenv("PHALANX_TEST_WAIT")); err == nil && d > 0 {
@@ -463,15 +472,17 @@ func CheckHybridSamples(t testing.TB, steps []Event, total, samples, batch int, 
 // NewestComplete is the manifest of the newest complete checkpoint in s.
 func NewestComplete(t testing.TB, s checkpoint.Store) *phalanxpb.Manifest {
 	t.Helper()
-	infos, err := checkpoint.List(context.Background(), s)
+	ctx, cancel := context.WithTimeout(context.Background(), storeWait)
+	defer cancel()
+	infos, err := checkpoint.List(ctx, s)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("listing the checkpoints: %v", err)
 	}
 	for _, in := range infos { // newest first
 		if in.Complete {
-			m, err := checkpoint.ReadManifest(context.Background(), s, in.ID)
+			m, err := checkpoint.ReadManifest(ctx, s, in.ID)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("reading checkpoint %s's manifest: %v", in.ID, err)
 			}
 			return m
 		}
@@ -496,10 +507,11 @@ func TensorSums(m *phalanxpb.Manifest) []uint32 {
 // manifest last.
 func CopyCheckpoint(t testing.TB, from, to checkpoint.Store, id string) {
 	t.Helper()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), storeWait)
+	defer cancel()
 	objs, err := from.List(ctx, id+"/")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("listing checkpoint %s's objects: %v", id, err)
 	}
 	last := func(o checkpoint.ObjectInfo) int {
 		if strings.HasSuffix(o.Name, checkpoint.ManifestName) {
@@ -511,10 +523,10 @@ func CopyCheckpoint(t testing.TB, from, to checkpoint.Store, id string) {
 	for _, o := range objs {
 		buf := make([]byte, o.Size)
 		if err := from.ReadAt(ctx, o.Name, buf, 0); err != nil {
-			t.Fatal(err)
+			t.Fatalf("copying checkpoint %s: reading %s: %v", id, o.Name, err)
 		}
 		if err := to.Put(ctx, o.Name, buf); err != nil {
-			t.Fatal(err)
+			t.Fatalf("copying checkpoint %s: writing %s: %v", id, o.Name, err)
 		}
 	}
 }
