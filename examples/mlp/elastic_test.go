@@ -3,10 +3,10 @@ package mlp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -27,8 +27,7 @@ func TestElasticResize(t *testing.T) {
 	widths := []int{784, 32, 10}
 	cfg := worker.Config{GlobalBatch: 200, Schedule: nn.Schedule{Base: 0.05}, Seed: 5}
 	opt := nn.OptimizerConfig{Kind: "adam"}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := testContext(t)
 	sampler, err := worker.NewSampler(data.Len(), cfg.Seed)
 	if err != nil {
 		t.Fatal(err)
@@ -65,9 +64,9 @@ func TestElasticResize(t *testing.T) {
 	run := func(r *rig, n int) {
 		for range n {
 			step++
-			st1, errs := single.step(ctx)
+			st1, errs := single.step(t, ctx)
 			must(t, errs)
-			st, errs := r.step(ctx)
+			st, errs := r.step(t, ctx)
 			must(t, errs)
 			check(step, st1, st, r)
 		}
@@ -83,7 +82,7 @@ func TestElasticResize(t *testing.T) {
 		go func() { defer wg.Done(); _, errs[i] = multi.trainers[r].Step(ctx) }()
 	}
 	multi.groups[2].Abort("rank 2 killed by the test")
-	wg.Wait()
+	waitWithin(t, &wg, "the survivors' step 9")
 	for i, err := range errs {
 		if !errors.Is(err, collective.ErrAborted) && !errors.Is(err, collective.ErrPeerLost) {
 			t.Fatalf("rank %d: step 9 ended with %v, want the loss of rank 2", survivors[i], err)
@@ -112,7 +111,7 @@ func TestElasticResize(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := worker.NewTrainer(context.Background(), g0[0], m, data, o, cfg, nil)
+		tr, err := worker.NewTrainer(ctx, g0[0], m, data, o, cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +163,7 @@ func regroup(t *testing.T, ctx context.Context, r *rig, gen uint64, newcomers []
 		wg.Add(1)
 		go func() { defer wg.Done(); res[i], errs[i] = tr.Resync(ctx, reached) }()
 	}
-	wg.Wait()
+	waitWithin(t, &wg, fmt.Sprintf("every rank's resync into generation %d", gen))
 	must(t, errs)
 	for i, x := range res {
 		if x != res[0] || x.Redone != 0 {
@@ -187,13 +186,12 @@ func TestElasticKeepRankBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := worker.Config{GlobalBatch: 256, Schedule: nn.Schedule{Base: 0.08}, Seed: 5, KeepRankBatch: true, ReferenceWorld: 4}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t)
 	r := newRig(t, 4, data, cfg, nn.OptimizerConfig{Kind: "sgd"}, []int{784, 16, 10})
 	for _, tr := range r.trainers {
 		tr.State().Commit()
 	}
-	st, errs := r.step(ctx)
+	st, errs := r.step(t, ctx)
 	must(t, errs)
 	if st.Samples != 256 || math.Abs(float64(st.LR)-0.08) > 1e-7 {
 		t.Fatalf("world 4: %d samples at lr %v, want 256 at 0.08", st.Samples, st.LR)
@@ -203,7 +201,7 @@ func TestElasticKeepRankBatch(t *testing.T) {
 		g.Abort("left")
 	}
 	regroup(t, ctx, half, 2, nil)
-	st, errs = half.step(ctx)
+	st, errs = half.step(t, ctx)
 	must(t, errs)
 	if st.Samples != 128 || math.Abs(float64(st.LR)-0.04) > 1e-7 {
 		t.Fatalf("world 2: %d samples at lr %v, want 128 at 0.04", st.Samples, st.LR)

@@ -22,8 +22,7 @@ type rig struct {
 
 func newRig(t *testing.T, world int, data worker.Dataset, cfg worker.Config, opt nn.OptimizerConfig, widths []int) *rig {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t) // the trainers' background allreduces keep it
 	groups, err := collective.InprocGroups(ctx, world, "mlp-test", 1, collective.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +37,7 @@ func newRig(t *testing.T, world int, data worker.Dataset, cfg worker.Config, opt
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := worker.NewTrainer(context.Background(), g, m, data, o, cfg, nil)
+		tr, err := worker.NewTrainer(ctx, g, m, data, o, cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +54,8 @@ func newRig(t *testing.T, world int, data worker.Dataset, cfg worker.Config, opt
 }
 
 // step runs one step on every rank and returns rank 0's stats.
-func (r *rig) step(ctx context.Context) (worker.StepStats, []error) {
+func (r *rig) step(t *testing.T, ctx context.Context) (worker.StepStats, []error) {
+	t.Helper()
 	stats := make([]worker.StepStats, len(r.trainers))
 	errs := make([]error, len(r.trainers))
 	var wg sync.WaitGroup
@@ -63,8 +63,34 @@ func (r *rig) step(ctx context.Context) (worker.StepStats, []error) {
 		wg.Add(1)
 		go func() { defer wg.Done(); stats[i], errs[i] = tr.Step(ctx) }()
 	}
-	wg.Wait()
+	waitWithin(t, &wg, "every rank's step")
 	return stats[0], errs
+}
+
+// testWait bounds every wait of a test, and testContext its blocking
+// calls: far above what a loaded machine needs, far below go test's
+// timeout.
+const testWait = 2 * time.Minute
+
+// testContext ends with the test, and after testWait at the latest, so
+// that a blocking call of a test fails rather than hanging the package.
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitWithin waits for wg, failing the test, naming what it waited for,
+// after testWait.
+func waitWithin(t testing.TB, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(testWait):
+		t.Fatalf("waited %v for %s", testWait, what)
+	}
 }
 
 func must(t *testing.T, errs []error) {
@@ -93,14 +119,14 @@ func TestDataParallelEquivalence(t *testing.T) {
 	widths := []int{784, 64, 10}
 	cfg := worker.Config{GlobalBatch: 256, Schedule: nn.Schedule{Base: 0.05}, Seed: 3}
 	opt := nn.OptimizerConfig{Kind: "momentum"}
-	ctx := context.Background()
+	ctx := testContext(t)
 	single := newRig(t, 1, data, cfg, opt, widths)
 	multi := newRig(t, 4, data, cfg, opt, widths)
 	var first, last worker.StepStats
 	for s := range 50 {
-		st1, errs := single.step(ctx)
+		st1, errs := single.step(t, ctx)
 		must(t, errs)
-		st4, errs := multi.step(ctx)
+		st4, errs := multi.step(t, ctx)
 		must(t, errs)
 		if math.Abs(st1.Loss-st4.Loss) > 1e-4*st1.Loss {
 			t.Errorf("step %d: loss %v with 1 rank, %v with 4", s+1, st1.Loss, st4.Loss)
@@ -142,15 +168,15 @@ func TestTrainerModes(t *testing.T) {
 	}
 	widths := []int{784, 32, 10}
 	opt := nn.OptimizerConfig{Kind: "adamw", WeightDecay: 0.01}
-	ctx := context.Background()
+	ctx := testContext(t)
 	base := worker.Config{GlobalBatch: 128, Schedule: nn.Schedule{Base: 1e-3}, Seed: 5}
 	accum := base
 	accum.MicroBatches = 4
 	plain, acc := newRig(t, 2, data, base, opt, widths), newRig(t, 2, data, accum, opt, widths)
 	for range 5 {
-		_, errs := plain.step(ctx)
+		_, errs := plain.step(t, ctx)
 		must(t, errs)
-		_, errs = acc.step(ctx)
+		_, errs = acc.step(t, ctx)
 		must(t, errs)
 	}
 	a, b := flat(plain.models[0]), flat(acc.models[0])
@@ -164,7 +190,7 @@ func TestTrainerModes(t *testing.T) {
 	local.LocalSteps = 3
 	l := newRig(t, 3, data, local, nn.OptimizerConfig{Kind: "sgd"}, widths)
 	for s := 1; s <= 6; s++ {
-		_, errs := l.step(ctx)
+		_, errs := l.step(t, ctx)
 		must(t, errs)
 		equal := true
 		x, y := flat(l.models[0]), flat(l.models[1])
@@ -210,13 +236,13 @@ func TestNaNGradient(t *testing.T) {
 	poisoned := &nanModel{Model: r.models[1], at: 3}
 	o, _ := nn.NewOptimizer(nn.OptimizerConfig{}, poisoned.Params())
 	r.trainers[1].Close()
-	r.trainers[1], err = worker.NewTrainer(context.Background(), r.groups[1], poisoned, data, o, worker.Config{GlobalBatch: 64, Schedule: nn.Schedule{Base: 0.01}}, nil)
+	ctx := testContext(t)
+	r.trainers[1], err = worker.NewTrainer(ctx, r.groups[1], poisoned, data, o, worker.Config{GlobalBatch: 64, Schedule: nn.Schedule{Base: 0.01}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	for s := 1; s <= 3; s++ {
-		_, errs := r.step(ctx)
+		_, errs := r.step(t, ctx)
 		if s < 3 {
 			must(t, errs)
 			continue
