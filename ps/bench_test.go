@@ -1,7 +1,6 @@
 package ps
 
 import (
-	"context"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -13,7 +12,7 @@ func BenchmarkPushPull(b *testing.B) {
 	const workers, keys, dim = 2, 4096, 64
 	spec := TableSpec{ID: 1, Name: "emb", Dim: dim, KeySpace: 1 << 20, Init: InitUniform, InitScale: 0.01, LR: 0.01}
 	c := newCluster(&testing.T{}, 2, 2, 0, []TableSpec{spec}, SyncSpec{Mode: ASP, Workers: workers})
-	ctx := context.Background()
+	ctx := testContext(b)
 	sets := make([][]uint64, 32)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range sets {
@@ -44,6 +43,6 @@ func BenchmarkPushPull(b *testing.B) {
 				}
 			}()
 		}
-		wg.Wait()
+		wg.Wait() // the pulls and pushes end with ctx
 	}
 }

@@ -1,7 +1,6 @@
 package ps
 
 import (
-	"context"
 	"encoding/binary"
 	"hash/crc32"
 	"slices"
@@ -15,7 +14,7 @@ import (
 func TestSnapshotReshard(t *testing.T) {
 	spec := sgdTable(2)
 	spec.Optimizer = Adam
-	ctx := context.Background()
+	ctx := testContext(t)
 	old := newCluster(t, 2, 2, 0, []TableSpec{spec}, SyncSpec{Mode: ASP, Workers: 1})
 	w := old.client(0, PartitionHash)
 	keys := []uint64{1, 2, 3, 50, 77, 400, 999}

@@ -50,7 +50,7 @@ func TestShareTakeover(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			spec := sgdTable(1)
 			sync := SyncSpec{Mode: mode, Workers: 2, Staleness: 1}
-			ctx := context.Background()
+			ctx := testContext(t)
 			run := func(takeover bool) (rows map[uint64][]float32, infos []ShardInfo) {
 				c := newCluster(t, 2, 2, 1, []TableSpec{spec}, sync)
 				w0, w1 := c.client(0, PartitionHash), c.client(1, PartitionHash)
@@ -70,9 +70,10 @@ func TestShareTakeover(t *testing.T) {
 						pctx, cancel := context.WithCancel(ctx)
 						failed := make(chan error, 1)
 						go func() { _, err := dying.Push(pctx, 1, keys, grad(1, step)); failed <- err }()
-						<-d.reached // shard 0 applied it
-						cancel()    // the worker dies
-						if err := <-failed; err == nil {
+						// Shard 0 applied it; then the worker dies.
+						within(t, d.reached, "the dying worker's push to reach shard 0")
+						cancel()
+						if err := within(t, failed, "the dying worker's push to end"); err == nil {
 							t.Fatal("the dying worker's push succeeded")
 						}
 						dying.Close()
