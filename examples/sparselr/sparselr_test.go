@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx/ps"
 )
@@ -83,7 +84,9 @@ func TestTrainsLocally(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewModel(loc, g.Config().IDs)
-	ctx := context.Background()
+	// Local blocks on nothing; the bound is for a Params that would.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	idx := make([]int, 256)
 	for range 2 {
 		for a := 0; a+len(idx) <= train.Len(); a += len(idx) {
