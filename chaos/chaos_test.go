@@ -189,9 +189,13 @@ func TestCIScenarios(t *testing.T) {
 // that was not injected or left no evidence.
 func runAndCheck(t *testing.T, r *Runner, sc Scenario, seed uint64) *Report {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	const limit = 5 * time.Minute // its undisturbed reference and the run
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	rep, err := r.Run(ctx, sc, seed)
+	if ctx.Err() != nil {
+		t.Fatalf("waited %v for scenario %s (seed %d): %v", limit, sc.Name, seed, err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,9 +69,20 @@ func TestReportPageInChromium(t *testing.T) {
 	}
 	flags := []string{"--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
 		"--disable-component-update", "--disable-sync", "--user-data-dir=" + filepath.Join(dir, "profile"), "--window-size=1000,1400"}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	const limit = 2 * time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	dom, err := exec.CommandContext(ctx, bin, append(flags, "--dump-dom", "file://"+page)...).Output()
+	chromium := func(args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, bin, append(flags, args...)...)
+		// Killed at the deadline, chromium's own children may hold its
+		// stdout open: Wait gives up on them.
+		cmd.WaitDelay = 10 * time.Second
+		return cmd
+	}
+	dom, err := chromium("--dump-dom", "file://"+page).Output()
+	if ctx.Err() != nil {
+		t.Fatalf("waited %v for chromium --dump-dom: %v", limit, err)
+	}
 	if err != nil {
 		t.Fatalf("chromium --dump-dom: %v", err)
 	}
@@ -91,7 +102,11 @@ func TestReportPageInChromium(t *testing.T) {
 			t.Errorf("the rendered page has %d of %s, want %d", got, what, want)
 		}
 	}
-	if err := exec.CommandContext(ctx, bin, append(flags, "--screenshot="+shot, "file://"+page)...).Run(); err != nil {
+	err = chromium("--screenshot="+shot, "file://"+page).Run()
+	if ctx.Err() != nil {
+		t.Fatalf("waited %v for chromium --dump-dom and --screenshot: %v", limit, err)
+	}
+	if err != nil {
 		t.Fatalf("chromium --screenshot: %v", err)
 	}
 	if st, err := os.Stat(shot); err != nil || st.Size() < 10000 {

@@ -53,7 +53,9 @@ func TestNetnsNeedsRoot(t *testing.T) {
 		t.Skip("SKIPPING: running as root, so the lab can be built; TestNetnsLab covers Start")
 	}
 	s, _ := netnsService(&Scenario{Name: "x", Job: JobSpec{Workers: 2, Steps: 10, Network: "netns"}})
-	err := s.Start(context.Background(), t.TempDir(), zap.NewNop())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := s.Start(ctx, t.TempDir(), zap.NewNop())
 	if !errors.Is(err, ErrNeedsRoot) || !strings.Contains(err.Error(), "needs root") {
 		t.Fatalf("Start without root: %v, want ErrNeedsRoot", err)
 	}

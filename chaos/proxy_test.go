@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -48,14 +49,34 @@ func startProxy(t *testing.T, backend string) *Proxy {
 	return p
 }
 
+// connWait bounds every read and write of a test's connection, and each
+// wait for a proxy's stats: a read that hangs fails with os.ErrDeadlineExceeded.
+const connWait = 30 * time.Second
+
+// dial connects to addr; the connection's reads and writes fail after
+// connWait.
 func dial(t *testing.T, addr string) *net.TCPConn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	c, err := net.DialTimeout("tcp", addr, connWait)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	if err := c.SetDeadline(time.Now().Add(connWait)); err != nil {
+		t.Fatal(err)
+	}
 	return c.(*net.TCPConn)
+}
+
+// waitStats waits up to connWait for p's stats to satisfy cond, failing
+// the test, naming what it waited for and the stats, if they do not.
+func waitStats(t *testing.T, p *Proxy, what string, cond func(ProxyStats) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), connWait)
+	defer cancel()
+	if err := p.Wait(ctx, cond); err != nil {
+		t.Fatalf("waited for %s: stats %+v: %v", what, p.Stats(), err)
+	}
 }
 
 // TestProxyDeliversIntact: whatever the delay, rate cap and loss, every
@@ -89,19 +110,20 @@ func TestProxyDeliversIntact(t *testing.T) {
 			}()
 			got, err := io.ReadAll(c)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("reading the echo through the proxy (%d of %d bytes back): %v", len(got), len(want), err)
 			}
-			if err := <-errc; err != nil {
-				t.Fatal(err)
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Fatalf("writing through the proxy: %v", err)
+				}
+			case <-time.After(connWait):
+				t.Fatalf("waited %v for the write through the proxy to return", connWait)
 			}
 			if !bytes.Equal(got, want) {
 				t.Fatalf("echoed %d bytes through the proxy, got %d back, not the same", len(want), len(got))
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := p.Wait(ctx, func(s ProxyStats) bool { return s.Forwarded == 2*int64(len(want)) }); err != nil {
-				t.Fatal(err)
-			}
+			waitStats(t, p, "every byte counted forwarded", func(s ProxyStats) bool { return s.Forwarded == 2*int64(len(want)) })
 			s := p.Stats()
 			if s.Forwarded != 2*int64(len(want)) || s.Conns != 1 {
 				t.Errorf("stats %+v: want %d bytes forwarded over 1 connection", s, 2*len(want))
@@ -153,18 +175,12 @@ func TestProxyStall(t *testing.T) {
 func TestProxyDrop(t *testing.T) {
 	p := startProxy(t, echoServer(t))
 	c := dial(t, p.Addr())
-	if err := p.Wait(context.Background(), func(s ProxyStats) bool { return s.Conns == 1 }); err != nil {
-		t.Fatal(err)
-	}
+	waitStats(t, p, "the connection", func(s ProxyStats) bool { return s.Conns == 1 })
 	p.Set(ProxyFaults{Drop: true})
 	if _, err := c.Write([]byte("lost")); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Wait(ctx, func(s ProxyStats) bool { return s.Dropped == 4 }); err != nil {
-		t.Fatal(err)
-	}
+	waitStats(t, p, "4 bytes dropped", func(s ProxyStats) bool { return s.Dropped == 4 })
 	p.Set(ProxyFaults{})
 	if _, err := c.Write([]byte("kept")); err != nil {
 		t.Fatal(err)
@@ -180,9 +196,7 @@ func TestProxyDrop(t *testing.T) {
 func TestProxyReset(t *testing.T) {
 	p := startProxy(t, echoServer(t))
 	c := dial(t, p.Addr())
-	if err := p.Wait(context.Background(), func(s ProxyStats) bool { return s.Conns == 1 }); err != nil {
-		t.Fatal(err)
-	}
+	waitStats(t, p, "the connection", func(s ProxyStats) bool { return s.Conns == 1 })
 	if n := p.Reset(); n != 1 {
 		t.Fatalf("Reset reset %d connections, want 1", n)
 	}
@@ -210,11 +224,9 @@ func TestProxyReset(t *testing.T) {
 	c3 := dial(t, q.Addr())
 	if _, err := c3.Read(make([]byte, 1)); err == nil {
 		t.Fatal("read through a proxy to a closed port succeeded")
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("waited %v for the proxy to a closed port to close the client's connection", connWait)
 	}
 	// The client may see its end close before the proxy counts the refusal.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := q.Wait(ctx, func(s ProxyStats) bool { return s.Refused == 1 }); err != nil {
-		t.Fatalf("stats %+v: want 1 refused: %v", q.Stats(), err)
-	}
+	waitStats(t, q, "1 refused", func(s ProxyStats) bool { return s.Refused == 1 })
 }
