@@ -74,7 +74,10 @@ func childMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ctx := context.Background()
+	// A child outlives no test: one whose parent died before killing it
+	// (go test's own timeout) gives up rather than looping on.
+	ctx, cancel := context.WithTimeout(context.Background(), childLife)
+	defer cancel()
 	g, err := Join(ctx, transport, Membership{Job: "proc-test", Generation: 1, Rank: rank, Peers: peers, Hosts: hosts}, opts)
 	if err != nil {
 		fmt.Printf("err %s\n", describe(err))
@@ -381,6 +384,9 @@ func tell(t testing.TB, procs []*launch.Proc, cmd string) {
 		}
 	}
 }
+
+// childLife bounds a child rank's life: go test's default timeout.
+const childLife = 10 * time.Minute
 
 // procWait bounds each wait for a child's line: far above any operation's
 // timeout, so that only a hang trips it, and far below go test's.
