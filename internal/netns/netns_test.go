@@ -89,11 +89,16 @@ func ping(addr string, timeout time.Duration) string {
 	return "ok " + strings.TrimSpace(reply)
 }
 
+// childWait bounds each wait for a child's line or exit: far above what a
+// loaded machine needs, far below go test's timeout.
+const childWait = time.Minute
+
 // child is a started child process with line-oriented stdin and stdout.
 type child struct {
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Scanner
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	pipe *os.File // stdout's read end, read with a deadline
+	out  *bufio.Scanner
 }
 
 func startChild(t *testing.T, ctx context.Context, h *Host, role string, args ...string) *child {
@@ -105,14 +110,13 @@ func startChild(t *testing.T, ctx context.Context, h *Host, role string, args ..
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, w := pipe(t)
+	cmd.Stdout = w
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	w.Close()
+	c := &child{cmd: cmd, in: in, pipe: r, out: bufio.NewScanner(r)}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -120,12 +124,47 @@ func startChild(t *testing.T, ctx context.Context, h *Host, role string, args ..
 	return c
 }
 
+// pipe is an os.Pipe whose read end the test closes when it ends.
+func pipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r, w
+}
+
+// line is the child's next line, read within childWait.
 func (c *child) line(t *testing.T) string {
 	t.Helper()
+	if err := c.pipe.SetReadDeadline(time.Now().Add(childWait)); err != nil {
+		t.Fatal(err)
+	}
 	if !c.out.Scan() {
+		if errors.Is(c.out.Err(), os.ErrDeadlineExceeded) {
+			t.Fatalf("child %d: waited %v for a line", c.cmd.Process.Pid, childWait)
+		}
 		t.Fatalf("child %d: no line: %v", c.cmd.Process.Pid, c.out.Err())
 	}
 	return c.out.Text()
+}
+
+// waitExit waits for cmd, started by the test, to exit, and returns its
+// error; if it has not within childWait, it kills it and fails the test
+// naming what it waited for.
+func waitExit(t *testing.T, cmd *exec.Cmd, what string) error {
+	t.Helper()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		return err
+	case <-time.After(childWait):
+		_ = cmd.Process.Kill()
+		t.Fatalf("waited %v for %s (pid %d) to exit; killed it", childWait, what, cmd.Process.Pid)
+		return nil
+	}
 }
 
 func (c *child) dial(t *testing.T, addr string, timeout time.Duration) string {
@@ -320,16 +359,18 @@ func TestSweep(t *testing.T) {
 	}
 	// An orphan of the dead run, still inside its namespace: Sweep kills it.
 	orphan := exec.Command("ip", "netns", "exec", dead, "sh", "-c", "echo inside; exec sleep 1000")
-	out, err := orphan.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	out, w := pipe(t)
+	orphan.Stdout = w
 	if err := orphan.Start(); err != nil {
 		t.Fatal(err)
 	}
+	w.Close()
 	t.Cleanup(func() { _ = orphan.Process.Kill() })
+	if err := out.SetReadDeadline(time.Now().Add(childWait)); err != nil {
+		t.Fatal(err)
+	}
 	if line, err := bufio.NewReader(out).ReadString('\n'); line != "inside\n" {
-		t.Fatalf("orphan: %q, %v", line, err)
+		t.Fatalf("orphan: %q, %v (waited up to %v for it to start)", line, err, childWait)
 	}
 	deleted, err := Sweep(ctx)
 	if err != nil {
@@ -345,7 +386,7 @@ func TestSweep(t *testing.T) {
 	if strings.Contains(list, dead) || !strings.Contains(list, mine) {
 		t.Errorf("after Sweep: %s", list)
 	}
-	err = orphan.Wait()
+	err = waitExit(t, orphan, "the orphan Sweep should have killed")
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Errorf("the orphan in the stale namespace: %v, want killed by SIGKILL", err)
@@ -355,7 +396,8 @@ func TestSweep(t *testing.T) {
 // BenchmarkLab measures building and closing a three-host lab.
 func BenchmarkLab(b *testing.B) {
 	Require(b)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	for b.Loop() {
 		l, err := New(ctx, 3)
 		if err != nil {
