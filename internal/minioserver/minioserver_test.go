@@ -20,6 +20,10 @@ import (
 	"github.com/phalanx-rt/phalanx/internal/miniotest"
 )
 
+// testWait bounds each test's calls to its server: far above what a loaded
+// machine needs, far below go test's timeout.
+const testWait = 2 * time.Minute
+
 // TestBinaryMissing: a PHALANX_MINIO naming no file is ErrNoBinary, with
 // the path and the install hint in the message.
 func TestBinaryMissing(t *testing.T) {
@@ -60,7 +64,8 @@ func TestStartStopRestart(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := t.Context()
+			ctx, cancel := context.WithTimeout(t.Context(), testWait)
+			defer cancel()
 			s, err := minioserver.Start(ctx, minioserver.Config{Binary: bin, Dir: filepath.Join(t.TempDir(), "data"), Output: os.Stderr})
 			if err != nil {
 				t.Fatal(err)
@@ -77,10 +82,10 @@ func TestStartStopRestart(t *testing.T) {
 			c := client(t, s)
 			want := []byte("kept across restarts: " + tc.name)
 			if err := c.MakeBucket(ctx, "kept", minio.MakeBucketOptions{}); err != nil {
-				t.Fatal(err)
+				t.Fatalf("making the bucket: %v", err)
 			}
 			if _, err := c.PutObject(ctx, "kept", "o", bytes.NewReader(want), int64(len(want)), minio.PutObjectOptions{}); err != nil {
-				t.Fatal(err)
+				t.Fatalf("putting the object: %v", err)
 			}
 
 			if err := tc.down(ctx, s, pid); err != nil {
@@ -108,7 +113,7 @@ func TestStartStopRestart(t *testing.T) {
 			}
 			obj, err := c.GetObject(ctx, "kept", "o", minio.GetObjectOptions{})
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("getting the object after the restart: %v", err)
 			}
 			got, err := io.ReadAll(obj)
 			obj.Close()
@@ -140,7 +145,9 @@ func TestStartFails(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = s.Start(t.Context())
+			ctx, cancel := context.WithTimeout(t.Context(), testWait)
+			defer cancel()
+			_, err = s.Start(ctx)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), s.Endpoint()) {
 				t.Fatalf("Start: %v; want %v saying %q and the endpoint", err, tc.want, tc.says)
 			}
@@ -159,7 +166,7 @@ func health(ctx context.Context, t *testing.T, endpoint string) int {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("health of %s: %v", endpoint, err)
 	}
 	resp.Body.Close()
 	return resp.StatusCode
