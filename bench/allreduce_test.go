@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
 )
@@ -37,7 +38,11 @@ func runTestRank(arg string) int {
 		fmt.Fprintf(os.Stderr, "bad %s%s\n", rankArg, arg)
 		return 2
 	}
-	if err := AllReduceRank(context.Background(), processConfig(ranks, transport), rank, os.Stdin, os.Stdout); err != nil {
+	// A rank outlives no test: one whose parent died before ending it
+	// (go test's own timeout) gives up rather than waiting on.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := AllReduceRank(ctx, processConfig(ranks, transport), rank, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -74,7 +79,11 @@ func TestBenchAllReduce(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []AllReduceResult
-			if err := AllReduce(context.Background(), tc.cfg, func(r AllReduceResult) { got = append(got, r) }); err != nil {
+			ctx := testContext(t)
+			if err := AllReduce(ctx, tc.cfg, func(r AllReduceResult) { got = append(got, r) }); err != nil {
+				if ctx.Err() != nil { // a rank process killed at the deadline says only "signal: killed"
+					t.Fatalf("waited %v for the benchmark: %v", testWait, err)
+				}
 				t.Fatal(err)
 			}
 			if len(got) != len(tc.cfg.Sizes) {
@@ -112,7 +121,7 @@ func TestBenchAllReduceConfigErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := good
 			tc.edit(&cfg)
-			err := AllReduce(context.Background(), cfg, func(AllReduceResult) { t.Error("reported a result") })
+			err := AllReduce(testContext(t), cfg, func(AllReduceResult) { t.Error("reported a result") })
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error mentioning %q", err, tc.want)
 			}
@@ -128,7 +137,7 @@ func TestBenchWriteAllReduce(t *testing.T) {
 	for _, jsonOut := range []bool{false, true} {
 		t.Run(fmt.Sprintf("json=%v", jsonOut), func(t *testing.T) {
 			var out bytes.Buffer
-			if err := WriteAllReduce(context.Background(), cfg, Output{W: &out, JSON: jsonOut}); err != nil {
+			if err := WriteAllReduce(testContext(t), cfg, Output{W: &out, JSON: jsonOut}); err != nil {
 				t.Fatal(err)
 			}
 			lines := strings.Split(strings.TrimSpace(out.String()), "\n")

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 
@@ -22,18 +21,18 @@ func TestBenchCheckpoint(t *testing.T) {
 	s3.AccessKey, s3.SecretKey = srv.AccessKey, srv.SecretKey
 	cfg := CheckpointConfig{S3: s3, Sizes: []int{64 << 10, 1 << 20}, Ranks: 2, Repeat: 1}
 	var out bytes.Buffer
-	if err := WriteCheckpoint(context.Background(), cfg, Output{W: &out}); err != nil {
+	if err := WriteCheckpoint(testContext(t), cfg, Output{W: &out}); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 1+len(cfg.Sizes) || !strings.HasPrefix(lines[0], "state") || !strings.HasPrefix(lines[2], "1.0 MiB      2") {
 		t.Errorf("table:\n%s", out.String())
 	}
-	store, err := checkpoint.NewS3Store(context.Background(), s3)
+	store, err := checkpoint.NewS3Store(testContext(t), s3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if left, err := store.List(context.Background(), ""); err != nil || len(left) > 0 {
+	if left, err := store.List(testContext(t), ""); err != nil || len(left) > 0 {
 		t.Errorf("left behind %v (%v)", left, err)
 	}
 }
@@ -54,7 +53,7 @@ func TestBenchCheckpointConfigErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := good
 			tc.edit(&cfg)
-			if _, err := Checkpoint(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := Checkpoint(testContext(t), cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error mentioning %q", err, tc.want)
 			}
 		})

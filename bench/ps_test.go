@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,7 @@ func TestBenchPS(t *testing.T) {
 		{Workers: 2, Shards: 3, Replicas: 1, Keys: 128, Dim: 16, KeySpace: 10_000, Duration: 200 * time.Millisecond},
 	}
 	for _, cfg := range cases {
-		r, err := PS(context.Background(), cfg)
+		r, err := PS(testContext(t), cfg)
 		if err != nil {
 			t.Fatalf("%+v: %v", cfg, err)
 		}
@@ -47,7 +46,7 @@ func TestBenchPSConfigErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := good
 			tc.edit(&cfg)
-			if _, err := PS(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := PS(testContext(t), cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error mentioning %q", err, tc.want)
 			}
 		})

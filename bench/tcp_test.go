@@ -11,7 +11,7 @@ import (
 func TestBenchLoopbackTCP(t *testing.T) {
 	cfg := TCPConfig{Duration: 200 * time.Millisecond, WriteBytes: 64 << 10}
 	start := time.Now()
-	r, err := LoopbackTCP(context.Background(), cfg)
+	r, err := LoopbackTCP(testContext(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,8 +33,8 @@ func TestBenchLoopbackTCPErrors(t *testing.T) {
 		want error
 	}{
 		{"cancelled", cancelled, TCPConfig{Duration: time.Hour, WriteBytes: 4096}, context.Canceled},
-		{"no duration", context.Background(), TCPConfig{WriteBytes: 4096}, nil},
-		{"no write size", context.Background(), TCPConfig{Duration: time.Second}, nil},
+		{"no duration", testContext(t), TCPConfig{WriteBytes: 4096}, nil},
+		{"no write size", testContext(t), TCPConfig{Duration: time.Second}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
