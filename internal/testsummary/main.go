@@ -9,6 +9,7 @@
 // report. It is a tool of scripts/test, not part of the runtime.
 //
 //	go test -json ./... 2>&1 | testsummary record -state S -pass full -mode full
+//	go test -race -v ./... 2>&1 | testsummary record -state S -pass race -mode reduced -text
 //	testsummary status -state S -pass full -status $go_exit_status
 //	testsummary report -state S [-ci] [-trim $(go list -m)/]
 package main
@@ -26,7 +27,7 @@ func main() {
 
 func usage(stderr io.Writer) int {
 	fmt.Fprintln(stderr, `usage:
-  testsummary record -state FILE -pass NAME [-mode full|reduced] < go test -json output
+  testsummary record -state FILE -pass NAME [-mode full|reduced] [-text] < go test -json (-text: -v) output
   testsummary status -state FILE -pass NAME -status N
   testsummary report -state FILE [-ci] [-trim MODULE/]`)
 	return 2
@@ -44,6 +45,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	mode := fs.String("mode", "", `"full": the pass that reduced passes' skips are checked against; "reduced": a -race or -short pass; "": any other`)
 	status := fs.Int("status", 0, "the pass's exit status: go test's, or a step's such as scripts/fuzz (status)")
 	trim := fs.String("trim", "", "a prefix (the module path and a slash) left out of package paths in the report")
+	text := fs.Bool("text", false, "record: the stream is go test -v, not -json (each package converted with go tool test2json)")
 	ci := fs.Bool("ci", os.Getenv("CI") == "true", "fail the report on any skip a reduced pass does not explain (default: CI=true)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
@@ -57,7 +59,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return usage(stderr)
 		}
 		rec := NewRecorder(*pass, *mode, stdout)
-		if err := rec.Read(stdin); err != nil {
+		read := rec.Read
+		if *text {
+			read = func(in io.Reader) error { return rec.ReadText(in, Test2JSON) }
+		}
+		if err := read(stdin); err != nil {
 			fmt.Fprintf(stderr, "testsummary: %v\n", err)
 			return 1
 		}

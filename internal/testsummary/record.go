@@ -86,30 +86,39 @@ func NewRecorder(pass, mode string, out io.Writer) *Recorder {
 	return &Recorder{pass: pass, mode: mode, out: out, pkgs: map[string]*pkgState{}}
 }
 
-// Read consumes the stream to its end. A line that is not an event (the go
-// command's own messages) is echoed as it is.
+// Read consumes a `go test -json` stream to its end. A line that is not an
+// event (the go command's own messages) is echoed as it is.
 func (r *Recorder) Read(in io.Reader) error {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64*1024), 64<<20)
 	for sc.Scan() {
-		line := sc.Bytes()
-		var e event
-		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil || e.Action == "" {
-			fmt.Fprintf(r.out, "%s\n", line)
-			continue
-		}
-		r.handle(e)
+		r.line(sc.Bytes())
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("reading go test -json: %w", err)
 	}
+	r.finish()
+	return nil
+}
+
+// line handles one line of `go test -json`.
+func (r *Recorder) line(line []byte) {
+	var e event
+	if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil || e.Action == "" {
+		fmt.Fprintf(r.out, "%s\n", line)
+		return
+	}
+	r.handle(e)
+}
+
+// finish ends every package the stream left open.
+func (r *Recorder) finish() {
 	for _, name := range r.pkgOrder {
 		if p := r.pkgs[name]; !p.done {
 			r.endPackage(name, p, ActionUnfinished, 0)
 			fmt.Fprintf(r.out, "FAIL\t%s: the stream ended before the package did\n", name)
 		}
 	}
-	return nil
 }
 
 func (r *Recorder) pkg(name string) *pkgState {

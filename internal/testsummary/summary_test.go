@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,10 +10,10 @@ import (
 	"testing"
 )
 
-// The testdata streams are `go test -json` as Go 1.26 wrote it (Time
-// fields dropped) for small packages made to pass, skip, fail, panic in a
-// parallel test, time out (-timeout 3s), os.Exit mid-test, fail vet and
-// fail to build.
+// The testdata streams are `go test -json` (*.jsonl, Time fields dropped)
+// and `go test -v` (*.txt) as Go 1.26 wrote them for small packages made to
+// pass, skip, fail, panic in a parallel test, time out (-timeout 3s),
+// os.Exit mid-test, fail vet and fail to build.
 
 // TestRecord: each recorded stream gives the results it holds, prints the
 // output of failed and unfinished tests and package lines only, and fails
@@ -58,6 +59,52 @@ func TestRecord(t *testing.T) {
 			failed: true,
 		},
 		{
+			name:   "mixed.txt (go test -v, converted a package at a time)",
+			stream: "mixed.txt",
+			results: []string{
+				"t2j/exit TestExit unfinished: the test binary exited while the test ran (its output is above)",
+				"t2j/exit  fail", "t2j/none  skip",
+				"t2j/ok TestA pass", "t2j/ok TestRace skip: ok_test.go:4: the race detector allocates", "t2j/ok  pass",
+				"t2j/vet  fail",
+			},
+			echo: []string{"    exit_test.go:3: about to die", "FAIL\tt2j/exit\t0.004s", "?   \tt2j/none\t[no test files]",
+				"ok  \tt2j/ok\t0.015s", `fmt.Printf format %d has arg "s" of wrong type string`, "FAIL\tt2j/vet [build failed]"},
+			silent: []string{"noise", "=== RUN", "--- PASS", "PASS\n", "the race detector allocates"},
+			failed: true,
+		},
+		{
+			name:   "failures.txt (go test -v)",
+			stream: "failures.txt",
+			results: []string{
+				"t2j/a TestPass pass", "t2j/a TestSkip skip: a_test.go:4: no reason here", "t2j/a TestSub/x skip: a_test.go:5: sub skip 1",
+				"t2j/a TestSub/y fail", "t2j/a TestSub fail", "t2j/a  fail",
+				// -v has no framing markers: the panic after TestOther's
+				// PASS line keeps it open.
+				"t2j/b TestOK pass", "t2j/b TestPanic fail", "t2j/b TestOther unfinished: panic: boom [recovered, repanicked]", "t2j/b  fail",
+				"t2j/c TestHang unfinished: panic: test timed out after 3s", "t2j/c  fail",
+				"t2j/d  fail",
+			},
+			echo: []string{"    a_test.go:5: bad y", "--- FAIL: TestSub/y", "FAIL\tt2j/a\t0.006s",
+				"--- FAIL: TestPanic", "panic: boom [recovered, repanicked]", "t2j/b.TestPanic(", "FAIL\tt2j/b",
+				"d/d_test.go:3:28: undefined: undefined", "FAIL\tt2j/d [build failed]",
+				"panic: test timed out after 3s", "\t\tTestHang (3s)", "t2j/c.TestHang(", "FAIL\tt2j/c\t3.007s"},
+			silent: []string{"hello", "no reason here", "sub skip 1", "=== RUN", "=== CONT"},
+			failed: true,
+		},
+		{
+			name: "go test -v cut short",
+			stream: `=== RUN   TestA
+--- PASS: TestA (0.00s)
+PASS
+ok  	m/p	0.010s
+=== RUN   TestB
+    q_test.go:3: last words
+`,
+			results: []string{"m/p TestA pass", "m/p  pass", "(unknown)  unfinished: the stream ended inside a package's output, before its result line"},
+			echo:    []string{"ok  \tm/p\t0.010s", "    q_test.go:3: last words"},
+			failed:  true,
+		},
+		{
 			name: "passing package",
 			stream: `{"Action":"start","Package":"m/p"}
 {"Action":"run","Package":"m/p","Test":"TestA"}
@@ -85,7 +132,8 @@ func TestRecord(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := tc.stream
-			if strings.HasSuffix(stream, ".jsonl") {
+			text := strings.HasSuffix(stream, ".txt") || strings.HasPrefix(tc.name, "go test -v")
+			if strings.HasSuffix(stream, ".jsonl") || strings.HasSuffix(stream, ".txt") {
 				b, err := os.ReadFile(filepath.Join("testdata", stream))
 				if err != nil {
 					t.Fatal(err)
@@ -94,7 +142,11 @@ func TestRecord(t *testing.T) {
 			}
 			var out bytes.Buffer
 			rec := NewRecorder("full", ModeFull, &out)
-			if err := rec.Read(strings.NewReader(stream)); err != nil {
+			read := rec.Read
+			if text {
+				read = func(in io.Reader) error { return rec.ReadText(in, Test2JSON) }
+			}
+			if err := read(strings.NewReader(stream)); err != nil {
 				t.Fatal(err)
 			}
 			var got []string
@@ -154,7 +206,10 @@ func TestReport(t *testing.T) {
 		{"race skip of a test the full pass skipped too", with(raceSkip, fullSkip), true, false,
 			[]string{"the full pass did not run it and pass it", `FAIL: 2 skips under CI=true`, `full  m/p TestAllocs: "no dataset here"`}},
 		{"race skip with no full pass", []Result{pkgs[0], raceSkip}, true, false,
-			[]string{"NOT ALLOWED under CI: no full pass ran", "FAIL: 1 skips under CI=true"}},
+			[]string{"unchecked: no full pass ran", "FAIL: no full pass ran, so 1 skips of the reduced passes are not explained"}},
+		{"race skip, and a failure before the full pass: the failure is the news", []Result{pkgs[0], raceSkip,
+			{Pass: "race", Mode: ModeReduced, Package: "m/q", Test: "TestX", Action: ActionFail}}, true, false,
+			[]string{"unchecked: no full pass ran", "FAILED (1):", "race  m/q TestX: fail"}},
 		{"an environment skip in the full pass, CI", with(envSkip), true, false,
 			[]string{`full  m/q TestData: "SKIPPED: the data is not installed"`, "only a reduced (-race/-short) pass may skip", "FAIL: 1 skips"}},
 		{"an environment skip in the full pass, not CI: counted, not failed", with(envSkip), false, true,
