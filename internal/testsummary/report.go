@@ -82,6 +82,9 @@ func (c *counts) add(res Result) {
 }
 
 func (c counts) String() string {
+	if c.packages == 0 && c.passed+c.skipped+c.failed == 0 && c.exit != nil {
+		return fmt.Sprintf("exit status %d (no go test results recorded)", *c.exit)
+	}
 	return fmt.Sprintf("%d passed, %d skipped, %d failed (tests and subtests) in %d packages", c.passed, c.skipped, c.failed, c.packages)
 }
 

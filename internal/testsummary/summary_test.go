@@ -220,8 +220,8 @@ func TestReport(t *testing.T) {
 			[]string{"FAILED (1):", "full  m/p TestB: fail"}},
 		{"a test that did not finish", with(Result{Pass: "full", Mode: ModeFull, Package: "m/p", Test: "TestHang", Action: ActionUnfinished, Reason: "panic: test timed out after 20m0s"}), false, false,
 			[]string{"m/p TestHang: did not finish: panic: test timed out after 20m0s"}},
-		{"go test's exit status", with(Result{Pass: "fuzz", Action: ActionExit, Status: 1}), false, false,
-			[]string{"fuzz  exited with status 1"}},
+		{"a step's exit status", with(Result{Pass: "fuzz", Action: ActionExit, Status: 1}), false, false,
+			[]string{"fuzz  exited with status 1", "fuzz  -        exit status 1 (no go test results recorded)"}},
 		{"a clean exit status", with(fullPass, Result{Pass: "full", Action: ActionExit}), true, true,
 			[]string{"  full  full     1 passed, 0 skipped, 0 failed (tests and subtests) in 1 packages", "skipped (0)"}},
 	} {
