@@ -206,17 +206,43 @@ func scanDir(t *testing.T, dir string, secrets map[string]string) (logs int) {
 	return logs
 }
 
-// procFile reads /proc/<pid>/<name>.
+// procFile reads /proc/<pid>/<name> of a running process. Right after a
+// fork and exec, Start may return (the exec has closed its pipe) before the
+// kernel has set the new program's arguments and environment, which read
+// empty until then: so it polls, with a deadline, until they are there.
 func procFile(t *testing.T, pid int, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, name))
-	if err != nil {
-		t.Fatalf("pid %d: %v", pid, err)
+	path := fmt.Sprintf("/proc/%d/%s", pid, name)
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("pid %d: %v", pid, err)
+		}
+		if len(b) > 0 {
+			return b
+		}
+		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || procState(stat) == "Z" {
+			t.Fatalf("%s is empty: pid %d has exited", path, pid)
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("waited 10s for %s of a running process to be set", path)
+		}
 	}
-	if len(b) == 0 {
-		t.Fatalf("/proc/%d/%s is empty: the process has exited", pid, name)
+}
+
+// procState is the state field of /proc/<pid>/stat ("R", "S", "Z", ...).
+func procState(stat []byte) string {
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) == 0 {
+		return ""
 	}
-	return b
+	return f[0]
 }
 
 // descendants are the pids of every process below root now.
