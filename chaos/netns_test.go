@@ -8,8 +8,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,17 +50,56 @@ func TestNetnsServiceChoice(t *testing.T) {
 	}
 }
 
-// TestNetnsNeedsRoot: without root, Start says the scenario needs it.
+// TestNetnsNeedsRoot: without root, Start says the scenario needs it. As
+// root, the test runs itself again as user nobody (a copy of this test
+// binary nobody may run), so the check always runs.
 func TestNetnsNeedsRoot(t *testing.T) {
-	if netns.Check() == nil {
-		t.Skip("SKIPPING: running as root, so the lab can be built; TestNetnsLab covers Start")
+	if os.Geteuid() != 0 {
+		s, _ := netnsService(&Scenario{Name: "x", Job: JobSpec{Workers: 2, Steps: 10, Network: "netns"}})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := s.Start(ctx, t.TempDir(), zap.NewNop())
+		if !errors.Is(err, ErrNeedsRoot) || !strings.Contains(err.Error(), "needs root") {
+			t.Fatalf("Start without root: %v, want ErrNeedsRoot", err)
+		}
+		return
 	}
-	s, _ := netnsService(&Scenario{Name: "x", Job: JobSpec{Workers: 2, Steps: 10, Network: "netns"}})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "netns-needs-root-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "chaos.test")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	err := s.Start(ctx, t.TempDir(), zap.NewNop())
-	if !errors.Is(err, ErrNeedsRoot) || !strings.Contains(err.Error(), "needs root") {
-		t.Fatalf("Start without root: %v, want ErrNeedsRoot", err)
+	cmd := exec.CommandContext(ctx, bin, "-test.run", "^TestNetnsNeedsRoot$", "-test.v", "-test.count=1")
+	cmd.Dir = dir
+	home := filepath.Join(dir, "home") // nobody's to write in
+	if err := os.Mkdir(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(home, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), "HOME="+home, "TMPDIR="+home)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestNetnsNeedsRoot") {
+		t.Fatalf("the test run as user nobody: %v\n%s", err, out)
 	}
 }
 
