@@ -44,10 +44,13 @@ func TestEmbeddingFromOutside(t *testing.T) {
 	bin := filepath.Join(dir, "outside")
 	build := exec.Command(goTool, "build", "-o", bin, ".")
 	build.Dir = dir
-	// Offline: every module comes from this repository's module cache.
+	// Offline: every module comes from this repository's module cache,
+	// which must hold the go.mod files of the whole module graph (an
+	// outside module reads them; Phalanx's own builds need not): scripts/test
+	// fills it with `go list -m all` first.
 	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the documented program outside the module: %v\n%s", err, out)
+		t.Fatalf("building the documented program outside the module: %v\n%s\n(a module missing from the cache? `go list -m all` in the repository fetches the graph's go.mod files)", err, out)
 	}
 	run := exec.Command(bin)
 	run.Dir = dir
