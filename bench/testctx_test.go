@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // testWait bounds a test's blocking calls: far above what a loaded machine
@@ -13,8 +15,4 @@ const testWait = 2 * time.Minute
 
 // testContext ends with the test, and after testWait at the latest, so
 // that a blocking call of a test fails rather than hanging the package.
-func testContext(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testContext(t testing.TB) context.Context { return testwait.Context(t, testWait) }

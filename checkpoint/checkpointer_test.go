@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -556,8 +557,4 @@ func TestCheckpointEveryDuration(t *testing.T) {
 
 // testContext ends with the test, and after three minutes at the latest, so
 // that a blocking call of a test fails rather than hanging the package.
-func testContext(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testContext(t testing.TB) context.Context { return testwait.Context(t, 3*time.Minute) }

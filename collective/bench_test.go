@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // BenchmarkAllReduce measures steady-state allreduce over in-process ranks;
@@ -39,7 +41,7 @@ func BenchmarkAllReduce(b *testing.B) {
 						b.Fatal(err)
 					}
 					for r := 1; r < len(groups); r++ {
-						if err := recvWithin(b, done, time.Minute, "a rank's allreduce"); err != nil {
+						if err := testwait.Recv(b, done, time.Minute, "a rank's allreduce"); err != nil {
 							b.Fatal(err)
 						}
 					}

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -43,7 +44,7 @@ func tcpPair(t *testing.T, gen uint64) (*Group, net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := recvWithin(t, ch, 20*time.Second, "rank 1's Connect")
+	r := testwait.Recv(t, ch, 20*time.Second, "rank 1's Connect")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -112,7 +113,7 @@ func TestMalformedFrames(t *testing.T) {
 					fake.Close()
 				}
 			}
-			err := recvWithin(t, done, 30*time.Second, "the allreduce to fail on the bad stream")
+			err := testwait.Recv(t, done, 30*time.Second, "the allreduce to fail on the bad stream")
 			var oe *OpError
 			if !errors.Is(err, tc.kind) || !errors.As(err, &oe) || oe.Rank != 1 || !strings.Contains(err.Error(), tc.detail) {
 				t.Fatalf("got %v, want %v naming rank 1 and mentioning %q", err, tc.kind, tc.detail)
@@ -133,7 +134,7 @@ func TestAbortFrameRelaysCause(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- g.Barrier(testContext(t)) }()
 	fake.Write(encoded(h, reason))
-	err := recvWithin(t, done, 30*time.Second, "the barrier to fail on the abort frame")
+	err := testwait.Recv(t, done, 30*time.Second, "the barrier to fail on the abort frame")
 	var oe *OpError
 	if !errors.Is(err, ErrTimeout) || !errors.As(err, &oe) || oe.Rank != 3 || oe.ReportedBy != 1 {
 		t.Fatalf("got %v, want ErrTimeout about rank 3 reported by rank 1", err)
@@ -324,7 +325,7 @@ func TestHandshakeRefusals(t *testing.T) {
 			errs <- err
 		}()
 		for range 2 {
-			if err := recvWithin(t, errs, 30*time.Second, "a Connect of mismatched worlds to fail"); !errors.Is(err, ErrMismatch) {
+			if err := testwait.Recv(t, errs, 30*time.Second, "a Connect of mismatched worlds to fail"); !errors.Is(err, ErrMismatch) {
 				t.Errorf("got %v, want ErrMismatch", err)
 			}
 		}

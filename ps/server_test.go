@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // cluster is servers on loopback, each hosting every shard, with shard s's
@@ -478,21 +479,11 @@ func TestShardActorRestart(t *testing.T) {
 
 // testContext ends with the test, and after two minutes at the latest, so
 // that a blocking call of a test fails rather than hanging the package.
-func testContext(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testContext(t testing.TB) context.Context { return testwait.Context(t, 2*time.Minute) }
 
 // within receives from ch, failing the test, naming what it waited for,
 // after 30 seconds.
 func within[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(30 * time.Second):
-		t.Fatalf("waited 30s for %s", what)
-		panic("unreachable")
-	}
+	return testwait.Recv(t, ch, 30*time.Second, what)
 }

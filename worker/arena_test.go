@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -99,8 +100,8 @@ func TestTrainerWire(t *testing.T) {
 			for r, tr := range ranks {
 				go func() { last[r], errs[r] = tr.Step(ctx); done <- r }()
 			}
-			recvWithin(t, done, time.Minute, "a rank's step")
-			recvWithin(t, done, time.Minute, "the other rank's step")
+			testwait.Recv(t, done, time.Minute, "a rank's step")
+			testwait.Recv(t, done, time.Minute, "the other rank's step")
 			for _, err := range errs {
 				if err != nil {
 					t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -60,7 +61,7 @@ func TestStepOverlapsBackward(t *testing.T) {
 		go func() { _, err := tr.Step(ctx); errs <- err }()
 	}
 	for range ranks {
-		if err := recvWithin(t, errs, time.Minute, "a rank's step"); err != nil {
+		if err := testwait.Recv(t, errs, time.Minute, "a rank's step"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,7 +205,7 @@ func TestWithdraw(t *testing.T) {
 				errs <- err
 			}()
 			for range ranks {
-				if err := recvWithin(t, errs, time.Minute, "a rank's hybrid step"); err != nil {
+				if err := testwait.Recv(t, errs, time.Minute, "a rank's hybrid step"); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -45,7 +46,7 @@ func TestStateCommitRestoreSync(t *testing.T) {
 		go func() { errs <- states[r].Sync(ctx, groups[r], 2) }()
 	}
 	for range states {
-		if err := recvWithin(t, errs, time.Minute, "a rank's Sync"); err != nil {
+		if err := testwait.Recv(t, errs, time.Minute, "a rank's Sync"); err != nil {
 			t.Fatal(err)
 		}
 	}

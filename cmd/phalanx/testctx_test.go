@@ -10,6 +10,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/examples"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // storeWait bounds a test's own calls to a checkpoint store or an etcd
@@ -24,9 +25,7 @@ const stopGrace = time.Minute
 // testContext ends with the test, and after limit at the latest, so that
 // a blocking call of a test fails rather than hanging the package.
 func testContext(t testing.TB, limit time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	t.Cleanup(cancel)
-	return ctx
+	return testwait.Context(t, limit)
 }
 
 // runCommand runs the phalanx command with args in this process, as

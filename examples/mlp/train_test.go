@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/worker"
 )
@@ -74,23 +75,13 @@ const testWait = 2 * time.Minute
 
 // testContext ends with the test, and after testWait at the latest, so
 // that a blocking call of a test fails rather than hanging the package.
-func testContext(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testContext(t testing.TB) context.Context { return testwait.Context(t, testWait) }
 
 // waitWithin waits for wg, failing the test, naming what it waited for,
 // after testWait.
 func waitWithin(t testing.TB, wg *sync.WaitGroup, what string) {
 	t.Helper()
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(testWait):
-		t.Fatalf("waited %v for %s", testWait, what)
-	}
+	testwait.Wait(t, wg, testWait, what)
 }
 
 func must(t *testing.T, errs []error) {
