@@ -487,27 +487,62 @@ type coordinatorKill struct {
 	meas *measurement
 }
 
-func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) {
+// elected is the job's coordinator election as a fault finds it: the
+// campaign keys (the first leads), the leader's process, and the current
+// generation (nil when it could not be read).
+type elected struct {
+	c    *etcdCluster
+	keys coordinator.Keys
+	kvs  []*mvccpb.KeyValue
+	id   string
+	p    *serviceProc
+	gen  *phalanxpb.Generation
+}
+
+// leadingCoordinator finds the coordinator process that leads the job's
+// election.
+func leadingCoordinator(ctx context.Context, env *Env) (*elected, error) {
 	c, err := cluster(env)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	c.ringClient(env, -1, false)
 	keys, err := coordinator.KeysFor(env.run.job)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	id, err := electionLeader(rctx, c.cli, keys)
+	kvs, err := electionKeys(rctx, c.cli, keys)
 	g, _, _ := coordinator.CurrentGeneration(rctx, c.cli, keys)
 	cancel()
 	if err != nil {
-		return "", fmt.Errorf("reading the coordinator election: %w", err)
+		return nil, fmt.Errorf("reading the coordinator election: %w", err)
 	}
-	p := c.coordinator(id)
-	if id == "" || p == nil {
-		return "", fmt.Errorf("no coordinator process leads the job's election (leader %q)", id)
+	if len(kvs) == 0 {
+		return nil, errors.New("no coordinator leads the job's election")
 	}
+	e := &elected{c: c, keys: keys, kvs: kvs, id: string(kvs[0].Value), gen: g}
+	if e.p = c.coordinator(e.id); e.p == nil {
+		return nil, fmt.Errorf("no coordinator process of the job is %q, the election's leader", e.id)
+	}
+	return e, nil
+}
+
+// decided names the generation the election's leader last decided, for
+// evidence.
+func (e *elected) decided() string {
+	if e.gen == nil {
+		return ""
+	}
+	return fmt.Sprintf(", generation %d decided by %s", e.gen.Number, e.gen.DecidedBy)
+}
+
+func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) {
+	e, err := leadingCoordinator(ctx, env)
+	if err != nil {
+		return "", err
+	}
+	c, keys, id, p := e.c, e.keys, e.id, e.p
 	c.mu.Lock()
 	pid := p.pid
 	err = syscall.Kill(pid, syscall.SIGKILL)
@@ -518,11 +553,7 @@ func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) 
 	}
 	f.c, f.fig = c, coordFigures{at: time.Now(), killed: id}
 	f.meas = measure(func(ctx context.Context) { c.measureTakeover(ctx, keys, &f.fig) })
-	decided := ""
-	if g != nil {
-		decided = fmt.Sprintf(", generation %d decided by %s", g.Number, g.DecidedBy)
-	}
-	return fmt.Sprintf("SIGKILL to coordinator %s (pid %d), the election's leader%s", id, pid, decided), nil
+	return fmt.Sprintf("SIGKILL to coordinator %s (pid %d), the election's leader%s", id, pid, e.decided()), nil
 }
 
 func (f *coordinatorKill) Heal(context.Context, *Env) (string, error) {
@@ -552,30 +583,11 @@ type coordinatorPause struct {
 }
 
 func (f *coordinatorPause) Inject(ctx context.Context, env *Env) (string, error) {
-	c, err := cluster(env)
+	e, err := leadingCoordinator(ctx, env)
 	if err != nil {
 		return "", err
 	}
-	c.ringClient(env, -1, false)
-	keys, err := coordinator.KeysFor(env.run.job)
-	if err != nil {
-		return "", err
-	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	kvs, err := electionKeys(rctx, c.cli, keys)
-	g, _, _ := coordinator.CurrentGeneration(rctx, c.cli, keys)
-	cancel()
-	if err != nil {
-		return "", fmt.Errorf("reading the coordinator election: %w", err)
-	}
-	if len(kvs) == 0 {
-		return "", errors.New("no coordinator leads the job's election")
-	}
-	id := string(kvs[0].Value)
-	p := c.coordinator(id)
-	if p == nil {
-		return "", fmt.Errorf("no coordinator process of the job is %q, the election's leader", id)
-	}
+	c, keys, kvs, id, p := e.c, e.keys, e.kvs, e.id, e.p
 	if len(kvs) < 2 {
 		return "", fmt.Errorf("coordinator %s leads with no standby behind it", id)
 	}
@@ -592,11 +604,7 @@ func (f *coordinatorPause) Inject(ctx context.Context, env *Env) (string, error)
 	}
 	*f = coordinatorPause{c: c, keys: keys, p: p, id: id, pid: pid, log: c.logPath(job + "-" + id),
 		key: string(kvs[0].Key), rev: kvs[0].CreateRevision, at: time.Now()}
-	decided := ""
-	if g != nil {
-		decided = fmt.Sprintf(", generation %d decided by %s", g.Number, g.DecidedBy)
-	}
-	return fmt.Sprintf("SIGSTOP to coordinator %s (pid %d), the election's leader (its key of revision %d)%s", id, pid, f.rev, decided), nil
+	return fmt.Sprintf("SIGSTOP to coordinator %s (pid %d), the election's leader (its key of revision %d)%s", id, pid, f.rev, e.decided()), nil
 }
 
 func (f *coordinatorPause) Heal(ctx context.Context, env *Env) (string, error) {

@@ -642,21 +642,30 @@ type psPrimaryKill struct {
 	pid    int
 }
 
-func (f *psPrimaryKill) Inject(ctx context.Context, env *Env) (string, error) {
+// pickedShard reads the job's shard map and the shard pick chooses in it:
+// the target of a fault on a shard's servers.
+func pickedShard(ctx context.Context, env *Env, pick uint64) (*phalanxpb.ShardMap, *phalanxpb.ShardPlacement, error) {
 	keys, err := psEtcd(env)
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	m, err := psShardMap(cctx, env, keys)
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
 	if m == nil || len(m.Shards) == 0 {
-		return "", fmt.Errorf("the job has no shard map yet")
+		return nil, nil, fmt.Errorf("the job has no shard map yet")
 	}
-	s := m.Shards[f.pick%uint64(len(m.Shards))]
+	return m, m.Shards[pick%uint64(len(m.Shards))], nil
+}
+
+func (f *psPrimaryKill) Inject(ctx context.Context, env *Env) (string, error) {
+	m, s, err := pickedShard(ctx, env, f.pick)
+	if err != nil {
+		return "", err
+	}
 	f.shard, f.server = int64(s.Shard), s.Primary
 	for _, srv := range m.Servers {
 		if srv.Id == s.Primary {
@@ -699,20 +708,10 @@ func (f *psAckLost) Inject(ctx context.Context, env *Env) (string, error) {
 	if f.hold <= 0 {
 		return "", fmt.Errorf("ps-ack-lost needs a duration: how long the backup is frozen before the primary is killed")
 	}
-	keys, err := psEtcd(env)
+	m, s, err := pickedShard(ctx, env, f.pick)
 	if err != nil {
 		return "", err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	m, err := psShardMap(cctx, env, keys)
-	if err != nil {
-		return "", err
-	}
-	if m == nil || len(m.Shards) == 0 {
-		return "", fmt.Errorf("the job has no shard map yet")
-	}
-	s := m.Shards[f.pick%uint64(len(m.Shards))]
 	if len(s.Backups) == 0 {
 		return "", fmt.Errorf("shard %d has no backup (job.options %s)", s.Shard, psOptReplicas)
 	}
