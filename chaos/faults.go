@@ -122,23 +122,23 @@ func (f *signalFault) Inject(_ context.Context, env *Env) (string, error) {
 	if err := syscall.Kill(f.pid, sig); err != nil {
 		return "", fmt.Errorf("%v to pid %d: %w", f.sig, f.pid, err)
 	}
-	if err := tookHold(f.pid, f.sig); err != nil {
+	if err := tookHold(f.pid, f.sig, 5*time.Second); err != nil {
 		return "", fmt.Errorf("%s to rank %d (pid %d): %w", signalName(f.sig), env.Rank, f.pid, err)
 	}
 	return fmt.Sprintf("%s to rank %d (pid %d)", signalName(f.sig), env.Rank, f.pid), nil
 }
 
-// tookHold waits (a few seconds at most) until the process shows the
+// tookHold waits, up to bound, until the process shows the
 // effect of sig: stopped for SIGSTOP, dead for SIGKILL. Other signals are
 // handled by the process, on its own time: their effect is judged later
 // (see leftRing). A natural end also looks dead: invariant 0 reads the
 // killed process's exit status too.
-func tookHold(pid int, sig syscall.Signal) error {
+func tookHold(pid int, sig syscall.Signal, bound time.Duration) error {
 	switch sig {
 	case syscall.SIGSTOP:
-		return awaitState(pid, "stopped", 5*time.Second)
+		return awaitState(pid, "stopped", bound)
 	case syscall.SIGKILL:
-		return awaitState(pid, "dead", 5*time.Second)
+		return awaitState(pid, "dead", bound)
 	}
 	return nil
 }

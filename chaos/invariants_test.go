@@ -498,7 +498,7 @@ func TestTookHold(t *testing.T) {
 		cmd := start(t)
 		syscall.Kill(cmd.Process.Pid, syscall.SIGSTOP)
 		defer syscall.Kill(cmd.Process.Pid, syscall.SIGCONT)
-		if err := tookHold(cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+		if err := tookHold(cmd.Process.Pid, syscall.SIGSTOP, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -506,20 +506,20 @@ func TestTookHold(t *testing.T) {
 		cmd := start(t)
 		syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
 		cmd.Wait()
-		if err := tookHold(cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		if err := tookHold(cmd.Process.Pid, syscall.SIGKILL, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("a zombie is dead", func(t *testing.T) {
 		cmd := start(t)
 		syscall.Kill(cmd.Process.Pid, syscall.SIGKILL) // not reaped yet
-		if err := tookHold(cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		if err := tookHold(cmd.Process.Pid, syscall.SIGKILL, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("no signal", func(t *testing.T) {
 		cmd := start(t)
-		if err := tookHold(cmd.Process.Pid, syscall.SIGSTOP); err == nil || !strings.Contains(err.Error(), "the process is not stopped") {
+		if err := tookHold(cmd.Process.Pid, syscall.SIGSTOP, 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "the process is not stopped") {
 			t.Fatalf("tookHold of a running process: %v", err)
 		}
 	})

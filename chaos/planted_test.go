@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,6 +27,11 @@ import (
 // planted_ps_test.go).
 func TestPlanted(t *testing.T) {
 	withCheckpoints := func(s *Scenario) { s.Job.CheckpointEvery = 20 }
+	// One runner per job, its undisturbed reference run before any bug is
+	// planted: the reference is the correct runtime's, and is run once.
+	dir := t.TempDir()
+	t.Cleanup(func() { sweepPlanted(t, dir) })
+	runners := map[string]*Runner{}
 	for _, tc := range []struct {
 		bug      plant.Bug
 		scenario string
@@ -57,12 +63,19 @@ func TestPlanted(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(&sc)
 			}
-			t.Setenv(plant.Env, string(tc.bug))
-			dir := t.TempDir()
-			t.Cleanup(func() { sweepPlanted(t, dir) })
-			r := &Runner{Registry: examples.Registry(), Dir: dir}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
+			key, _ := json.Marshal(sc.Job)
+			r := runners[string(key)]
+			if r == nil {
+				r = &Runner{Registry: examples.Registry(), Dir: dir}
+				runners[string(key)] = r
+			}
+			if _, err := r.Reference(ctx, &sc); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv(plant.Env, string(tc.bug)) // in this process and every one it starts from here on
+			t.Cleanup(func() { sweepPlanted(t, dir) })
 			rep, err := r.Run(ctx, sc, 1)
 			if err != nil {
 				t.Fatal(err)
