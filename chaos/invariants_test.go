@@ -528,7 +528,9 @@ func TestTookHold(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 		f := &signalFault{sig: syscall.SIGKILL}
-		_, err := f.Inject(context.Background(), &Env{Members: []Member{{Pid: int64(cmd.Process.Pid)}}})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := f.Inject(ctx, &Env{Members: []Member{{Pid: int64(cmd.Process.Pid)}}})
 		if err == nil || !strings.Contains(err.Error(), "had already exited") {
 			t.Fatalf("a signal fault to an exited process: %v", err)
 		}
