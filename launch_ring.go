@@ -308,7 +308,7 @@ func (r *ringJob) handle(l launch.Line) error {
 			return nil // from a rank 0 of a ring that steps no more, or already reported
 		}
 		r.stepGen, r.lastStep = rep.Generation, rep.Step
-		r.ev.Emit("step", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World),
+		r.ev.Emit("step", events.F("step", rep.Step), events.F("generation", cmp.Or(rep.TrainedIn, rep.Generation)), events.F("world", rep.World),
 			events.F("loss", rep.Loss), events.F("samples_per_s", rep.SamplesPS),
 			events.F("step_s", rep.StepS), events.F("compute_s", rep.ComputeS), events.F("comm_s", rep.CommS),
 			events.F("epoch", rep.Epoch), events.F("offset", rep.Offset), events.F("fingerprint", rep.Fingerprint),

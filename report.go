@@ -44,6 +44,7 @@ type Report struct {
 	Reason       string            `json:"reason,omitempty"`
 	Restarts     int               `json:"restarts,omitempty"`
 	Replayed     bool              `json:"replayed,omitempty"`      // a step report repeated after a ring change
+	TrainedIn    uint64            `json:"trained_in,omitempty"`    // a replayed step: the generation that trained it (Generation is the reporting ring's)
 	Identical    *bool             `json:"identical,omitempty"`     // done: every rank ends with bitwise the same parameters
 	ParamsCRC    uint32            `json:"params_crc32c,omitempty"` // done: rank 0's parameters' CRC32C
 	RankCRCs     []uint32          `json:"rank_crc32c,omitempty"`   // done: every rank's, by rank

@@ -78,8 +78,7 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 		w.rep.send(Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root,
 			DataPlane: g.DataPlane()})
 		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous reporter never saw it
-			w.rep.send(Report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen.Number, World: g.Size(), Loss: l.Loss,
-				Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint})
+			w.rep.send(replayedStep(l, gen.Number))
 		}
 	}
 	w.generation.Store(gen.Number)
@@ -368,6 +367,17 @@ func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Para
 		same = same && crcs[r] == crcs[0]
 	}
 	return same, crcs, nil
+}
+
+// replayedStep is the report of a step trained before a ring change, sent
+// again by rank 0 of generation gen: its world, generation and
+// participants are the ring's that trained it (the sampler split its batch
+// that many ways), not the new ring's.
+func replayedStep(l worker.StepStats, gen uint64) Report {
+	n := participants(l, l.World)
+	return Report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen, TrainedIn: l.Generation, World: l.World, Loss: l.Loss,
+		Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint,
+		Participants: n, Stale: l.World - n}
 }
 
 // participants is how many ranks' gradients entered a step: all of them

@@ -166,7 +166,7 @@ func (t *Trainer) ApplyStep(ctx context.Context) (_ StepStats, err error) {
 		return StepStats{}, err
 	}
 	p.clipped = false
-	stats, err := t.update(ctx, StepStats{})
-	stats.Participated, stats.Participants, stats.Overlapped = r.participated, int(st[statsRanks]), r.overlapped
-	return stats, err
+	// update commits what it is given with the step's figures: a step
+	// reported again after a ring change (Resync) says who took part.
+	return t.update(ctx, StepStats{Participated: r.participated, Participants: int(st[statsRanks]), Overlapped: r.overlapped})
 }

@@ -455,3 +455,82 @@ func TestHybridOverlapStraggler(t *testing.T) {
 		})
 	}
 }
+
+// TestResyncLastIsTheStepAsTrained: a hybrid step that closed without rank
+// 2 of a ring of 3, then a ring of 2 without it. Resync hands the new ring's
+// rank 0 that step's figures as the old ring trained them (world 3, 2
+// participants, generation 1, the fingerprint of ranks 0 and 1's shards of a
+// three-way split): a reporter that never saw the step reports it again
+// with them, and the chaos harness checks its samples against that split,
+// not the new ring's.
+func TestResyncLastIsTheStepAsTrained(t *testing.T) {
+	ctx := testContext(t)
+	cfg := Config{GlobalBatch: 60, Schedule: nn.Schedule{Base: 0.05}, Seed: 5}
+	ranks := newHybridRanks(t, 3, cfg)
+	hybridAll(t, ranks, 1)
+	pos := ranks[0].State().Position
+	var want Fingerprint
+	for r := range 2 {
+		idx, _, _, err := ranks[0].Sampler().Batch(pos, 60, 3, r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range FingerprintOf(idx) {
+			want[k] += v
+		}
+	}
+	// Step 2 closes without rank 2, which never computes it.
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for r, tr := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r < 2 {
+				if errs[r] = tr.Compute(ctx); errs[r] != nil {
+					return
+				}
+			}
+			if errs[r] = tr.ReduceStep(ctx, 2, r < 2); errs[r] == nil {
+				_, errs[r] = tr.ApplyStep(ctx)
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("step 2, rank %d: %v", r, err)
+		}
+	}
+	groups, err := collective.InprocGroups(ctx, 2, "hybrid", 2, collective.Options{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { collective.CloseGroups(groups) })
+	res := make([]Resynced, 2)
+	for r, tr := range ranks[:2] {
+		reached := tr.State().Step
+		if _, err := tr.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Rebind(groups[r]); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); res[r], errs[r] = tr.Resync(ctx, reached) }()
+	}
+	wg.Wait()
+	for r, err := range errs[:2] {
+		if err != nil {
+			t.Fatalf("resync, rank %d: %v", r, err)
+		}
+	}
+	for r, x := range res {
+		l := x.Last
+		if l.Step != 2 || l.World != 3 || l.Participants != 2 || l.Generation != 1 || l.Samples != 40 || l.Fingerprint != want {
+			t.Errorf("rank %d: the resynced last step is step %d, world %d, %d participants, generation %d, %d samples, fingerprint %v; "+
+				"want step 2 as trained: world 3, 2 participants, generation 1, 40 samples, fingerprint %v",
+				r, l.Step, l.World, l.Participants, l.Generation, l.Samples, l.Fingerprint, want)
+		}
+	}
+}

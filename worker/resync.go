@@ -16,7 +16,8 @@ type Resynced struct {
 	// (it finished the step's allreduce first and died) is not counted.
 	Redone int64
 	// Last holds the figures (loss, accuracy, samples, position,
-	// fingerprint) of step Step as the root computed them, when the root
+	// fingerprint, and the world, generation and participants of the ring
+	// that trained it) of step Step as the root computed them, when the root
 	// trained it; its Step is 0 otherwise. A progress reporter that never
 	// saw that step (its reporter was aborted before) can report it now.
 	Last StepStats
@@ -58,15 +59,17 @@ func (t *Trainer) Resync(ctx context.Context, reached int64) (Resynced, error) {
 	if c.Step != t.state.Step {
 		*c = StepStats{}
 	}
-	v := append(t.lastBuf[:0], float64(c.Step), c.Loss, c.Accuracy, float64(c.Samples), float64(c.Position.Epoch), float64(c.Position.Offset))
+	v := append(t.lastBuf[:0], float64(c.Step), c.Loss, c.Accuracy, float64(c.Samples), float64(c.Position.Epoch), float64(c.Position.Offset),
+		float64(c.World), float64(c.Participants), float64(c.Generation))
 	v = append(v, c.Fingerprint[:]...)
 	t.lastBuf = v
 	if err := g.Broadcast(ctx, collective.Float64s(v), root); err != nil {
 		return Resynced{}, fmt.Errorf("worker: resync statistics from rank %d: %w", root, err)
 	}
 	*c = StepStats{Step: int64(v[0]), Loss: v[1], Accuracy: v[2], Samples: int(v[3]),
-		Position: Position{Epoch: int64(v[4]), Offset: int64(v[5])}, Epoch: int64(v[4])}
-	copy(c.Fingerprint[:], v[6:])
+		Position: Position{Epoch: int64(v[4]), Offset: int64(v[5])}, Epoch: int64(v[4]),
+		World: int(v[6]), Participants: int(v[7]), Generation: uint64(v[8])}
+	copy(c.Fingerprint[:], v[9:])
 	t.state.Commit()
 	t.phase = phaseIdle
 	return Resynced{Step: t.state.Step, Root: root, Redone: max(0, int64(key[1])-t.state.Step), Last: *c}, nil

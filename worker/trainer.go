@@ -91,6 +91,12 @@ type StepStats struct {
 	// entered the update (Samples counts only the contributors' samples).
 	Participated bool
 	Participants int // ranks whose gradients entered the update (hybrid; 0 otherwise)
+	// World and Generation are the ring's size and generation in the step:
+	// the sampler split the global batch World ways, and a step reported
+	// again after a ring change (Resynced.Last) is checked against them, not
+	// against the new ring's.
+	World      int
+	Generation uint64
 	// Overlapped: a hybrid step whose gradients this rank sent to be
 	// reduced while its backward pass ran (see hybrid.Overlap).
 	Overlapped bool
@@ -674,6 +680,7 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	s.Step, s.Position = p.step, p.next
 	t.phase = phaseIdle
 	st.Step, st.Samples, st.Epoch, st.Position = p.step, p.size, p.next.Epoch, p.next
+	st.World, st.Generation = t.g.Size(), t.g.Generation()
 	for i := range st.Fingerprint {
 		st.Fingerprint[i] = float64(t.stats[2+i])
 	}
