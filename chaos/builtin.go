@@ -72,6 +72,13 @@ func ringScenarios() []Scenario {
 				{Kind: "delete-manifest", Trigger: Trigger{Step: 65}},
 				{Kind: "kill-all", Trigger: Trigger{Step: 70}},
 			}},
+		{Name: "changed-manifest", CI: true,
+			Description: "one byte of the newest checkpoint's manifest changed, then every worker killed: the resume refuses it by the manifest's own checksum and takes the one before",
+			Job:         wholeRing(smallJob(3, 20)),
+			Faults: []FaultSpec{
+				{Kind: "flip-manifest", Trigger: Trigger{Step: 65}},
+				{Kind: "kill-all", Trigger: Trigger{Step: 70}},
+			}},
 		{Name: "hybrid-stop", CI: true,
 			Description: "a hybrid job (ranks wait for each other up to a deadline) with a worker SIGSTOPped for 2s: steps close without it, its late gradients are dropped as stale and recorded, " +
 				"every sample trained once or recorded dropped, the model within the tolerance of the undisturbed run's",

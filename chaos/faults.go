@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
@@ -78,10 +79,13 @@ func DefaultKinds() Kinds {
 			New: func(p Planned) Fault { return &killAll{world: p.World} }},
 		{Name: "flip-checkpoint", Doc: "flip one byte of a data object of the newest complete checkpoint (a resume must refuse it and take the one before)",
 			NeedsCheckpoints: true, Changes: "none",
-			New: func(p Planned) Fault { return &damageCheckpoint{pick: p.Pick, flip: true} }},
+			New: func(p Planned) Fault { return &damageCheckpoint{pick: p.Pick, how: flipData} }},
+		{Name: "flip-manifest", Doc: "change one byte of the newest complete checkpoint's manifest (a resume must refuse it by the manifest's own checksum and take the one before)",
+			NeedsCheckpoints: true, Changes: "none",
+			New: func(p Planned) Fault { return &damageCheckpoint{pick: p.Pick, how: flipManifest} }},
 		{Name: "delete-manifest", Doc: "delete the newest complete checkpoint's manifest (a resume must take the one before)",
 			NeedsCheckpoints: true, Changes: "none",
-			New: func(p Planned) Fault { return &damageCheckpoint{pick: p.Pick} }},
+			New: func(p Planned) Fault { return &damageCheckpoint{pick: p.Pick, how: deleteManifest} }},
 		{Name: "garbage-frames", Doc: "send garbage, truncated, oversized and foreign-job frames to every worker's data-plane port: each connection is refused and the ring trains on",
 			Changes: "none",
 			New:     func(p Planned) Fault { return &garbageFrames{seed: p.Pick} }},
@@ -185,12 +189,22 @@ func (f *killAll) Inject(_ context.Context, env *Env) (string, error) {
 
 func (f *killAll) Heal(context.Context, *Env) (string, error) { return "", nil }
 
-// damageCheckpoint flips a byte of, or deletes the manifest of, the newest
-// complete checkpoint. The runner remembers it as damaged on purpose.
+// damageCheckpoint flips a byte of a data object or of the manifest of the
+// newest complete checkpoint, or deletes its manifest. The runner remembers
+// it as damaged on purpose.
 type damageCheckpoint struct {
 	pick uint64
-	flip bool
+	how  damage
 }
+
+// damage is what damageCheckpoint does.
+type damage uint8
+
+const (
+	flipData damage = iota
+	flipManifest
+	deleteManifest
+)
 
 func (f *damageCheckpoint) Inject(ctx context.Context, env *Env) (string, error) {
 	if env.Store == nil {
@@ -210,29 +224,53 @@ func (f *damageCheckpoint) Inject(ctx context.Context, env *Env) (string, error)
 	if id == "" {
 		return "", errors.New("no complete checkpoint yet")
 	}
-	if !f.flip {
+	var name string
+	var size int64
+	switch f.how {
+	case deleteManifest:
 		name := id + "/" + checkpoint.ManifestName
 		if err := env.Store.Delete(ctx, name); err != nil {
 			return "", fmt.Errorf("deleting %s: %w", name, err)
 		}
 		env.Damaged(id)
 		return fmt.Sprintf("deleted the manifest of %s", id), nil
+	case flipManifest:
+		name = id + "/" + checkpoint.ManifestName
+		objs, err := env.Store.List(ctx, name)
+		if err != nil {
+			return "", err
+		}
+		for _, o := range objs {
+			if o.Name == name {
+				size = o.Size
+			}
+		}
+		if size == 0 {
+			return "", fmt.Errorf("%s: %w", name, checkpoint.ErrNotFound)
+		}
+	default:
+		m, err := checkpoint.ReadManifest(ctx, env.Store, id)
+		if err != nil {
+			return "", err
+		}
+		if len(m.Objects) == 0 {
+			return "", fmt.Errorf("%s has no data objects", id)
+		}
+		o := m.Objects[f.pick%uint64(len(m.Objects))]
+		name, size = id+"/"+o.Name, int64(o.Bytes)
 	}
-	m, err := checkpoint.ReadManifest(ctx, env.Store, id)
-	if err != nil {
-		return "", err
-	}
-	if len(m.Objects) == 0 {
-		return "", fmt.Errorf("%s has no data objects", id)
-	}
-	o := m.Objects[f.pick%uint64(len(m.Objects))]
-	name := id + "/" + o.Name
-	buf := make([]byte, o.Bytes)
+	buf := make([]byte, size)
 	if err := env.Store.ReadAt(ctx, name, buf, 0); err != nil {
 		return "", err
 	}
-	at := int((f.pick >> 16) % uint64(len(buf)))
-	buf[at] ^= 0x5a
+	at, mask := int((f.pick>>16)%uint64(len(buf))), byte(0x5a)
+	if f.how == flipManifest {
+		// As a hand edit would: the sampler position one off, every other
+		// byte as written. The manifest still parses and validates, and its
+		// data still verifies: only its own checksum tells.
+		at, mask = positionByte(buf), 0x01
+	}
+	buf[at] ^= mask
 	// Stores never replace an object: tampering is a delete and a put.
 	if err := env.Store.Delete(ctx, name); err != nil {
 		return "", err
@@ -241,10 +279,41 @@ func (f *damageCheckpoint) Inject(ctx context.Context, env *Env) (string, error)
 		return "", err
 	}
 	env.Damaged(id)
+	if f.how == flipManifest {
+		return fmt.Sprintf("moved the sampler position by one in %s (byte %d of %d), its checksum left as written", name, at, len(buf)), nil
+	}
 	return fmt.Sprintf("flipped byte %d of %s (%d bytes)", at, name, len(buf)), nil
 }
 
 func (f *damageCheckpoint) Heal(context.Context, *Env) (string, error) { return "", nil }
+
+// positionByte is where in a stored manifest its sampler position starts:
+// the first byte of the epoch's value, or of the offset's when the epoch is 0
+// (not written), where flipping the low bit moves the position by one. It
+// is the middle byte when neither is there.
+func positionByte(b []byte) int {
+	found := map[protowire.Number]int{}
+	for at := 0; at < len(b); {
+		num, typ, n := protowire.ConsumeTag(b[at:])
+		if n < 0 {
+			break
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[at+n:])
+		if m < 0 {
+			break
+		}
+		if typ == protowire.VarintType {
+			found[num] = at + n
+		}
+		at += n + m
+	}
+	for _, num := range []protowire.Number{5, 6} { // Manifest.epoch, Manifest.offset
+		if at, ok := found[num]; ok {
+			return at
+		}
+	}
+	return len(b) / 2
+}
 
 // garbageFrames connects to every member's data-plane port and sends each
 // kind of bad frame on a connection of its own.

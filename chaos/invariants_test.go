@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -539,7 +537,7 @@ func TestTookHold(t *testing.T) {
 
 func marshalManifest(t *testing.T, m *phalanxpb.Manifest) []byte {
 	t.Helper()
-	b, err := proto.Marshal(m)
+	b, err := checkpoint.EncodeManifest(m)
 	if err != nil {
 		t.Fatal(err)
 	}

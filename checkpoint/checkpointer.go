@@ -403,7 +403,7 @@ func (c *Checkpointer) commit(cur *inflight) {
 		err := c.gatherIndexes(ctx, cur)
 		var b []byte
 		if err == nil {
-			b, err = proto.Marshal(m)
+			b, err = EncodeManifest(m)
 		}
 		if err == nil {
 			err = c.cfg.Backoff.do(ctx, func(ctx context.Context) error {
@@ -489,7 +489,7 @@ func (c *Checkpointer) SaveAlone(ctx context.Context, p Progress, generation uin
 			return "", err
 		}
 	}
-	mb, err := proto.Marshal(m)
+	mb, err := EncodeManifest(m)
 	if err != nil {
 		return "", err
 	}

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -316,6 +317,110 @@ func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
 	}
 	if res[0].Manifest.Step != 2 || len(r2.ev.kind("skipped")) != 0 {
 		t.Fatalf("resumed from step %d with skips %+v, want step 2 and none", res[0].Manifest.Step, r2.ev.kind("skipped"))
+	}
+}
+
+// TestManifestChecksum: a manifest is stored with its own checksum last;
+// any one byte of it changed, its checksum field missing, or a field
+// rewritten without the checksum, is refused by name, before any of its
+// numbers is believed.
+func TestManifestChecksum(t *testing.T) {
+	ts := modelTensors()
+	fill(ts, 3)
+	l := newLayout(ts, 4096, 2)
+	stream := make([]byte, l.total)
+	copyOut(ts, l.offsets, 0, l.total, stream)
+	m := buildManifest(Meta{ID: NewID(8, 1, 1), Step: 8, Epoch: 8, World: 2}, ts, stream, l)
+	good, err := EncodeManifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodeManifest(m.Id, good); err != nil || got.Epoch != 8 || got.ManifestCrc32C != crc(good[:len(good)-digestLen]) {
+		t.Fatalf("the manifest as written: %v (%+v)", err, got)
+	}
+	edited := proto.Clone(m).(*phalanxpb.Manifest)
+	edited.Epoch = 7
+	bare, _ := proto.MarshalOptions{Deterministic: true}.Marshal(edited)
+	tests := []struct {
+		name, want string
+		b          []byte
+	}{
+		{"the epoch rewritten, the checksum kept", "changed or damaged", append(bare, good[len(good)-digestLen:]...)},
+		{"no checksum field", "does not end with its own checksum", good[:len(good)-digestLen]},
+		{"the checksum's last byte cut", "does not end with its own checksum", good[:len(good)-1]},
+		{"empty", "does not end with its own checksum", nil},
+	}
+	for at := range good {
+		b := bytes.Clone(good)
+		b[at] ^= 0x01
+		want := "changed or damaged"
+		if at >= len(good)-digestLen && at < len(good)-4 {
+			want = "does not end with its own checksum"
+		}
+		tests = append(tests, struct {
+			name, want string
+			b          []byte
+		}{fmt.Sprintf("byte %d of %d flipped", at, len(good)), want, b})
+	}
+	for _, tc := range tests {
+		_, err := DecodeManifest(m.Id, tc.b)
+		var me *ManifestError
+		if !errors.As(err, &me) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a ManifestError saying %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestResumeSkipsChangedManifest: the newest checkpoint's manifest with its
+// epoch rewritten (8 to 7) and its checksum left as it was: the resume
+// refuses it, says why, and takes the one before; it never trains an epoch
+// again on the word of a changed manifest.
+func TestResumeSkipsChangedManifest(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	store, err := NewLocalStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := newJob(t, 2, 1, store, Config{EverySteps: 2})
+	if err := j.train(ctx, 1, 6, 6, nil); err != nil {
+		t.Fatal(err)
+	}
+	infos, _ := List(ctx, store)
+	if len(infos) != 3 {
+		t.Fatalf("checkpoints: %+v", infos)
+	}
+	newest, middle := infos[0], infos[1]
+	p := filepath.Join(dir, newest.ID, ManifestName)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := DecodeManifest(newest.ID, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Epoch++
+	m.ManifestCrc32C = 0
+	bare, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err := os.WriteFile(p, append(bare, b[len(b)-digestLen:]...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var me *ManifestError
+	if _, err := ReadManifest(ctx, store, newest.ID); !errors.As(err, &me) {
+		t.Fatalf("reading the changed manifest: %v, want a ManifestError", err)
+	}
+	r := newJob(t, 2, 2, store, Config{})
+	res, err := r.restore(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Manifest.Id != middle.ID {
+		t.Fatalf("resumed from %s, want %s", res[0].Manifest.Id, middle.ID)
+	}
+	skipped := r.ev.kind("skipped")
+	if len(skipped) != 1 || skipped[0].ID != newest.ID || !strings.Contains(skipped[0].Err, "changed or damaged") {
+		t.Fatalf("skipped events %+v: want the changed manifest named, with why", skipped)
 	}
 }
 

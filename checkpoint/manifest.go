@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"math"
@@ -8,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/phalanx-rt/phalanx/collective"
@@ -231,11 +234,45 @@ func (e *ManifestError) Error() string {
 	return fmt.Sprintf("checkpoint %s: manifest: %s", e.ID, e.Reason)
 }
 
-// DecodeManifest parses and checks a manifest: every offset, length and
-// checksum count must be consistent before anything is read by it.
+// digestTag is the key of Manifest.manifest_crc32c (field 20, wire type
+// fixed32) as a varint: the first bytes of the manifest's last field.
+var digestTag = protowire.AppendTag(nil, 20, protowire.Fixed32Type)
+
+// digestLen is the length of that last field: its key and four bytes.
+var digestLen = len(digestTag) + 4
+
+// EncodeManifest is m as stored: its fields (deterministically ordered),
+// then its own checksum, the CRC32C of every byte before it.
+func EncodeManifest(m *phalanxpb.Manifest) ([]byte, error) {
+	bare := proto.Clone(m).(*phalanxpb.Manifest)
+	bare.ManifestCrc32C = 0 // a proto3 zero is not written
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(bare)
+	if err != nil {
+		return nil, err
+	}
+	return sealManifest(b), nil
+}
+
+// sealManifest appends the checksum field to a manifest's bytes.
+func sealManifest(b []byte) []byte {
+	sum := crc(b)
+	b = append(b, digestTag...)
+	return protowire.AppendFixed32(b, sum)
+}
+
+// DecodeManifest parses and checks a manifest: its bytes must match its own
+// checksum, and every offset, length and checksum count must be consistent
+// before anything is read by it.
 func DecodeManifest(id string, b []byte) (*phalanxpb.Manifest, error) {
 	if len(b) > maxManifestBytes {
 		return nil, &ManifestError{id, fmt.Sprintf("%d bytes, more than the %d allowed", len(b), maxManifestBytes)}
+	}
+	n := len(b) - digestLen
+	if n < 0 || !bytes.Equal(b[n:n+len(digestTag)], digestTag) {
+		return nil, &ManifestError{id, "it does not end with its own checksum (truncated, damaged, or written by a Phalanx before manifests carried one)"}
+	}
+	if want, got := binary.LittleEndian.Uint32(b[n+len(digestTag):]), crc(b[:n]); want != got {
+		return nil, &ManifestError{id, fmt.Sprintf("its bytes have CRC32C %08x, and it records %08x: it was changed or damaged after it was written", got, want)}
 	}
 	m := &phalanxpb.Manifest{}
 	if err := proto.Unmarshal(b, m); err != nil {

@@ -71,7 +71,7 @@ func (c *Checkpointer) plantRewrite(ctx context.Context, cur *inflight) error {
 			}
 		}
 	}
-	b, err := proto.Marshal(m)
+	b, err := EncodeManifest(m)
 	if err != nil {
 		return err
 	}

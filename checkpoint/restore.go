@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -79,7 +78,7 @@ func (c *Checkpointer) Restore(ctx context.Context, required bool) (*Restored, e
 					skipped++
 					continue
 				}
-				body, _ = proto.Marshal(m)
+				body, _ = EncodeManifest(m)
 				hdr[0] = hdrCandidate
 				break
 			}

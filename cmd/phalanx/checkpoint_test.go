@@ -218,6 +218,29 @@ func TestCkptCommand(t *testing.T) {
 	if err == nil || !strings.Contains(v, newest.Id+": CORRUPT") || !strings.Contains(v, newest.Objects[0].Name) || strings.Count(v, ": ok") != 2 {
 		t.Fatalf("verify after a flipped byte: %v\n%s", err, v)
 	}
+	// One byte of another checkpoint's manifest changed: its own checksum
+	// no longer matches, and verify and ls say so.
+	infos, err := checkpoint.List(testContext(t, storeWait), store)
+	if err != nil || len(infos) != 3 {
+		t.Fatalf("list: %v %+v", err, infos)
+	}
+	changed := infos[1].ID
+	mp := filepath.Join(dir, changed, checkpoint.ManifestName)
+	mb, err := os.ReadFile(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb[len(mb)/2] ^= 0x01
+	if err := os.WriteFile(mp, mb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v, err = ck("verify", "--checkpoint", dir)
+	if err == nil || !strings.Contains(v, changed+": CORRUPT") || !strings.Contains(v, "changed or damaged") || strings.Count(v, ": ok") != 1 {
+		t.Fatalf("verify after a changed manifest byte: %v\n%s", err, v)
+	}
+	if ls, err := ck("ls", "--checkpoint", dir); err != nil || !strings.Contains(ls, "unreadable manifest") || strings.Count(ls, "complete") != 2 {
+		t.Fatalf("ls after a changed manifest byte: %v\n%s", err, ls)
+	}
 	if rm, err := ck("rm", "--checkpoint", dir, "--keep", "1", "--dry-run"); err != nil || strings.Count(rm, "would delete") != 2 {
 		t.Fatalf("rm --dry-run: %v\n%s", err, rm)
 	}

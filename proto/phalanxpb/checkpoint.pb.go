@@ -51,8 +51,12 @@ type Manifest struct {
 	Objects         []*Object              `protobuf:"bytes,17,rep,name=objects,proto3" json:"objects,omitempty"`
 	Stats           *CheckpointStats       `protobuf:"bytes,18,opt,name=stats,proto3" json:"stats,omitempty"`        // the statistics of the checkpointed step
 	Sequence        uint64                 `protobuf:"varint,19,opt,name=sequence,proto3" json:"sequence,omitempty"` // 1 for a job's first checkpoint, counting on across resumes
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The manifest's own checksum: the CRC32C of every byte stored before it.
+	// It is written last, after the other fields (checkpoint.EncodeManifest),
+	// and a manifest whose bytes do not match it, or that lacks it, is refused.
+	ManifestCrc32C uint32 `protobuf:"fixed32,20,opt,name=manifest_crc32c,json=manifestCrc32c,proto3" json:"manifest_crc32c,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Manifest) Reset() {
@@ -214,6 +218,13 @@ func (x *Manifest) GetStats() *CheckpointStats {
 func (x *Manifest) GetSequence() uint64 {
 	if x != nil {
 		return x.Sequence
+	}
+	return 0
+}
+
+func (x *Manifest) GetManifestCrc32C() uint32 {
+	if x != nil {
+		return x.ManifestCrc32C
 	}
 	return 0
 }
@@ -627,7 +638,7 @@ var File_phalanx_v1_checkpoint_proto protoreflect.FileDescriptor
 const file_phalanx_v1_checkpoint_proto_rawDesc = "" +
 	"\n" +
 	"\x1bphalanx/v1/checkpoint.proto\x12\n" +
-	"phalanx.v1\"\xcc\x04\n" +
+	"phalanx.v1\"\xf5\x04\n" +
 	"\bManifest\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x10\n" +
@@ -654,7 +665,8 @@ const file_phalanx_v1_checkpoint_proto_rawDesc = "" +
 	"\atensors\x18\x10 \x03(\v2\x12.phalanx.v1.TensorR\atensors\x12,\n" +
 	"\aobjects\x18\x11 \x03(\v2\x12.phalanx.v1.ObjectR\aobjects\x121\n" +
 	"\x05stats\x18\x12 \x01(\v2\x1b.phalanx.v1.CheckpointStatsR\x05stats\x12\x1a\n" +
-	"\bsequence\x18\x13 \x01(\x04R\bsequence\"\xc1\x01\n" +
+	"\bsequence\x18\x13 \x01(\x04R\bsequence\x12'\n" +
+	"\x0fmanifest_crc32c\x18\x14 \x01(\aR\x0emanifestCrc32c\"\xc1\x01\n" +
 	"\x06Tensor\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x14\n" +

@@ -3,7 +3,9 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"hash/crc32"
 	"slices"
 	"strings"
 
@@ -21,6 +23,54 @@ type Manifest struct {
 	Shards    int      `json:"shards"`
 	Partition string   `json:"partition"`
 	Objects   []string `json:"objects"`
+	// Checksum is the manifest's own: the CRC32C, in hex, of its JSON
+	// encoding with Checksum empty (sealManifest). A manifest whose fields
+	// do not give it, or without one, is refused: its step and clock are
+	// not believed.
+	Checksum string `json:"crc32c"`
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// digest is the checksum of m's fields other than Checksum.
+func (m Manifest) digest() (string, error) {
+	m.Checksum = ""
+	b, err := json.Marshal(m)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%08x", crc32.Checksum(b, castagnoli)), nil
+}
+
+// sealManifest is m as stored: JSON, its own checksum included.
+func sealManifest(m *Manifest) ([]byte, error) {
+	sum, err := m.digest()
+	if err != nil {
+		return nil, err
+	}
+	m.Checksum = sum
+	return json.Marshal(m)
+}
+
+// decodeManifest parses a stored manifest and checks it against its own
+// checksum and its shard count.
+func decodeManifest(b []byte) (*Manifest, error) {
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("not a manifest: %w", err)
+	}
+	sum, err := m.digest()
+	switch {
+	case err != nil:
+		return nil, err
+	case m.Checksum == "":
+		return nil, errors.New("the manifest has no checksum of its own (written by a Phalanx before manifests carried one, or damaged)")
+	case m.Checksum != sum:
+		return nil, fmt.Errorf("the manifest's fields have CRC32C %s, and it records %s: it was changed or damaged after it was written", sum, m.Checksum)
+	case m.Format != 1 || m.Shards < 1 || len(m.Objects) != m.Shards:
+		return nil, fmt.Errorf("format %d with %d objects for %d shards: not a format-1 manifest of its shards", m.Format, len(m.Objects), m.Shards)
+	}
+	return &m, nil
 }
 
 const psPrefix = "ps-"
@@ -90,7 +140,7 @@ func (s *Saver) Save(ctx context.Context, step, clock int64) (*Manifest, error) 
 		}
 		m.Objects = append(m.Objects, name)
 	}
-	val, err := json.Marshal(m)
+	val, err := sealManifest(m)
 	if err != nil {
 		return nil, err
 	}
@@ -148,9 +198,9 @@ func load(ctx context.Context, store checkpoint.Store, name string, size map[str
 	if err != nil {
 		return nil, nil, err
 	}
-	var m Manifest
-	if err := json.Unmarshal(b, &m); err != nil || m.Format != 1 || m.Shards < 1 || len(m.Objects) != m.Shards {
-		return nil, nil, fmt.Errorf("not a format-1 manifest of its shards (%v)", err)
+	m, err := decodeManifest(b)
+	if err != nil {
+		return nil, nil, err
 	}
 	var all []ps.Snapshot
 	for _, o := range m.Objects {
@@ -171,7 +221,7 @@ func load(ctx context.Context, store checkpoint.Store, name string, size map[str
 		}
 		all = append(all, snaps...)
 	}
-	return &m, all, nil
+	return m, all, nil
 }
 
 // Load reads the checkpoint at prefix (as Prefix gives) and verifies it.

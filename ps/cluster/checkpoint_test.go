@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -385,9 +386,21 @@ func TestLoadRefuses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	manifestOf := func(format, shards int, objects ...string) string {
-		return fmt.Sprintf(`{"format":%d,"step":2,"clock":2,"shards":%d,"partition":"range","objects":["%s"]}`,
-			format, shards, strings.Join(objects, `","`))
+	manifestOf := func(format, shards int, objects ...string) string { // sealed: its checksum matches
+		b, err := sealManifest(&Manifest{Format: format, Step: 2, Clock: 2, Shards: shards, Partition: "range", Objects: objects})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	edited := func(t *testing.T, s checkpoint.Store, edit func(m *Manifest)) {
+		var m Manifest
+		if err := json.Unmarshal(readObject(t, s, manifest), &m); err != nil {
+			t.Fatal(err)
+		}
+		edit(&m)
+		b, _ := json.Marshal(m)
+		writeFile(t, s, manifest, string(b))
 	}
 	for _, tc := range []struct {
 		name   string
@@ -411,7 +424,13 @@ func TestLoadRefuses(t *testing.T) {
 			}
 		}, []string{prefix, "no manifest"}},
 		{"a manifest that is not JSON", func(t *testing.T, s checkpoint.Store) { writeFile(t, s, manifest, "{format: 1") },
-			[]string{"not a format-1 manifest"}},
+			[]string{"not a manifest"}},
+		{"the step rewritten, the checksum kept", func(t *testing.T, s checkpoint.Store) { edited(t, s, func(m *Manifest) { m.Step = 1 }) },
+			[]string{"changed or damaged"}},
+		{"the clock rewritten, the checksum kept", func(t *testing.T, s checkpoint.Store) { edited(t, s, func(m *Manifest) { m.Clock = 3 }) },
+			[]string{"changed or damaged"}},
+		{"a manifest without its checksum", func(t *testing.T, s checkpoint.Store) { edited(t, s, func(m *Manifest) { m.Checksum = "" }) },
+			[]string{"no checksum of its own"}},
 		{"a manifest of format 2", func(t *testing.T, s checkpoint.Store) { writeFile(t, s, manifest, manifestOf(2, 2, shard0, shard1)) },
 			[]string{"not a format-1 manifest"}},
 		{"a manifest naming fewer objects than shards", func(t *testing.T, s checkpoint.Store) {
