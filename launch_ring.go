@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -38,7 +39,8 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	if spec.PS != nil {
 		return launchPS(ctx, &lc, spec)
 	}
-	if _, err := openStore(ctx, &lc.Config); err != nil {
+	store, err := openStore(ctx, &lc.Config)
+	if err != nil {
 		return nil, err
 	}
 	if lc.Checkpoint.Location != "" && lc.Output != nil {
@@ -52,7 +54,7 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &ringJob{jobEnv: j, start: time.Now(), every: max(1, lc.Steps/20), byPid: map[int64]int{}}
+	r := &ringJob{jobEnv: j, store: store, start: time.Now(), every: max(1, lc.Steps/20), byPid: map[int64]int{}}
 	res, err := r.run(ctx, jctx, cancel)
 	j.close(err)
 	return res, err
@@ -61,6 +63,7 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 // ringJob is a running ring job as its launcher sees it.
 type ringJob struct {
 	*jobEnv
+	store    checkpoint.Store // the job's checkpoints (nil: none)
 	start    time.Time
 	every    int64
 	first    uint64 // the first generation's number
@@ -190,7 +193,15 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 	case failed != nil:
 		return nil, failed
 	case r.done == nil && r.stop != nil:
-		fmt.Fprintf(r.out, "stopped at step %d after a final checkpoint; launch the same job again to resume\n", r.stop.Step)
+		// Claimed only once the checkpoint is seen complete in the store.
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		id, err := finalCheckpoint(sctx, r.store, r.stop.Step)
+		scancel()
+		if err != nil {
+			fmt.Fprintf(r.out, "stopped at step %d WITHOUT a final checkpoint: %v\n", r.stop.Step, err)
+			return nil, fmt.Errorf("phalanx: stopped at step %d without a final checkpoint: %w", r.stop.Step, err)
+		}
+		fmt.Fprintf(r.out, "stopped at step %d after a final checkpoint (%s); launch the same job again to resume\n", r.stop.Step, id)
 		return nil, &StoppedError{Step: r.stop.Step, Requested: true}
 	case r.done == nil && r.stopped != "":
 		return nil, &StoppedError{Reason: r.stopped}
@@ -285,6 +296,42 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 		r.ev.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
 	}
 	fmt.Fprintf(r.out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
+}
+
+// finalCheckpoint returns the name of the complete checkpoint of step in
+// store, once its manifest reads and matches its own checksum; otherwise an
+// error that says which checkpoint a resume would take instead.
+func finalCheckpoint(ctx context.Context, store checkpoint.Store, step int64) (string, error) {
+	if store == nil {
+		return "", errors.New("the job has no checkpoint store")
+	}
+	infos, err := checkpoint.List(ctx, store)
+	if err != nil {
+		return "", fmt.Errorf("listing %s: %w", store.Location(), err)
+	}
+	var bad []string
+	for _, in := range infos { // newest first
+		if !in.Complete {
+			continue
+		}
+		_, err := checkpoint.ReadManifest(ctx, store, in.ID)
+		switch {
+		case err == nil && in.Step == step:
+			return in.ID, nil
+		case err == nil:
+			return "", fmt.Errorf("no complete checkpoint of step %d in %s; the newest is of step %d (%s): launched again, the job resumes there and trains steps %d..%d again%s",
+				step, store.Location(), in.Step, in.ID, in.Step+1, step, joinBad(bad))
+		}
+		bad = append(bad, err.Error())
+	}
+	return "", fmt.Errorf("no complete checkpoint in %s: launched again, the job starts afresh%s", store.Location(), joinBad(bad))
+}
+
+func joinBad(bad []string) string {
+	if len(bad) == 0 {
+		return ""
+	}
+	return " (refused: " + strings.Join(bad, "; ") + ")"
 }
 
 // handle takes one report line of a worker.

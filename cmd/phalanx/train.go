@@ -18,7 +18,9 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 			"an embedded etcd server (data under --job-dir) unless --etcd-endpoints names a cluster; a coordinator\n"+
 			"in this process decides the generations (rings). A worker that dies is removed and the others go on;\n"+
 			"a worker sent SIGTERM leaves gracefully; workers started later (phalanx worker) join. SIGINT or\n"+
-			"SIGTERM to this process stops the whole job (after a final checkpoint when checkpointing; exit 3).\n"+
+			"SIGTERM to this process, or Ctrl-C at its terminal (its workers never see it), stops the whole job\n"+
+			"(after a final checkpoint when checkpointing, named once found complete in the store; exit 3).\n"+
+			"A second signal ends the job at once (exit 1).\n"+
 			"Shows progress (step, loss, samples/s, ETA) and membership changes, and ends with the held-out result.\n"+
 			"A parameter-server model (sparse-lr) runs --ps-servers servers and --workers workers instead.", stderr)
 	var f configFlags

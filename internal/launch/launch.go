@@ -161,6 +161,11 @@ func ThreadsPerRank(want, ranks int) int {
 
 // Spawn starts one child whose stdout is read by the caller (Proc.Out) and
 // who is killed if this process dies first. Its Stdout must be unset.
+//
+// The child runs in a session of its own, so a terminal's signals (Ctrl-C
+// and Ctrl-\ go to the whole foreground process group, a hang-up to the
+// session) reach this process alone, which decides what its children do:
+// a job's launcher asks its workers for a final checkpoint and waits for it.
 func Spawn(cmd *exec.Cmd, rank int) (*Proc, error) {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -169,6 +174,7 @@ func Spawn(cmd *exec.Cmd, rank int) (*Proc, error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
+	cmd.SysProcAttr.Setsid = true
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("launch: starting worker %d: %w", rank, err)
