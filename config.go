@@ -25,6 +25,10 @@ type Config struct {
 	// Etcd lists the endpoints of the job's etcd cluster. A worker needs
 	// them; Launch starts an embedded etcd server when there are none.
 	Etcd []string `json:"etcd,omitempty"`
+	// EtcdDialTimeout bounds how long a process waits for etcd's first
+	// answer, saying every few seconds what it waits for (this process; 0:
+	// 30s).
+	EtcdDialTimeout time.Duration `json:"etcd_dial_timeout"`
 	// Model names what is trained: a Registry entry for Launch, Main and
 	// the command; with RunWorker and a Task in hand, a label recorded in
 	// checkpoints (a checkpoint of another model is refused).
@@ -185,8 +189,9 @@ func DefaultConfig() Config {
 		Sync: SyncConfig{Mode: "bsp", DeadlineFactor: 2, Quorum: 0.75, Stale: "drop", StaleDecay: 0.5,
 			ExcludeAfter: 5, ExcludeWindow: 10, ReadmitAfter: 5, Staleness: 3},
 		Checkpoint:  CheckpointConfig{KeepLast: 3, Wait: 2 * time.Minute},
-		LeaseTTL:    5 * time.Second,
-		Unreachable: time.Minute,
+		LeaseTTL:        5 * time.Second,
+		Unreachable:     time.Minute,
+		EtcdDialTimeout: 30 * time.Second,
 		Restarts:    actors.DefaultBudget(),
 		Faults:      FaultConfig{FailWorker: -1, FailTimes: 1},
 		PS: PSConfig{Servers: 2, Replicas: -1, Partition: "hash", Optimizer: "adagrad", LR: 0.2,
@@ -287,6 +292,8 @@ func (c *Config) validateCommon() error {
 		return bad("LeaseTTL", c.LeaseTTL, "want at least 1s (etcd leases count whole seconds)")
 	case c.Unreachable <= 0:
 		return bad("Unreachable", c.Unreachable, "must be positive")
+	case c.EtcdDialTimeout < 0:
+		return bad("EtcdDialTimeout", c.EtcdDialTimeout, "must not be negative (0: 30s)")
 	}
 	for _, e := range c.Etcd {
 		if strings.TrimSpace(e) == "" || strings.ContainsAny(e, ", ") {

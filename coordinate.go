@@ -26,6 +26,7 @@ type CoordinatorConfig struct {
 	MinWorkers, MaxWorkers        int
 	MinWorkersTimeout, JoinWindow time.Duration
 	LeaseTTL                      time.Duration // the leadership lease: a standby takes over within it
+	EtcdDialTimeout               time.Duration // how long to wait for etcd's first answer (default 30s)
 	Logger                        *zap.Logger
 	// OnEndpoints, when set, is told the etcd endpoints once they serve.
 	OnEndpoints func([]string)
@@ -61,7 +62,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	if cfg.OnEndpoints != nil {
 		cfg.OnEndpoints(endpoints)
 	}
-	cli, err := coordinator.Connect(endpoints, log)
+	cli, err := coordinator.Dial(ctx, endpoints, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout})
 	if err != nil {
 		return err
 	}

@@ -141,8 +141,10 @@ type jobEnv struct {
 	tempDir   bool
 }
 
-// openJob starts the job's environment; close undoes it.
-func openJob(ctx context.Context, lc *LaunchConfig) (_ *jobEnv, err error) {
+// openJob starts the job's environment; close undoes it. What it starts
+// lives in ctx; startup bounds the waits of the start itself (an
+// operator's signal ends them).
+func openJob(ctx, startup context.Context, lc *LaunchConfig) (_ *jobEnv, err error) {
 	j := &jobEnv{lc: lc, ev: lc.Events, out: lc.Output, procs: launch.NewGroup()}
 	if j.out == nil {
 		j.out = io.Discard
@@ -186,7 +188,8 @@ func openJob(ctx context.Context, lc *LaunchConfig) (_ *jobEnv, err error) {
 		j.undo = append(j.undo, e.Close)
 		j.endpoints = e.Endpoints()
 	}
-	if j.cli, err = coordinator.Connect(j.endpoints, j.log); err != nil {
+	if j.cli, err = coordinator.Dial(startup, j.endpoints, coordinator.DialOptions{Logger: j.log, Wait: lc.EtcdDialTimeout,
+		Say: func(line string) { fmt.Fprintf(j.out, "phalanx: %s\n", line) }}); err != nil {
 		return nil, err
 	}
 	j.undo = append(j.undo, func() { j.cli.Close() })

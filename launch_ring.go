@@ -50,7 +50,7 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	// it first asks the workers for a final one.
 	jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	j, err := openJob(jctx, &lc)
+	j, err := openJob(jctx, ctx, &lc)
 	if err != nil {
 		return nil, err
 	}

@@ -112,7 +112,7 @@ func launchPS(ctx context.Context, lc *LaunchConfig, spec ModelSpec) (*Result, e
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	j, err := openJob(context.WithoutCancel(ctx), lc)
+	j, err := openJob(context.WithoutCancel(ctx), ctx, lc)
 	if err != nil {
 		return nil, err
 	}
@@ -363,7 +363,7 @@ func (p *psLaunch) shardMap(m *phalanxpb.ShardMap) {
 // until ctx ends: it reads the job's record, hosts every shard and serves
 // the role the shard map gives it. onReady, when set, is told its address.
 func RunPSServer(ctx context.Context, cfg Config, id string, onReady func(addr string)) error {
-	log, cli, keys, done, err := psProcess(&cfg)
+	log, cli, keys, done, err := psProcess(ctx, &cfg)
 	if err != nil {
 		return err
 	}
@@ -386,7 +386,7 @@ func RunPSServer(ctx context.Context, cfg Config, id string, onReady func(addr s
 // until every share is done (ps_workers.go). Whoever trains share 0
 // reports progress and takes the checkpoints.
 func runPSWorkerProcess(ctx context.Context, cfg Config, reg *Registry, index int) (*Result, error) {
-	log, cli, keys, done, err := psProcess(&cfg)
+	log, cli, keys, done, err := psProcess(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -424,7 +424,7 @@ func runPSWorkerProcess(ctx context.Context, cfg Config, reg *Registry, index in
 
 // psProcess is the common start of a parameter-server job's processes: a
 // logger and a client of the job's etcd; done closes them.
-func psProcess(cfg *Config) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
+func psProcess(ctx context.Context, cfg *Config) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
 	switch {
 	case cfg.Job == "":
 		return nil, nil, keys, nil, bad("Job", `""`, "a parameter-server process joins a named job")
@@ -438,7 +438,7 @@ func psProcess(cfg *Config) (log *zap.Logger, cli *clientv3.Client, keys coordin
 	if log == nil {
 		log = zap.NewNop()
 	}
-	if cli, err = coordinator.Connect(cfg.Etcd, log); err != nil {
+	if cli, err = coordinator.Dial(ctx, cfg.Etcd, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout}); err != nil {
 		return nil, nil, keys, nil, err
 	}
 	return log, cli, keys, func() { cli.Close() }, nil

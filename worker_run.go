@@ -189,7 +189,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	w.sys = sys
 	w.undo = append(w.undo, sys.Shutdown, sys.Quiet)
-	if w.cli, err = coordinator.Connect(c.Etcd, w.log); err != nil {
+	if w.cli, err = coordinator.Dial(ctx, c.Etcd, coordinator.DialOptions{Logger: w.log, Wait: c.EtcdDialTimeout}); err != nil {
 		return err
 	}
 	w.undo = append(w.undo, func() { w.cli.Close() })

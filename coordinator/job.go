@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -31,6 +34,103 @@ func Connect(endpoints []string, log *zap.Logger) (*clientv3.Client, error) {
 		return nil, fmt.Errorf("coordinator: etcd %v: %w", endpoints, err)
 	}
 	return cli, nil
+}
+
+// DialOptions says how long Dial waits for etcd and how it says so.
+type DialOptions struct {
+	Logger *zap.Logger
+	// Wait bounds the wait for the cluster's first answer (default 30s).
+	Wait time.Duration
+	// Say is called every Every (default 5s) of the wait with a line that
+	// says what is awaited ("waiting for etcd at 127.0.0.1:2379 (10s)");
+	// nil: the line is logged at warn.
+	Say   func(line string)
+	Every time.Duration
+}
+
+// Dial connects to the etcd cluster at endpoints and returns once it
+// answers a read. Until then it says every o.Every what it waits for; past
+// o.Wait it gives up with an error naming the endpoints and the last
+// failure; ctx ending ends the wait at once.
+func Dial(ctx context.Context, endpoints []string, o DialOptions) (*clientv3.Client, error) {
+	if o.Wait <= 0 {
+		o.Wait = 30 * time.Second
+	}
+	if o.Every <= 0 {
+		o.Every = 5 * time.Second
+	}
+	cli, err := Connect(endpoints, o.Logger)
+	if err != nil {
+		return nil, err
+	}
+	at := strings.Join(endpoints, ",")
+	for _, e := range endpoints { // a URL's scheme says nothing to an operator
+		at = strings.Replace(at, e, strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://"), 1)
+	}
+	say := o.Say
+	if say == nil {
+		log := o.Logger
+		if log == nil {
+			log = zap.NewNop()
+		}
+		say = func(line string) { log.Warn(line) }
+	}
+	start := time.Now()
+	deadline := start.Add(o.Wait)
+	next := start.Add(o.Every)
+	for {
+		// A refused dial waits for its try's deadline: no try outlasts the
+		// next line to say, nor the wait.
+		try := time.Now().Add(2 * time.Second)
+		for _, t := range []time.Time{next, deadline} {
+			if try.After(t) {
+				try = t
+			}
+		}
+		tctx, cancel := context.WithDeadline(ctx, try)
+		_, err = cli.Get(tctx, "/phalanx/", clientv3.WithCountOnly())
+		cancel()
+		switch {
+		case err == nil:
+			return cli, nil
+		case ctx.Err() != nil:
+			cli.Close()
+			return nil, fmt.Errorf("coordinator: waiting for etcd at %s: %w", at, context.Cause(ctx))
+		case !time.Now().Before(deadline):
+			cli.Close()
+			return nil, fmt.Errorf("coordinator: etcd at %s did not answer within %v%s: %w", at, o.Wait, dialErrors(endpoints), err)
+		}
+		if now := time.Now(); !now.Before(next) {
+			say(fmt.Sprintf("waiting for etcd at %s (%s)", at, now.Sub(start).Round(time.Second)))
+			next = now.Add(o.Every)
+		}
+		select { // a refused connection may fail at once: pace the tries
+		case <-ctx.Done():
+		case <-time.After(max(0, min(200*time.Millisecond, time.Until(deadline), time.Until(next)))):
+		}
+	}
+}
+
+// dialErrors says why a TCP connection to each endpoint fails, if it does:
+// the client's own error after a wait only says that the wait ended.
+func dialErrors(endpoints []string) string {
+	var out []string
+	for _, e := range endpoints {
+		u, err := url.Parse(e)
+		if err != nil || u.Host == "" {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", u.Host, time.Second)
+		if err != nil {
+			out = append(out, err.Error())
+			continue
+		}
+		c.Close()
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(out, "; ") + ")"
 }
 
 // ClaimConfig records hash as the job's configuration when none is, and

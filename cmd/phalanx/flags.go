@@ -121,6 +121,7 @@ func (f *configFlags) registerMembership(fs *flag.FlagSet) {
 	c := &f.cfg
 	fs.StringVar(&f.etcd, "etcd-endpoints", "", "comma-separated endpoints of an external etcd cluster (default: an embedded etcd server)")
 	fs.StringVar(&c.Job, "job", "", "the job's name: its keys in etcd live under /phalanx/<job>/")
+	fs.DurationVar(&c.EtcdDialTimeout, "etcd-dial-timeout", c.EtcdDialTimeout, "how long to wait for etcd's first answer, saying every 5s what is awaited, before giving up")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "a worker's registration lease: a frozen or partitioned worker is removed this long after its last keep-alive")
 	fs.DurationVar(&c.Unreachable, "unreachable", c.Unreachable, "how long a worker trains on without etcd, or waits for a decision after its ring broke, before it fails")
 }
@@ -165,7 +166,7 @@ var flagOf = map[string]string{
 	"Model": "--example", "ModelOptions": "--example", "Steps": "--steps", "Batch": "--batch", "Schedule": "learning rate (--schedule, --lr, --warmup)",
 	"Optimizer.Kind": "--optimizer", "ClipNorm": "--clip", "MicroBatches": "--micro-batches", "LocalSteps": "--local-steps",
 	"CommitEvery": "--commit-every", "BucketBytes": "--bucket", "OpTimeout": "--timeout", "Transport": "--transport", "WireDType": "--wire-dtype", "ErrorFeedback": "--error-feedback", "Rescale": "--rescale",
-	"ReferenceWorld": "--reference-world", "LeaseTTL": "--lease-ttl", "Unreachable": "--unreachable", "Job": "--job", "Etcd": "--etcd-endpoints",
+	"ReferenceWorld": "--reference-world", "LeaseTTL": "--lease-ttl", "Unreachable": "--unreachable", "Job": "--job", "Etcd": "--etcd-endpoints", "EtcdDialTimeout": "--etcd-dial-timeout",
 	"Restarts.MaxRestarts": "--max-restarts", "Restarts.Window": "--restart-window", "Faults.FailStep": "--fail-at",
 	"Faults.FailTimes": "--fail-times", "Faults.FailWorker": "--fail-at",
 	"Checkpoint.Location": "--checkpoint", "Checkpoint.EverySteps": "--checkpoint-every-steps", "Checkpoint.Every": "--checkpoint-every",

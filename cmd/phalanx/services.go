@@ -34,7 +34,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer log.Sync()
-	c.Job, c.Etcd, c.LeaseTTL, c.Logger = f.cfg.Job, endpointList(f.etcd), f.cfg.LeaseTTL, log
+	c.Job, c.Etcd, c.LeaseTTL, c.EtcdDialTimeout, c.Logger = f.cfg.Job, endpointList(f.etcd), f.cfg.LeaseTTL, f.cfg.EtcdDialTimeout, log
 	c.OnEndpoints = func(e []string) { fmt.Fprintf(stdout, "etcd endpoints: %s\n", strings.Join(e, ",")) }
 	if err := phalanx.RunCoordinator(ctx, c); err != nil {
 		return asUsage(err)
