@@ -11,10 +11,11 @@ import (
 
 // jobHash identifies what every worker of a job must share: the training
 // configuration without what each process may set for itself (etcd
-// endpoints, membership timing, injected faults).
+// endpoints and how long to wait for them, membership timing, injected
+// faults).
 func (c *Config) jobHash() string {
 	s := *c
-	s.Etcd, s.LeaseTTL, s.Unreachable, s.Faults = nil, 0, 0, FaultConfig{}
+	s.Etcd, s.EtcdDialTimeout, s.LeaseTTL, s.Unreachable, s.Faults = nil, 0, 0, 0, FaultConfig{}
 	return hashOf(s)
 }
 
