@@ -31,7 +31,7 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 	fs.IntVar(&lc.MaxWorkers, "max-workers", 0, "most workers admitted to a ring (default: --workers)")
 	fs.DurationVar(&lc.MinWorkersTimeout, "min-workers-timeout", lc.MinWorkersTimeout, "stop the job when it stays below --min-workers this long")
 	fs.DurationVar(&lc.JoinWindow, "join-window", lc.JoinWindow, "how long a newcomer waits so that newcomers arriving together enter one generation")
-	eventsPath := fs.String("events", "", "write the job's events as JSON lines to this file (see docs/events.md)")
+	eventsPath := fs.String("events", "", "append the job's events as JSON lines to this file; an earlier run's events stay before them (see docs/events.md)")
 	fs.StringVar(&lc.JobDir, "job-dir", "", "the job's directory (embedded etcd data, logs/); default: a temporary one, removed\nwhen the job succeeds")
 	fs.IntVar(&lc.Threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1")
 	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to the job directory's logs/ (debug: also to stderr)")
@@ -45,7 +45,7 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 	lc.Config, lc.Registry, lc.NoCoordinator = f.cfg, reg, !*coordinate
 	lc.Output, lc.Stderr = stdout, stderr
 	if *eventsPath != "" {
-		ev, err := os.OpenFile(*eventsPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		ev, err := os.OpenFile(*eventsPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return fmt.Errorf("--events: %w", err)
 		}

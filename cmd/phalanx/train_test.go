@@ -28,9 +28,14 @@ func TestMain(m *testing.M) {
 }
 
 // TestTrainJob runs a small job end to end on two worker processes and checks
-// the progress output and the event log's schema.
+// the progress output and the event log's schema; --events appends, after an
+// earlier run's events, which stay.
 func TestTrainJob(t *testing.T) {
 	evPath := filepath.Join(t.TempDir(), "events.jsonl")
+	const earlier = `{"ts":1795000000.000000,"event":"job_started","job":"earlier","etcd_endpoints":"http://127.0.0.1:2379","workers":1,"worker_env":"-"}`
+	if err := os.WriteFile(evPath, []byte(earlier+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	var out, errOut bytes.Buffer
 	err := runCommand(t, []string{"train", "--workers", "2", "--steps", "6", "--batch", "64",
 		"--samples", "512", "--hidden", "16", "--events", evPath}, &out, &errOut)
@@ -47,7 +52,10 @@ func TestTrainJob(t *testing.T) {
 	defer f.Close()
 	counts := map[string]int{}
 	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	for first := true; sc.Scan(); first = false {
+		if first && sc.Text() != earlier {
+			t.Errorf("the earlier run's event became %q", sc.Text())
+		}
 		var e map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 			t.Fatalf("event %q: %v", sc.Text(), err)
@@ -75,8 +83,8 @@ func TestTrainJob(t *testing.T) {
 			}
 		}
 	}
-	if counts["worker_started"] != 2 || counts["step"] != 6 || counts["done"] != 1 || counts["generation"] != 1 || counts["data_plane"] != 1 || counts["worker_exited"] != 2 {
-		t.Errorf("event counts %v, want 2 worker_started, 1 generation, 1 data_plane, 6 step, 1 done, 2 worker_exited", counts)
+	if counts["job_started"] != 2 || counts["worker_started"] != 2 || counts["step"] != 6 || counts["done"] != 1 || counts["generation"] != 1 || counts["data_plane"] != 1 || counts["worker_exited"] != 2 {
+		t.Errorf("event counts %v, want 2 job_started (the earlier run's and this one's), 2 worker_started, 1 generation, 1 data_plane, 6 step, 1 done, 2 worker_exited", counts)
 	}
 }
 
