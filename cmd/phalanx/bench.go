@@ -21,6 +21,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("bench: name what to measure: allreduce, tcp, checkpoint or ps")
 	}
 	switch args[0] {
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, usage)
+		return nil
 	case "allreduce":
 		return benchAllReduce(ctx, args[1:], stdout, stderr)
 	case "tcp":

@@ -20,6 +20,14 @@ import (
 // invariant (exit status 1; the reports say which).
 var errInvariants = errors.New("an invariant failed")
 
+const chaosUsage = `Usage:
+  phalanx chaos list                     the built-in scenarios and their faults
+  phalanx chaos run [flags] SCENARIO...  run scenarios (a built-in name, a .json or .yaml file, or ci) against real jobs
+  phalanx chaos soak [flags]             random faults against one long job
+
+Run "phalanx chaos run --help" or "phalanx chaos soak --help" for their flags.
+`
+
 func runChaos(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usagef("chaos: want run, list or soak")
@@ -31,6 +39,9 @@ func runChaos(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 		return chaosRun(ctx, reg, args[1:], stdout, stderr)
 	case "soak":
 		return chaosSoak(ctx, reg, args[1:], stdout, stderr)
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, chaosUsage)
+		return nil
 	}
 	return usagef("chaos: unknown subcommand %q: want run, list or soak", args[0])
 }

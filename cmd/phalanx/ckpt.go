@@ -15,6 +15,15 @@ import (
 	"github.com/phalanx-rt/phalanx/checkpoint"
 )
 
+const ckptUsage = `Usage:
+  phalanx ckpt ls --checkpoint URL              the checkpoints, newest first, and whether each is complete
+  phalanx ckpt inspect --checkpoint URL NAME    one checkpoint's manifest
+  phalanx ckpt verify --checkpoint URL [NAME]   read and check every checksum (default: every complete checkpoint)
+  phalanx ckpt rm --checkpoint URL NAME...      delete checkpoints (or --keep N: what retention would not keep)
+
+Run "phalanx ckpt SUBCOMMAND --help" for the flags of each.
+`
+
 // runCkpt is "phalanx ckpt ls|inspect|verify|rm".
 func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -24,6 +33,9 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	sub := args[0]
 	var help string
 	switch sub {
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, ckptUsage)
+		return nil
 	case "ls":
 		help = "Lists the checkpoints at --checkpoint, newest first: name, step, time, size, world, and whether it is\n" +
 			"complete (has a manifest). Incomplete ones are leftovers of uploads that failed or are in flight."

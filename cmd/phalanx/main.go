@@ -11,6 +11,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -35,13 +37,38 @@ Usage:
   phalanx bench ps [flags]          sparse push+pull throughput against raw loopback TCP
   phalanx ckpt ls|inspect|verify|rm list, show, verify or delete the checkpoints at --checkpoint URL
   phalanx chaos run|list|soak       seeded fault schedules against real jobs, invariants checked, reports
-  phalanx version                   print the version
+  phalanx version (or --version)    print the version and the commit it was built from
+  phalanx help COMMAND              the flags of a command (as phalanx COMMAND --help)
 
 Run "phalanx <command> [<subcommand>] --help" for the flags of each.
 `
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with -ldflags "-X main.version=..."; a
+// module version (go install ...@v1.2.3) stands in for it.
 var version = "dev"
+
+// versionLine is "phalanx VERSION (commit REV[, modified]; GOVERSION
+// OS/ARCH)": the commit as the Go toolchain stamped it from the checkout the
+// binary was built in.
+func versionLine() string {
+	v, commit, modified := version, "unknown", ""
+	goVersion := runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+		goVersion = bi.GoVersion
+		for _, s := range bi.Settings {
+			switch {
+			case s.Key == "vcs.revision":
+				commit = s.Value
+			case s.Key == "vcs.modified" && s.Value == "true":
+				modified = ", modified"
+			}
+		}
+	}
+	return fmt.Sprintf("phalanx %s (commit %s%s; %s %s/%s)", v, commit, modified, goVersion, runtime.GOOS, runtime.GOARCH)
+}
 
 func main() {
 	reg := examples.Registry()
@@ -124,10 +151,13 @@ func run(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stde
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "ckpt":
 		return runCkpt(ctx, args[1:], stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "phalanx", version)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, versionLine())
 		return nil
 	case "help", "-h", "--help", "-help":
+		if len(args) > 1 && args[0] == "help" { // phalanx help train: its flags
+			return run(ctx, reg, append(args[1:len(args):len(args)], "--help"), stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 		return nil
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"strings"
 	"testing"
 )
@@ -41,5 +42,37 @@ func TestUsageErrors(t *testing.T) {
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want a usage error mentioning %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestHelpAndVersion: every command group answers --help on stdout with
+// its subcommands, help COMMAND gives a command's flags, and --version
+// says the version and the commit.
+func TestHelpAndVersion(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string // on stdout ("" : on stderr, flag's help)
+	}{
+		{[]string{"--help"}, "phalanx chaos run|list|soak"},
+		{[]string{"chaos", "--help"}, "phalanx chaos run [flags] SCENARIO..."},
+		{[]string{"chaos", "help"}, "phalanx chaos soak [flags]"},
+		{[]string{"ckpt", "--help"}, "phalanx ckpt verify --checkpoint URL"},
+		{[]string{"ckpt", "-h"}, "phalanx ckpt rm --checkpoint URL"},
+		{[]string{"bench", "--help"}, "phalanx bench allreduce [flags]"},
+		{[]string{"--version"}, "phalanx dev (commit "},
+		{[]string{"version"}, "phalanx dev (commit "},
+	}
+	for _, tc := range cases {
+		var out, errOut bytes.Buffer
+		if err := runCommand(t, tc.args, &out, &errOut); err != nil {
+			t.Errorf("%v: %v\n%s", tc.args, err, errOut.String())
+		}
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("%v printed %q on stdout, want %q", tc.args, out.String(), tc.want)
+		}
+	}
+	var out, errOut bytes.Buffer
+	if err := runCommand(t, []string{"help", "train"}, &out, &errOut); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errOut.String()+out.String(), "Usage: phalanx train") {
+		t.Errorf("help train: %v\n%s%s", err, out.String(), errOut.String())
 	}
 }
