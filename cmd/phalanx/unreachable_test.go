@@ -17,7 +17,7 @@ import (
 func TestUnreachableEtcd(t *testing.T) {
 	t.Parallel()
 	const nothing = "http://127.0.0.1:1" // port 1: nothing listens, connections are refused
-	common := []string{"--etcd-endpoints", nothing, "--etcd-dial-timeout", "6s", "--job", "unreachable"}
+	common := []string{"--etcd-endpoints", nothing, "--etcd-dial-timeout", "12s", "--job", "unreachable"} // a line every 5s: at least one
 	tests := []struct {
 		name string
 		args []string
@@ -36,7 +36,7 @@ func TestUnreachableEtcd(t *testing.T) {
 				t.Fatalf("%s ended %v, want exit status 1\n%s", tc.name, err, out.String())
 			}
 			got := out.String()
-			for _, want := range []string{"waiting for etcd at 127.0.0.1:1 (", "etcd at 127.0.0.1:1 did not answer within 6s"} {
+			for _, want := range []string{"waiting for etcd at 127.0.0.1:1 (", "etcd at 127.0.0.1:1 did not answer within 12s"} {
 				if !strings.Contains(got, want) {
 					t.Errorf("%s did not say %q:\n%s", tc.name, want, got)
 				}
