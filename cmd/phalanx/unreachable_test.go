@@ -16,7 +16,7 @@ import (
 // message.
 func TestUnreachableEtcd(t *testing.T) {
 	t.Parallel()
-	const nothing = "http://127.0.0.1:1" // port 1: nothing listens, connections are refused
+	const nothing = "http://127.0.0.1:1"                                                                  // port 1: nothing listens, connections are refused
 	common := []string{"--etcd-endpoints", nothing, "--etcd-dial-timeout", "12s", "--job", "unreachable"} // a line every 5s: at least one
 	tests := []struct {
 		name string
