@@ -16,8 +16,9 @@ import (
 // message.
 func TestUnreachableEtcd(t *testing.T) {
 	t.Parallel()
-	const nothing = "http://127.0.0.1:1"                                                                  // port 1: nothing listens, connections are refused
-	common := []string{"--etcd-endpoints", nothing, "--etcd-dial-timeout", "12s", "--job", "unreachable"} // a line every 5s: at least one
+	const nothing = "http://127.0.0.1:1" // port 1: nothing listens, connections are refused
+	// A line is due every 5s: at least one comes before 12s.
+	common := []string{"--etcd-endpoints", nothing, "--etcd-dial-timeout", "12s", "--job", "unreachable"}
 	tests := []struct {
 		name string
 		args []string
