@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -430,6 +431,7 @@ func TestCheckLeftovers(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			environSet(t, cmd.Process.Pid, markEnv+"="+ru.marker)
 		}, "fail", "(sleep) of the job's still runs"},
 		{"another run's process", func(t *testing.T, ru *run) {
 			cmd := exec.Command("sleep", "60")
@@ -533,6 +535,24 @@ func TestTookHold(t *testing.T) {
 			t.Fatalf("a signal fault to an exited process: %v", err)
 		}
 	})
+}
+
+// environSet waits until the kernel shows kv in pid's environment: exec.Cmd's
+// Start returns once the exec has begun, and /proc/<pid>/environ reads empty
+// until the new program's memory is set up (seen once in a full pass).
+func environSet(t *testing.T, pid int, kv string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err == nil && bytes.Contains(env, []byte(kv+"\x00")) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/proc/%d/environ still lacks %s after 10s (%v): %q", pid, kv, err, env)
+		}
+		time.Sleep(time.Millisecond) // polling the kernel, with a deadline
+	}
 }
 
 func marshalManifest(t *testing.T, m *phalanxpb.Manifest) []byte {
