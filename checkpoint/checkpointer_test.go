@@ -256,17 +256,16 @@ func corruptByte(t *testing.T, dir, name string, at int64) {
 	}
 }
 
-// TestResumeSkipsCorruptAndIncomplete: a flipped byte in the newest
-// checkpoint's shard makes the resume take the previous one and say why; a
-// checkpoint whose manifest is gone is not seen at all.
-func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
-	ctx := testContext(t)
-	dir := t.TempDir()
+// threeCheckpoints trains world ranks 6 steps into a new directory store,
+// a checkpoint every 2 steps, and returns the newest and the one before.
+func threeCheckpoints(t *testing.T, ctx context.Context, world int) (dir string, store *LocalStore, newest, middle Info) {
+	t.Helper()
+	dir = t.TempDir()
 	store, err := NewLocalStore(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	j := newJob(t, 3, 1, store, Config{EverySteps: 2})
+	j := newJob(t, world, 1, store, Config{EverySteps: 2})
 	if err := j.train(ctx, 1, 6, 6, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +273,30 @@ func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
 	if len(infos) != 3 {
 		t.Fatalf("checkpoints: %+v", infos)
 	}
-	newest, middle := infos[0], infos[1]
+	return dir, store, infos[0], infos[1]
+}
+
+// resumesFrom restores a ring of 2 from store and checks that it resumed
+// from want; it returns the ring, its events in hand.
+func resumesFrom(t *testing.T, ctx context.Context, store Store, want Info) *job {
+	t.Helper()
+	r := newJob(t, 2, 2, store, Config{})
+	res, err := r.restore(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Manifest.Id != want.ID {
+		t.Fatalf("resumed from %s, want %s", res[0].Manifest.Id, want.ID)
+	}
+	return r
+}
+
+// TestResumeSkipsCorruptAndIncomplete: a flipped byte in the newest
+// checkpoint's shard makes the resume take the previous one and say why; a
+// checkpoint whose manifest is gone is not seen at all.
+func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
+	ctx := testContext(t)
+	dir, store, newest, middle := threeCheckpoints(t, ctx, 3)
 	m, err := ReadManifest(ctx, store, newest.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -285,14 +307,7 @@ func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
 		t.Fatalf("verify of the corrupted checkpoint: %v", err)
 	}
 
-	r := newJob(t, 2, 2, store, Config{})
-	res, err := r.restore(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res[0].Manifest.Id != middle.ID {
-		t.Fatalf("resumed from %s, want %s", res[0].Manifest.Id, middle.ID)
-	}
+	r := resumesFrom(t, ctx, store, middle)
 	want := modelTensors()
 	fill(want, 4)
 	if err := equalState(r.states[1], want); err != nil {
@@ -311,7 +326,7 @@ func TestResumeSkipsCorruptAndIncomplete(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2 := newJob(t, 2, 3, store, Config{})
-	res, err = r2.restore(ctx, true)
+	res, err := r2.restore(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,25 +387,12 @@ func TestManifestChecksum(t *testing.T) {
 }
 
 // TestResumeSkipsChangedManifest: the newest checkpoint's manifest with its
-// epoch rewritten (8 to 7) and its checksum left as it was: the resume
+// epoch moved by one and its checksum left as it was: the resume
 // refuses it, says why, and takes the one before; it never trains an epoch
 // again on the word of a changed manifest.
 func TestResumeSkipsChangedManifest(t *testing.T) {
 	ctx := testContext(t)
-	dir := t.TempDir()
-	store, err := NewLocalStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := newJob(t, 2, 1, store, Config{EverySteps: 2})
-	if err := j.train(ctx, 1, 6, 6, nil); err != nil {
-		t.Fatal(err)
-	}
-	infos, _ := List(ctx, store)
-	if len(infos) != 3 {
-		t.Fatalf("checkpoints: %+v", infos)
-	}
-	newest, middle := infos[0], infos[1]
+	dir, store, newest, middle := threeCheckpoints(t, ctx, 2)
 	p := filepath.Join(dir, newest.ID, ManifestName)
 	b, err := os.ReadFile(p)
 	if err != nil {
@@ -410,14 +412,7 @@ func TestResumeSkipsChangedManifest(t *testing.T) {
 	if _, err := ReadManifest(ctx, store, newest.ID); !errors.As(err, &me) {
 		t.Fatalf("reading the changed manifest: %v, want a ManifestError", err)
 	}
-	r := newJob(t, 2, 2, store, Config{})
-	res, err := r.restore(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res[0].Manifest.Id != middle.ID {
-		t.Fatalf("resumed from %s, want %s", res[0].Manifest.Id, middle.ID)
-	}
+	r := resumesFrom(t, ctx, store, middle)
 	skipped := r.ev.kind("skipped")
 	if len(skipped) != 1 || skipped[0].ID != newest.ID || !strings.Contains(skipped[0].Err, "changed or damaged") {
 		t.Fatalf("skipped events %+v: want the changed manifest named, with why", skipped)
