@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -158,6 +159,13 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			if err := r.handle(l); err != nil {
 				return nil, err
 			}
+			if reason, ok := r.failures[l.Index]; ok && failed == nil && r.done == nil {
+				// A worker's own failure, told before it exits: it ends the
+				// job now, not once the others have trained on without it.
+				failed = fmt.Errorf("worker %d failed: %s", l.Index, reason)
+				cancel()
+				r.procs.Signal("", syscall.SIGKILL) // the others would wait for a coordinator that is gone
+			}
 		case g := <-gens:
 			r.generation(g)
 		case x := <-r.procs.Exits():
@@ -165,7 +173,8 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			r.exited(x)
 			if failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != exitStopped {
 				failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, cmp.Or(r.failures[x.Index], x.Err.Error()))
-				cancel() // one worker's own failure (not a kill) ends the job
+				cancel()                            // one worker's own failure (not a kill) ends the job
+				r.procs.Signal("", syscall.SIGKILL) // the others would wait for a coordinator that is gone
 			}
 		case err := <-coordDone:
 			coordDone = nil

@@ -173,6 +173,10 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 	case err = <-finished:
 	case e := <-w.sup.GaveUp():
 		err = e
+		// This worker's own failure: say so now, before it leaves the ring
+		// (its lease revoked on the way out), so the launcher ends the job
+		// before the others can train on without it and report it done.
+		w.rep.send(Report{Kind: "failed", Reason: err.Error()})
 	case <-g.Failed():
 		err = g.Err()
 	case <-ctx.Done():
