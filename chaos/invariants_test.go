@@ -16,6 +16,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
 )
@@ -542,17 +543,10 @@ func TestTookHold(t *testing.T) {
 // until the new program's memory is set up (seen once in a full pass).
 func environSet(t *testing.T, pid int, kv string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, fmt.Sprintf("/proc/%d/environ to hold %s", pid, kv), func() bool {
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err == nil && bytes.Contains(env, []byte(kv+"\x00")) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/proc/%d/environ still lacks %s after 10s (%v): %q", pid, kv, err, env)
-		}
-		time.Sleep(time.Millisecond) // polling the kernel, with a deadline
-	}
+		return err == nil && bytes.Contains(env, []byte(kv+"\x00"))
+	})
 }
 
 func marshalManifest(t *testing.T, m *phalanxpb.Manifest) []byte {

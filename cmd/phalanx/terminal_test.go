@@ -7,13 +7,13 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // openPTY opens a new pseudo-terminal: its master, and its slave to be a
@@ -130,14 +130,9 @@ func TestCtrlCInATerminal(t *testing.T) {
 		if errors.As(err, &de) || launch.ExitStatus(err) != 1 {
 			t.Fatalf("launcher exit %v, want status 1 at the second Ctrl-C", err)
 		}
-		deadline := time.Now().Add(jobtest.Deadline())
 		for _, pid := range pids {
-			for syscall.Kill(pid, 0) == nil {
-				if time.Now().After(deadline) {
-					t.Fatalf("worker pid %d still exists %v after its launcher ended", pid, jobtest.Deadline())
-				}
-				time.Sleep(10 * time.Millisecond) // polling the kernel, with a deadline
-			}
+			testwait.Until(t, jobtest.Deadline(), fmt.Sprintf("worker pid %d to be gone after its launcher ended", pid),
+				func() bool { return syscall.Kill(pid, 0) != nil })
 		}
 	})
 }

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // TestUnreachableEtcd: every kind of process pointed at an etcd where
@@ -62,11 +64,5 @@ func TestUnreachableEtcd(t *testing.T) {
 // waitFor waits until out holds s, within the test deadline.
 func waitFor(t *testing.T, out interface{ String() string }, s string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !strings.Contains(out.String(), s) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited a minute for %q:\n%s", s, out.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polling a process's output, with a deadline
-	}
+	testwait.Until(t, time.Minute, fmt.Sprintf("%q in the output", s), func() bool { return strings.Contains(out.String(), s) })
 }

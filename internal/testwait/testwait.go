@@ -45,3 +45,18 @@ func Wait(t testing.TB, wg *sync.WaitGroup, limit time.Duration, what string) {
 	}()
 	Recv(t, done, limit, what)
 }
+
+// Until polls cond until it holds, failing the test, naming what it waited
+// for, after limit. It is for state only the kernel or another process
+// holds (a /proc file, a process's output), where there is no event to wait
+// on. Call it from the test's goroutine.
+func Until(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", limit, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -19,8 +19,9 @@ func (f *fakeT) Fatalf(format string, a ...any) {
 	panic(f)
 }
 
-// TestRecvAndWait: a value or a finished group in time is returned; a late
-// one fails the test naming what was awaited; Context ends at its limit.
+// TestRecvAndWait: a value, a finished group or a condition that holds in
+// time is returned; a late one fails the test naming what was awaited;
+// Context ends at its limit.
 func TestRecvAndWait(t *testing.T) {
 	ch := make(chan int, 1)
 	ch <- 7
@@ -50,6 +51,14 @@ func TestRecvAndWait(t *testing.T) {
 	never.Add(1)
 	if msg := fails(func(tb testing.TB) { Wait(tb, &never, 10*time.Millisecond, "a group") }); msg == "" {
 		t.Error("a group that never finishes did not fail the test")
+	}
+	n := 0
+	Until(t, time.Second, "the third poll", func() bool { n++; return n == 3 })
+	if n != 3 {
+		t.Errorf("Until returned after %d polls, want 3", n)
+	}
+	if msg := fails(func(tb testing.TB) { Until(tb, 10*time.Millisecond, "never", func() bool { return false }) }); !strings.Contains(msg, "waited %v for %s") {
+		t.Errorf("a condition that never holds: %q", msg)
 	}
 	ctx := Context(t, 10*time.Millisecond)
 	<-ctx.Done() // bounded by the context's own limit
