@@ -51,6 +51,11 @@ type shmFast struct {
 	large                uint64 // large rounds this rank has started
 	srcs                 [][]byte
 	got                  []bool
+	// wakes counts the slow wait's looks at the counters (tests watch a
+	// waiter take another look); beforeArrive, nil but in tests, runs in
+	// announce before each peer's counter moves.
+	wakes        atomic.Uint64
+	beforeArrive func(k shmWaitKind, peer int)
 }
 
 // shmWaitKind names an arrival counter.
@@ -119,6 +124,9 @@ func (f *shmFast) announce(k shmWaitKind, w *atomic.Uint64, v uint64) {
 		if q == f.g.rank {
 			continue
 		}
+		if f.beforeArrive != nil {
+			f.beforeArrive(k, q)
+		}
 		n := f.arrive[q][k].Add(1)
 		if s := f.sleep[q].Load(); s != 0 && shmWaitKind(s>>56) == k && n >= s&sleepTargetMask &&
 			f.sleep[q].CompareAndSwap(s, 0) {
@@ -138,16 +146,22 @@ func (f *shmFast) descOf(q int, step uint64) []byte {
 }
 
 // lagging returns a peer whose word of kind k has not reached step (the one
-// to blame for a wait), or the next rank if none.
-func (f *shmFast) lagging(k shmWaitKind, step uint64) int {
+// to blame for a wait) and true; or, when every peer's word has reached it,
+// the next rank and false: what is awaited is then an announcement in
+// flight, its word stored but this rank's counter not yet moved (announce
+// stores the word first), and the announcer need not still be in the group:
+// having seen every counter it waited for move, a peer may finish the
+// operation and say goodbye while another's announcement is still on its way
+// here.
+func (f *shmFast) lagging(k shmWaitKind, step uint64) (int, bool) {
 	N, r := f.g.world, f.g.rank
 	words := [shmWaitKinds][]*atomic.Uint64{waitPosted: f.posted, waitDone: f.done, waitRead: f.readTo}[k]
 	for i := 1; i < N; i++ {
 		if q := (r + i) % N; words[q].Load() < step {
-			return q
+			return q, true
 		}
 	}
-	return (r + 1) % N
+	return (r + 1) % N, false
 }
 
 // waitFor waits until this rank's counter of kind k reaches target (every
@@ -186,8 +200,11 @@ func (f *shmFast) waitFor(k shmWaitKind, target, step uint64) error {
 			return g.cancelled()
 		default:
 		}
-		q := f.lagging(k, step)
-		if l := g.links[q]; l.peerBye.Load() {
+		f.wakes.Add(1)
+		// Only a peer that has not announced and said goodbye never will;
+		// a goodbye from a peer that did is no failure.
+		q, lags := f.lagging(k, step)
+		if l := g.links[q]; lags && l.peerBye.Load() {
 			if c.Load() >= target {
 				return nil // the peer announced, then finished and said goodbye
 			}

@@ -9,8 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // shmRanks starts n ranks in this process, each with its own TCP transport
@@ -425,5 +429,57 @@ func TestShmCancelWakesFastPath(t *testing.T) {
 				t.Fatal("rank 0 still asleep 10s after its context was cancelled")
 			}
 		})
+	}
+}
+
+// TestShmGoodbyeDuringAnnouncement: a peer that has announced (its word
+// stored) may still be moving the other ranks' counters when a third rank,
+// having seen its own counter complete, finishes the operation and says
+// goodbye. A rank still waiting for the announcement in flight must keep
+// waiting, not blame the peer that left: with every peer's word in, no rank
+// lags. (A fresh-clone CI run failed a 4-rank job's final barrier this way:
+// "rank 0 closed its group", and the ring was rebuilt for nothing.) Here
+// rank 1's announcement of the barrier reaches rank 0 and is held before
+// rank 2; rank 0 finishes and closes its group; rank 2, woken by the
+// goodbye, looks again, and only then does rank 1's announcement go on.
+func TestShmGoodbyeDuringAnnouncement(t *testing.T) {
+	s := newShmRanks(t, 3, TransportShm, t.TempDir())
+	groups := s.join(t, "goodbye", 1, []int{0, 1, 2}, nil, Options{Timeout: time.Minute})
+	if groups[0].fast == nil {
+		t.Fatal("no single-copy path between three shared-memory ranks")
+	}
+	ctx := testContext(t)
+	held, release := make(chan struct{}), make(chan struct{})
+	var hold, let sync.Once
+	letGo := func() { let.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // registered after the groups' Close: runs before it
+	groups[1].fast.beforeArrive = func(k shmWaitKind, peer int) {
+		if k == waitPosted && peer == 2 {
+			hold.Do(func() { close(held); <-release })
+		}
+	}
+	errs := make([]chan error, 3)
+	var ended [3]atomic.Bool
+	for r, g := range groups {
+		errs[r] = make(chan error, 1)
+		go func() { errs[r] <- g.Barrier(ctx); ended[r].Store(true) }()
+	}
+	testwait.Recv(t, held, 10*time.Second, "rank 1 announcing its barrier to rank 0 and not yet to rank 2")
+	if err := testwait.Recv(t, errs[0], 10*time.Second, "rank 0's barrier"); err != nil {
+		t.Fatalf("rank 0: %v", err)
+	}
+	go groups[0].Close()
+	f2 := groups[2].fast
+	waitUntil(t, 10*time.Second, "rank 2 to read rank 0's goodbye", func() bool { return groups[2].links[0].peerBye.Load() })
+	before := f2.wakes.Load()
+	f2.interrupt() // at least one more look, whatever the goodbye's own wake-up did
+	waitUntil(t, 10*time.Second, "rank 2 to look again after rank 0's goodbye, or to end its barrier", func() bool {
+		return f2.wakes.Load() > before || ended[2].Load()
+	})
+	letGo()
+	for _, r := range []int{1, 2} {
+		if err := testwait.Recv(t, errs[r], 10*time.Second, fmt.Sprintf("rank %d's barrier", r)); err != nil {
+			t.Errorf("rank %d: %v (rank 1's announcement was on its way)", r, err)
+		}
 	}
 }
