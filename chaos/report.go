@@ -132,7 +132,8 @@ func (r *Report) WriteJSON(dir string) (string, error) {
 }
 
 // WriteSummary writes a terminal table of reports: one row per run with
-// each invariant's verdict, then every failure's evidence.
+// each invariant's verdict (its columns named by number, with a legend under
+// the table), then every failure's evidence.
 func WriteSummary(w io.Writer, reports []*Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "scenario\tseed\tfaults\trecovery max\t")
@@ -162,6 +163,10 @@ func WriteSummary(w io.Writer, reports []*Report) {
 		}
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "invariants:")
+	for n, name := range invariantNames {
+		fmt.Fprintf(w, "  %d  %s\n", n, name)
+	}
 	for _, r := range reports {
 		for _, v := range r.Invariants {
 			if v.Status == "fail" {

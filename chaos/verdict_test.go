@@ -57,3 +57,26 @@ func TestRecoveryVerdict(t *testing.T) {
 		})
 	}
 }
+
+// TestSummaryLegend: the terminal table numbers its invariant columns, and
+// the lines under it name every one of them, so a reader of "fail" under
+// column 5 knows which guarantee broke.
+func TestSummaryLegend(t *testing.T) {
+	rep := &Report{Scenario: "kill-one", Seed: 1, Passed: true}
+	for n := range invariantNames {
+		rep.Invariants = append(rep.Invariants, verdict(n, true, "ok"))
+	}
+	var sb strings.Builder
+	WriteSummary(&sb, []*Report{rep})
+	out := sb.String()
+	for _, want := range []string{"scenario  seed  faults  recovery max  0     1", "kill-one  1     0       -             pass  pass", "invariants:\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	for n, name := range invariantNames {
+		if line := fmt.Sprintf("\n  %d  %s\n", n, name); !strings.Contains(out, line) {
+			t.Errorf("the legend does not name column %d (%q):\n%s", n, name, out)
+		}
+	}
+}
