@@ -74,7 +74,8 @@ type ringJob struct {
 	stop     *Report
 	stepGen  uint64 // the generation of the latest step report
 	lastStep int64
-	failures map[int]string // a worker's last word, by index
+	failures map[int]string  // a worker's last word, by index
+	said     map[string]bool // checkpoints whose skip the terminal was told of
 }
 
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
@@ -210,8 +211,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			fmt.Fprintf(r.out, "stopped at step %d WITHOUT a final checkpoint: %v\n", r.stop.Step, err)
 			return nil, fmt.Errorf("phalanx: stopped at step %d without a final checkpoint: %w", r.stop.Step, err)
 		}
-		fmt.Fprintf(r.out, "stopped at step %d after a final checkpoint (%s); launch the same job again to resume\n", r.stop.Step, id)
-		return nil, &StoppedError{Step: r.stop.Step, Requested: true}
+		return nil, &StoppedError{Step: r.stop.Step, Requested: true, Checkpoint: id}
 	case r.done == nil && r.stopped != "":
 		return nil, &StoppedError{Reason: r.stopped}
 	case r.done == nil:
@@ -244,7 +244,13 @@ func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
 		fmt.Fprintf(r.out, "checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
 	case "skipped":
 		r.ev.Emit("checkpoint_skipped", events.F("checkpoint", e.ID), events.F("error", e.Err))
-		fmt.Fprintf(r.out, "checkpoint %s skipped: %s\n", e.ID, e.Err)
+		if !r.said[e.ID] { // every rank that found it damaged says so
+			if r.said == nil {
+				r.said = map[string]bool{}
+			}
+			r.said[e.ID] = true
+			fmt.Fprintf(r.out, "checkpoint %s skipped: %s\n", e.ID, e.Err)
+		}
 	case "restored":
 		r.ev.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
 			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes), events.F("config_changed", e.ConfigChanged))
@@ -257,7 +263,8 @@ func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
 
 func (r *ringJob) exited(x launch.Exit) {
 	r.ev.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", exitText(x.Err)))
-	if x.Err != nil && r.done == nil {
+	stopping := r.stop != nil || r.stopped != ""
+	if x.Err != nil && r.done == nil && !(stopping && launch.ExitStatus(x.Err) == exitStopped) { // a stopped job's workers exit so
 		fmt.Fprintf(r.out, "worker %d (pid %d) ended: %s\n", x.Index, x.Pid, exitText(x.Err))
 	}
 }

@@ -39,11 +39,17 @@ type StoppedError struct {
 	Step      int64
 	Requested bool
 	Reason    string
+	// Checkpoint names the final checkpoint, found complete in the store
+	// (set by Launch).
+	Checkpoint string
 }
 
 // Error says why the job stopped.
 func (e *StoppedError) Error() string {
-	if e.Requested {
+	switch {
+	case e.Requested && e.Checkpoint != "":
+		return fmt.Sprintf("phalanx: stopped at step %d after a final checkpoint (%s); launch the same job again to resume", e.Step, e.Checkpoint)
+	case e.Requested:
 		return fmt.Sprintf("phalanx: stopped on request at step %d, after a final checkpoint", e.Step)
 	}
 	return fmt.Sprintf("phalanx: the coordinator stopped the job: %s", e.Reason)

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -93,9 +94,19 @@ func runMain(reg *phalanx.Registry, args []string) int {
 	err := run(ctx, reg, args, os.Stdout, os.Stderr)
 	signal.Stop(sigs)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "phalanx:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 	}
 	return exitCode(err)
+}
+
+// errorLine is err for the terminal, under one "phalanx: " prefix: the
+// library's errors carry it already.
+func errorLine(err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, "phalanx: ") {
+		return msg
+	}
+	return "phalanx: " + msg
 }
 
 // Exit statuses besides 0, 1 (failed) and 2 (usage).

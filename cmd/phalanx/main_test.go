@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/phalanx-rt/phalanx"
 )
 
 // TestUsageErrors: a bad command line is a usage error (exit 2) that names
@@ -74,5 +77,24 @@ func TestHelpAndVersion(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if err := runCommand(t, []string{"help", "train"}, &out, &errOut); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errOut.String()+out.String(), "Usage: phalanx train") {
 		t.Errorf("help train: %v\n%s%s", err, out.String(), errOut.String())
+	}
+}
+
+// TestErrorLine: an error reaches the terminal under one "phalanx: " prefix,
+// whether or not the library's message carries it.
+func TestErrorLine(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&phalanx.StoppedError{Step: 311, Requested: true, Checkpoint: "step-000000000311-g1-ab"},
+			"phalanx: stopped at step 311 after a final checkpoint (step-000000000311-g1-ab); launch the same job again to resume"},
+		{&phalanx.StoppedError{Step: 311, Requested: true}, "phalanx: stopped on request at step 311, after a final checkpoint"},
+		{usagef("--workers 0: want 1..64"), "phalanx: --workers 0: want 1..64"},
+		{fmt.Errorf("train: %w", errors.New("phalanx: deep")), "phalanx: train: phalanx: deep"},
+	} {
+		if got := errorLine(c.err); got != c.want {
+			t.Errorf("errorLine(%v) = %q, want %q", c.err, got, c.want)
+		}
 	}
 }

@@ -106,8 +106,14 @@ func TestCtrlCInATerminal(t *testing.T) {
 		if m.Step != int64(at) {
 			t.Fatalf("newest checkpoint of step %d, want the stop step %d", m.Step, at)
 		}
-		if want := fmt.Sprintf("stopped at step %d after a final checkpoint (%s)", at, m.Id); !strings.Contains(j.Out.String(), want) {
-			t.Fatalf("the launcher did not say %q:\n%s", want, jobtest.LastLines(j.Out.String(), 20))
+		out := j.Out.String()
+		if want := fmt.Sprintf("phalanx: stopped at step %d after a final checkpoint (%s); launch the same job again to resume", at, m.Id); !strings.Contains(out, want) {
+			t.Fatalf("the launcher did not say %q:\n%s", want, jobtest.LastLines(out, 20))
+		}
+		// Said once, under one prefix; the workers' exit 4 is how a stopped
+		// job's workers end, not news.
+		if strings.Count(out, "after a final checkpoint") != 1 || strings.Contains(out, "phalanx: phalanx:") || strings.Contains(out, "exit status 4") {
+			t.Fatalf("the stop said more than once, under a doubled prefix, or with the workers' expected exit:\n%s", jobtest.LastLines(out, 20))
 		}
 	})
 	t.Run("twice: the job ends at once", func(t *testing.T) {
