@@ -48,6 +48,8 @@ type LaunchConfig struct {
 	// LogLevel of the library logs (debug, info, warn, error): they go to
 	// files under JobDir/logs, and at debug to Stderr as well.
 	LogLevel string
+	// LogEvery: steps between progress lines (0: twenty over the job).
+	LogEvery int64
 	// Output receives the job's progress, in plain words (nil: none);
 	// Stderr the debug logs. Events receives the job's event log.
 	Output, Stderr io.Writer
@@ -100,6 +102,8 @@ func (lc *LaunchConfig) validate() (ModelSpec, Options, error) {
 		return spec, nil, bad("Workers", lc.Workers, "want 1..64")
 	case lc.Threads < 0:
 		return spec, nil, bad("Threads", lc.Threads, "must not be negative")
+	case lc.LogEvery < 0:
+		return spec, nil, bad("LogEvery", lc.LogEvery, "must not be negative")
 	case lvl.UnmarshalText([]byte(lc.LogLevel)) != nil:
 		return spec, nil, bad("LogLevel", lc.LogLevel, "want debug, info, warn or error")
 	}

@@ -55,7 +55,11 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &ringJob{jobEnv: j, store: store, start: time.Now(), every: max(1, lc.Steps/20), byPid: map[int64]int{}}
+	now := lc.Now
+	if now == nil {
+		now = time.Now
+	}
+	r := &ringJob{jobEnv: j, store: store, now: now, start: now(), every: cmp.Or(lc.LogEvery, max(1, lc.Steps/20)), byPid: map[int64]int{}}
 	res, err := r.run(ctx, jctx, cancel)
 	j.close(err)
 	return res, err
@@ -64,18 +68,26 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 // ringJob is a running ring job as its launcher sees it.
 type ringJob struct {
 	*jobEnv
-	store    checkpoint.Store // the job's checkpoints (nil: none)
-	start    time.Time
-	every    int64
-	first    uint64 // the first generation's number
-	byPid    map[int64]int
-	done     *Report
-	stopped  string // the coordinator's reason
-	stop     *Report
-	stepGen  uint64 // the generation of the latest step report
-	lastStep int64
-	failures map[int]string  // a worker's last word, by index
-	said     map[string]bool // checkpoints whose skip the terminal was told of
+	store checkpoint.Store // the job's checkpoints (nil: none)
+	now   func() time.Time
+	start time.Time
+	every int64 // steps between progress lines
+	// This run's steps: from is the step it started after (a resumed
+	// job's restored step), fromAt when its first step was reported;
+	// winSamples and winSecs are what was trained since the last progress
+	// line, whose samples/s is their ratio.
+	from                int64
+	fromAt              time.Time
+	winSamples, winSecs float64
+	first               uint64 // the first generation's number
+	byPid               map[int64]int
+	done                *Report
+	stopped             string // the coordinator's reason
+	stop                *Report
+	stepGen             uint64 // the generation of the latest step report
+	lastStep            int64
+	failures            map[int]string  // a worker's last word, by index
+	said                map[string]bool // checkpoints whose skip the terminal was told of
 }
 
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
@@ -218,10 +230,49 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 		return nil, errors.New("phalanx: every worker ended and none reported the job done")
 	}
 	d := r.done
-	fmt.Fprintf(r.out, "done: %d steps in %s; held-out loss %.4f, accuracy %.2f%%\n",
-		d.Step, time.Since(r.start).Round(time.Millisecond), d.Loss, 100*d.Accuracy)
+	fmt.Fprintln(r.out, r.doneLine(d))
 	return &Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
 		ParametersIdentical: d.Identical != nil && *d.Identical, ParametersCRC: d.ParamsCRC, RankCRCs: d.RankCRCs}, nil
+}
+
+// doneLine says how the job ended: the steps this run trained (and, for a
+// resumed job, which), in how long, and the held-out figures.
+func (r *ringJob) doneLine(d *Report) string {
+	took := r.now().Sub(r.start).Round(time.Millisecond)
+	steps := fmt.Sprintf("%d steps", d.Step)
+	if r.from > 0 {
+		steps = fmt.Sprintf("%d steps (%d to %d)", d.Step-r.from, r.from+1, d.Step)
+	}
+	return fmt.Sprintf("done: %s in %s; held-out loss %.4f, accuracy %.2f%%", steps, took, d.Loss, 100*d.Accuracy)
+}
+
+// progress prints a progress line every r.every steps and at the last: the
+// samples/s trained since the previous line, and an ETA from this run's own
+// pace (a resumed job's earlier steps took no time of this run's).
+func (r *ringJob) progress(rep Report) {
+	now := r.now()
+	if r.fromAt.IsZero() {
+		r.from, r.fromAt = rep.Step-1, now
+	}
+	if !rep.Replayed {
+		r.winSamples += rep.SamplesPS * rep.StepS // the step's samples
+		r.winSecs += rep.StepS
+	}
+	steps := r.lc.Steps
+	if rep.Step%r.every != 0 && rep.Step != steps {
+		return
+	}
+	rate := "       -"
+	if r.winSecs > 0 {
+		rate = fmt.Sprintf("%8.0f", r.winSamples/r.winSecs)
+	}
+	r.winSamples, r.winSecs = 0, 0
+	eta := "-"
+	if n := rep.Step - r.from - 1; n > 0 { // steps since the first one's report
+		eta = (now.Sub(r.fromAt) / time.Duration(n) * time.Duration(steps-rep.Step)).Round(time.Second).String()
+	}
+	fmt.Fprintf(r.out, "step %*d/%d  loss %.4f  acc %5.1f%%  %s samples/s  %d workers  ETA %s\n",
+		len(strconv.FormatInt(steps, 10)), rep.Step, steps, rep.Loss, 100*rep.Accuracy, rate, rep.World, eta)
 }
 
 // exitStopped is a worker's exit status when the job stopped (below its
@@ -376,13 +427,7 @@ func (r *ringJob) handle(l launch.Line) error {
 			events.F("step_s", rep.StepS), events.F("compute_s", rep.ComputeS), events.F("comm_s", rep.CommS),
 			events.F("epoch", rep.Epoch), events.F("offset", rep.Offset), events.F("fingerprint", rep.Fingerprint),
 			events.F("participants", cmp.Or(rep.Participants, rep.World)), events.F("stale", rep.Stale))
-		steps := r.lc.Steps
-		if rep.Step%r.every == 0 || rep.Step == steps {
-			elapsed := time.Since(r.start)
-			eta := time.Duration(float64(elapsed) / float64(rep.Step) * float64(steps-rep.Step))
-			fmt.Fprintf(r.out, "step %*d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s  %d workers  ETA %s\n",
-				len(strconv.FormatInt(steps, 10)), rep.Step, steps, rep.Loss, 100*rep.Accuracy, rep.SamplesPS, rep.World, eta.Round(time.Second))
-		}
+		r.progress(rep)
 	case "restart":
 		r.ev.Emit("rank_restarted", events.F("rank", rep.Rank), events.F("committed_step", rep.Step),
 			events.F("reason", rep.Reason), events.F("restarts", rep.Restarts))

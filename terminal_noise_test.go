@@ -1,7 +1,9 @@
 package phalanx
 
 import (
+	"cmp"
 	"errors"
+	"io"
 	"os/exec"
 	"strings"
 	"testing"
@@ -66,6 +68,57 @@ func TestTerminalNoise(t *testing.T) {
 			}
 			if n, want := strings.Count(evs.String(), `"worker_exited"`)+strings.Count(evs.String(), `"checkpoint_skipped"`), len(c.exits)+len(c.skips); n != want {
 				t.Errorf("%d events, want %d (every exit and every rank's skip recorded):\n%s", n, want, evs.String())
+			}
+		})
+	}
+}
+
+// TestProgressLines: a job resumed at step 40 of 100 counts this run's
+// steps: its ETA comes from this run's pace (a step a second here: 55 s
+// left after step 45, not the whole job's average over 45 steps), its
+// samples/s is what was trained since the previous line (four steps of
+// 5 ms and one of 45 ms: 1,280 samples in 65 ms, not the last step's
+// 5,689/s), and its end
+// says 60 steps, 41 to 100. --log-every sets the lines' spacing.
+func TestProgressLines(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		every    int64
+		lines    int
+		want     []string
+		doneWant string
+	}{
+		{"default: twenty lines", 0, 12, []string{
+			"step  45/100  loss 0.5000  acc  90.0%     19692 samples/s  4 workers  ETA 55s\n",
+			"step 100/100  loss 0.5000  acc  90.0%     19692 samples/s  4 workers  ETA 0s\n"},
+			"done: 60 steps (41 to 100) in 1m0s; held-out loss 0.2500, accuracy 91.00%"},
+		{"--log-every 30", 30, 3, []string{
+			"step  60/100  loss 0.5000  acc  90.0%     19692 samples/s  4 workers  ETA 40s\n", "step  90/100"},
+			"done: 60 steps (41 to 100) in 1m0s;"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := time.Unix(1000, 0)
+			var out strings.Builder
+			r := &ringJob{jobEnv: &jobEnv{out: &out, ev: events.New(io.Discard, nil), lc: &LaunchConfig{Config: Config{Steps: 100}}},
+				now: func() time.Time { return clock }, start: clock, every: cmp.Or(c.every, 5)}
+			for step := int64(41); step <= 100; step++ {
+				clock = clock.Add(time.Second)
+				secs := 0.005
+				if step%5 == 0 {
+					secs = 0.045
+				}
+				r.progress(Report{Kind: "step", Step: step, World: 4, Loss: 0.5, Accuracy: 0.9, SamplesPS: 256 / secs, StepS: secs})
+			}
+			if n := strings.Count(out.String(), "step "); n != c.lines {
+				t.Errorf("%d progress lines, want %d:\n%s", n, c.lines, out.String())
+			}
+			for _, w := range c.want {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("progress lacks %q:\n%s", w, out.String())
+				}
+			}
+			if got := r.doneLine(&Report{Step: 100, Loss: 0.25, Accuracy: 0.91}); !strings.HasPrefix(got, c.doneWant) {
+				t.Errorf("done line %q, want it to begin %q", got, c.doneWant)
 			}
 		})
 	}

@@ -175,7 +175,7 @@ var flagOf = map[string]string{
 	"Sync.StaleDecay": "--stale-decay", "PS.Servers": "--ps-servers", "PS.Shards": "--ps-shards", "PS.Replicas": "--ps-replicas",
 	"PS": "--ps-partition", "PS.CacheRows": "--ps-cache-rows", "PS.CacheStaleness": "--ps-cache-staleness", "PS.ReportEvery": "--report-every",
 	"Workers": "--workers", "MinWorkers": "--min-workers", "MinWorkersTimeout": "--min-workers-timeout", "JoinWindow": "--join-window",
-	"Threads": "--threads", "LogLevel": "--log-level",
+	"Threads": "--threads", "LogLevel": "--log-level", "LogEvery": "--log-every",
 }
 
 // asUsage turns a configuration error into a usage error naming the flag.

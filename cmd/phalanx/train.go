@@ -34,6 +34,7 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 	eventsPath := fs.String("events", "", "append the job's events as JSON lines to this file; an earlier run's events stay before them (see docs/events.md)")
 	fs.StringVar(&lc.JobDir, "job-dir", "", "the job's directory (embedded etcd data, logs/); default: a temporary one, removed\nwhen the job succeeds")
 	fs.IntVar(&lc.Threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1")
+	fs.Int64Var(&lc.LogEvery, "log-every", 0, "steps between progress lines (0: twenty lines over the job)")
 	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to the job directory's logs/ (debug: also to stderr)")
 	coordinate := fs.Bool("coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
 	if err := parseFlags(fs, args); err != nil {
