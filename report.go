@@ -1,11 +1,17 @@
 package phalanx
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/internal/bytesize"
 )
 
 // Report is what a worker tells of itself: rank 0 of each generation
@@ -89,4 +95,69 @@ func (r *reporter) send(rep Report) {
 func ReportLines(w io.Writer) func(Report) {
 	enc := json.NewEncoder(w)
 	return func(r Report) { enc.Encode(r) }
+}
+
+// ReportText writes reports as plain lines to w, for a person watching one
+// worker (phalanx worker without --json): what it registered as, its
+// generations, a progress line every every steps of the job's steps (rank
+// 0 alone reports steps; samples/s is what was trained since the previous
+// line), its restarts, checkpoints and end.
+func ReportText(w io.Writer, steps, every int64) func(Report) {
+	every = max(every, 1)
+	var samples, secs float64
+	return func(r Report) {
+		switch r.Kind {
+		case "registered":
+			fmt.Fprintf(w, "registered as %s (pid %d); waiting for a ring\n", r.ID, r.Pid)
+		case "restored":
+			fmt.Fprintf(w, "generation %d: rank 0 of %d workers, at step %d (%d redone), over %s\n", r.Generation, r.World, r.Step, r.Redone, r.DataPlane)
+		case "step", "ps_step":
+			if r.Replayed {
+				return
+			}
+			samples += r.SamplesPS * r.StepS
+			secs += r.StepS
+			if r.Step%every != 0 && r.Step != steps {
+				return
+			}
+			line := fmt.Sprintf("step %d/%d  loss %.4f", r.Step, cmp.Or(r.Steps, steps), r.Loss)
+			if r.Kind == "step" {
+				line += fmt.Sprintf("  acc %5.1f%%  %d workers", 100*r.Accuracy, r.World)
+			}
+			if secs > 0 {
+				line += fmt.Sprintf("  %.0f samples/s", samples/secs)
+			}
+			samples, secs = 0, 0
+			fmt.Fprintln(w, line)
+		case "restart":
+			fmt.Fprintf(w, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
+		case "checkpoint":
+			if e := r.Checkpoint; e != nil {
+				switch e.Kind {
+				case "saved":
+					fmt.Fprintf(w, "checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, bytesize.Format(e.Bytes), e.Seconds)
+				case "failed":
+					fmt.Fprintf(w, "checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
+				case "skipped":
+					fmt.Fprintf(w, "checkpoint %s skipped: %s\n", e.ID, e.Err)
+				case "restored":
+					fmt.Fprintf(w, "resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
+				}
+			}
+		case "stopped":
+			fmt.Fprintf(w, "the job stopped at step %d\n", r.Step)
+		case "left":
+			fmt.Fprintln(w, "left the job; the others go on")
+		case "done":
+			fmt.Fprintf(w, "done: step %d on %d workers; held-out loss %.4f, accuracy %.2f%%\n", r.Step, r.World, r.Loss, 100*r.Accuracy)
+		case "ps_done":
+			var parts []string
+			for _, k := range slices.Sorted(maps.Keys(r.Metrics)) {
+				parts = append(parts, fmt.Sprintf("%s %.4f", k, r.Metrics[k]))
+			}
+			fmt.Fprintf(w, "done: step %d; %s\n", r.Step, strings.Join(parts, ", "))
+		case "failed":
+			fmt.Fprintf(w, "failed: %s\n", r.Reason)
+		}
+	}
 }

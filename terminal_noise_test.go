@@ -123,3 +123,33 @@ func TestProgressLines(t *testing.T) {
 		})
 	}
 }
+
+// TestReportText: a worker watched by a person (phalanx worker without
+// --json) speaks plain lines: its registration, its generation as rank 0,
+// a progress line every 5 steps of 10 (samples/s over the steps since the
+// previous line), a checkpoint, and its end. Nothing is JSON.
+func TestReportText(t *testing.T) {
+	var out strings.Builder
+	say := ReportText(&out, 10, 5)
+	say(Report{Kind: "registered", ID: "w-1", Pid: 42})
+	say(Report{Kind: "restored", Generation: 1, World: 2, DataPlane: "shm"})
+	for step := int64(1); step <= 10; step++ {
+		secs := 0.01
+		if step%5 == 0 {
+			secs = 0.03
+		}
+		say(Report{Kind: "step", Step: step, World: 2, Loss: 0.5, Accuracy: 0.75, SamplesPS: 256 / secs, StepS: secs})
+	}
+	say(Report{Kind: "checkpoint", Checkpoint: &checkpoint.Event{Kind: "saved", Step: 10, URL: "/c/step-10", Bytes: 2048, Seconds: 0.5}})
+	say(Report{Kind: "done", Step: 10, World: 2, Loss: 0.25, Accuracy: 0.9})
+	want := `registered as w-1 (pid 42); waiting for a ring
+generation 1: rank 0 of 2 workers, at step 0 (0 redone), over shm
+step 5/10  loss 0.5000  acc  75.0%  2 workers  18286 samples/s
+step 10/10  loss 0.5000  acc  75.0%  2 workers  18286 samples/s
+checkpoint of step 10 saved: /c/step-10 (2.0 KiB in 0.50s)
+done: step 10 on 2 workers; held-out loss 0.2500, accuracy 90.00%
+`
+	if out.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
+	}
+}

@@ -183,6 +183,10 @@ func TestElasticFifthWorker(t *testing.T) {
 	if err := exited(); err != nil {
 		t.Fatalf("the fifth worker: %v\n%s", err, jobtest.LastLines(out.String(), 30))
 	}
+	// By hand, phalanx worker speaks plain lines (--json gives reports).
+	if o := out.String(); !strings.HasPrefix(o, "registered as ") || strings.Contains(o, "{") {
+		t.Errorf("the fifth worker's output is not plain lines beginning with its registration:\n%s", jobtest.LastLines(o, 10))
+	}
 	jobtest.CheckSamples(t, ev["step"], elasticSteps, 8000, 256, 3)
 	if jn := ev["worker_joined"]; jobtest.Num(jn[len(jn)-1], "rank") != 4 {
 		t.Errorf("worker_joined %v, want the newcomer at rank 4", ev["worker_joined"])

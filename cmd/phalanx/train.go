@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -66,13 +67,16 @@ func runWorker(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 		"Runs one elastic worker of a job: it registers in etcd (--etcd-endpoints), trains in every generation\n"+
 			"the coordinator puts it in, and survives the loss or arrival of other workers. Start one per host\n"+
 			"or GPU slot with the same training flags; \"phalanx train\" starts them for you. SIGTERM makes it\n"+
-			"leave the job gracefully (the others go on). Prints one JSON report per line on stdout.", stderr)
+			"leave the job gracefully (the others go on). Prints its progress in plain lines on stdout (rank 0\n"+
+			"reports the job's steps), or with --json one JSON report per line (docs/events.md).", stderr)
 	var f configFlags
 	f.register(fs, reg)
 	fs.StringVar(&f.cfg.Bind, "bind", f.cfg.Bind, "data-plane listen address (host:port; port 0 picks one); the control plane listens on the same host")
 	fs.IntVar(&f.cfg.RankHint, "rank-hint", -1, "preferred place in the first ring (-1: none)")
 	fs.IntVar(&f.cfg.Index, "worker-index", -1, "this worker's index (for --fail-at; a parameter-server worker's place, 0..workers-1)")
 	threads := fs.Int("threads", 0, "OS threads running Go code (GOMAXPROCS); 0 = all cores")
+	asJSON := fs.Bool("json", false, "print one JSON report per line on stdout instead of plain lines")
+	every := fs.Int64("log-every", 0, "steps between progress lines (0: twenty lines over the job)")
 	log, err := parseWithLogger(fs, args, stderr)
 	if err != nil {
 		return err
@@ -82,7 +86,13 @@ func runWorker(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 		return err
 	}
 	setThreads(*threads)
-	f.cfg.Logger, f.cfg.Reports = log, jsonLines(stdout)
+	if *every < 0 {
+		return usagef("--log-every %d: must not be negative", *every)
+	}
+	f.cfg.Logger, f.cfg.Reports = log, phalanx.ReportText(stdout, f.cfg.Steps, cmp.Or(*every, max(1, f.cfg.Steps/20)))
+	if *asJSON {
+		f.cfg.Reports = jsonLines(stdout)
+	}
 	_, err = phalanx.RunModel(ctx, f.cfg, reg)
 	return asUsage(err)
 }
