@@ -197,10 +197,22 @@ func TestCkptCommand(t *testing.T) {
 	}
 	store, _ := checkpoint.NewLocalStore(dir)
 	newest := jobtest.NewestComplete(t, store)
-	js, err := ck("inspect", newest.Id, "--checkpoint", dir)
+	js, err := ck("inspect", newest.Id, "--checkpoint", dir, "--json")
 	var shown jobtest.Event
 	if err != nil || json.Unmarshal([]byte(js), &shown) != nil || shown["step"] != "6" || shown["blockCrc32c"] == nil {
-		t.Fatalf("inspect: %v\n%s", err, js)
+		t.Fatalf("inspect --json: %v\n%s", err, js)
+	}
+	// The summary: where training was, the tensors with their shapes, each
+	// object present; a dozen lines, not the manifest's hundreds.
+	sum, err := ck("inspect", newest.Id, "--checkpoint", dir)
+	for _, want := range []string{"checkpoint " + newest.Id + "\n", "  step 6 (epoch ", "by 1 workers", "TENSOR", "parameter  [784 16]",
+		newest.Objects[0].Name + "  0     ", "present\n"} {
+		if err != nil || !strings.Contains(sum, want) {
+			t.Fatalf("inspect: %v; lacks %q:\n%s", err, want, sum)
+		}
+	}
+	if n := strings.Count(sum, "\n"); n > 12+len(newest.Tensors)+len(newest.Objects) {
+		t.Errorf("inspect printed %d lines:\n%s", n, sum)
 	}
 	if v, err := ck("verify", "--checkpoint", dir); err != nil || strings.Count(v, ": ok") != 3 {
 		t.Fatalf("verify: %v\n%s", err, v)
@@ -217,6 +229,18 @@ func TestCkptCommand(t *testing.T) {
 	v, err := ck("verify", "--checkpoint", dir)
 	if err == nil || !strings.Contains(v, newest.Id+": CORRUPT") || !strings.Contains(v, newest.Objects[0].Name) || strings.Count(v, ": ok") != 2 {
 		t.Fatalf("verify after a flipped byte: %v\n%s", err, v)
+	}
+	// ls calls it complete (its manifest is whole); ls --verify says it
+	// does not verify, and the others do.
+	if ls, err := ck("ls", "--checkpoint", dir, "--verify"); err != nil || !strings.Contains(ls, "VERIFIED") || strings.Count(ls, "  yes") != 2 ||
+		!strings.Contains(ls, "NO: ") || !strings.Contains(ls[strings.Index(ls, newest.Id):], "NO: ") {
+		t.Fatalf("ls --verify after a flipped byte: %v\n%s", err, ls)
+	}
+	if err := os.Remove(obj); err != nil {
+		t.Fatal(err)
+	}
+	if sum, err := ck("inspect", newest.Id, "--checkpoint", dir); err == nil || !strings.Contains(sum, newest.Objects[0].Name+"  0     99.5 KiB  MISSING") {
+		t.Fatalf("inspect with an object gone: %v\n%s", err, sum)
 	}
 	// One byte of another checkpoint's manifest changed: its own checksum
 	// no longer matches, and verify and ls say so.

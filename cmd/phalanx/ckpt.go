@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"io"
 	"text/tabwriter"
 	"time"
@@ -13,11 +12,13 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/internal/bytesize"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 const ckptUsage = `Usage:
-  phalanx ckpt ls --checkpoint URL              the checkpoints, newest first, and whether each is complete
-  phalanx ckpt inspect --checkpoint URL NAME    one checkpoint's manifest
+  phalanx ckpt ls --checkpoint URL [--verify]   the checkpoints, newest first, whether each is complete (and verifies)
+  phalanx ckpt inspect --checkpoint URL NAME    one checkpoint: step, position, tensors, objects (--json: its manifest)
   phalanx ckpt verify --checkpoint URL [NAME]   read and check every checksum (default: every complete checkpoint)
   phalanx ckpt rm --checkpoint URL NAME...      delete checkpoints (or --keep N: what retention would not keep)
 
@@ -37,10 +38,14 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprint(stdout, ckptUsage)
 		return nil
 	case "ls":
-		help = "Lists the checkpoints at --checkpoint, newest first: name, step, time, size, world, and whether it is\n" +
-			"complete (has a manifest). Incomplete ones are leftovers of uploads that failed or are in flight."
+		help = "Lists the checkpoints at --checkpoint, newest first: name, step, time, size, world, whether it is\n" +
+			"complete (has a manifest that matches its own checksum), and with --verify whether every byte\n" +
+			"of it does (phalanx ckpt verify's check). Incomplete ones are leftovers of uploads that failed or\n" +
+			"are in flight."
 	case "inspect":
-		help = "Prints the manifest of one checkpoint (phalanx ckpt inspect --checkpoint URL NAME) as JSON."
+		help = "Summarises one checkpoint (phalanx ckpt inspect --checkpoint URL NAME): its step, sampler position,\n" +
+			"world, job and hashes, its tensors with shapes and bytes, and its objects with whether each is in\n" +
+			"the store at its size. --json prints the manifest itself."
 	case "verify":
 		help = "Reads every object of the named checkpoints (default: every complete one) and checks every\n" +
 			"checksum: of each object, block and tensor. Exits 1 naming the first corrupt part of each that fails."
@@ -55,13 +60,19 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var url string
 	var s3 s3Flags
 	var keep, keepEvery int
-	var dryRun bool
+	var dryRun, verify, asJSON bool
 	fs.StringVar(&url, "checkpoint", "", "the checkpoint store: a directory or s3://bucket/prefix?endpoint=host:port")
 	s3.register(fs)
 	if sub == "rm" {
 		fs.IntVar(&keep, "keep", 0, "delete all but the newest this many complete checkpoints")
 		fs.IntVar(&keepEvery, "keep-every", 0, "with --keep: also keep every checkpoint whose sequence number is a multiple of this")
 		fs.BoolVar(&dryRun, "dry-run", false, "show what would be deleted, delete nothing")
+	}
+	if sub == "ls" {
+		fs.BoolVar(&verify, "verify", false, "read every complete checkpoint and check every checksum (a VERIFIED column)")
+	}
+	if sub == "inspect" {
+		fs.BoolVar(&asJSON, "json", false, "print the manifest as JSON instead of a summary")
 	}
 	// Names and flags may come in any order.
 	var names []string
@@ -104,11 +115,14 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	switch sub {
 	case "ls":
-		return ckptList(ctx, store, stdout)
+		return ckptList(ctx, store, verify, stdout)
 	case "inspect":
 		m, err := checkpoint.ReadManifest(ctx, store, names[0])
 		if err != nil {
 			return err
+		}
+		if !asJSON {
+			return ckptSummary(ctx, store, m, stdout)
 		}
 		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
 		if err != nil {
@@ -122,7 +136,7 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return ckptRemove(ctx, store, names, checkpoint.Retention{KeepLast: keep, KeepEvery: keepEvery}, dryRun, stdout)
 }
 
-func ckptList(ctx context.Context, store checkpoint.Store, stdout io.Writer) error {
+func ckptList(ctx context.Context, store checkpoint.Store, verify bool, stdout io.Writer) error {
 	infos, err := checkpoint.List(ctx, store)
 	if err != nil {
 		return err
@@ -132,20 +146,80 @@ func ckptList(ctx context.Context, store checkpoint.Store, stdout io.Writer) err
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTEP\tTIME\tSIZE\tWORLD\tSTATUS")
+	head := "NAME\tSTEP\tTIME\tSIZE\tWORLD\tSTATUS"
+	if verify {
+		head += "\tVERIFIED"
+	}
+	fmt.Fprintln(tw, head)
 	for _, in := range infos {
-		world, status := "-", "incomplete (no manifest)"
+		world, status, verified := "-", "incomplete (no manifest)", "-"
 		if in.Complete {
 			status = "complete"
 			if m, err := checkpoint.ReadManifest(ctx, store, in.ID); err != nil {
 				status = "unreadable manifest: " + err.Error()
+				verified = "no"
 			} else {
 				world = fmt.Sprint(m.World)
+				if verify {
+					verified = "yes"
+					if err := checkpoint.Verify(ctx, store, m); err != nil {
+						verified = "NO: " + err.Error()
+					}
+				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", in.ID, in.Step, in.Modified.UTC().Format(time.RFC3339), bytesize.Format(in.Bytes), world, status)
+		line := fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s", in.ID, in.Step, in.Modified.UTC().Format(time.RFC3339), bytesize.Format(in.Bytes), world, status)
+		if verify {
+			line += "\t" + verified
+		}
+		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
+}
+
+// ckptSummary prints what a person asks of a checkpoint: where training
+// was, who wrote it, what it holds, and whether its objects are all there.
+func ckptSummary(ctx context.Context, store checkpoint.Store, m *phalanxpb.Manifest, stdout io.Writer) error {
+	objs, err := store.List(ctx, m.Id+"/")
+	if err != nil {
+		return err
+	}
+	size := map[string]int64{}
+	for _, o := range objs {
+		size[o.Name] = o.Size
+	}
+	fmt.Fprintf(stdout, "checkpoint %s\n", m.Id)
+	fmt.Fprintf(stdout, "  step %d (epoch %d, offset %d), sequence %d, written %s by %d workers in generation %d\n",
+		m.Step, m.Epoch, m.Offset, m.Sequence, time.Unix(0, m.CreatedUnixNano).UTC().Format(time.RFC3339), m.World, m.Generation)
+	if st := m.Stats; st != nil {
+		fmt.Fprintf(stdout, "  loss %.4f, accuracy %.2f%%, %d samples in the step\n", st.Loss, 100*st.Accuracy, st.Samples)
+	}
+	fmt.Fprintf(stdout, "  job %s, seed %d; settings %s, state %s (what a resume must match)\n", m.Job, m.Seed, m.ConfigHash, m.StateHash)
+	fmt.Fprintf(stdout, "  %s in %d blocks of %s, each with a CRC32C\n", bytesize.Format(int64(m.TotalBytes)), len(m.BlockCrc32C), bytesize.Format(int64(m.BlockBytes)))
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "TENSOR\tROLE\tSHAPE\tDTYPE\tBYTES\n")
+	for _, t := range m.Tensors {
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", t.Name, t.Role, t.Shape, t.Dtype, bytesize.Format(int64(t.Bytes)))
+	}
+	tw.Flush()
+	fmt.Fprintf(tw, "OBJECT\tRANK\tBYTES\tSTATE\n")
+	missing := 0
+	for _, o := range m.Objects {
+		state := "present"
+		switch got, ok := size[m.Id+"/"+o.Name]; {
+		case !ok:
+			state, missing = "MISSING", missing+1
+		case got != int64(o.Bytes):
+			state, missing = fmt.Sprintf("WRONG SIZE: %d bytes in the store", got), missing+1
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", o.Name, o.Rank, bytesize.Format(int64(o.Bytes)), state)
+	}
+	tw.Flush()
+	if missing > 0 {
+		return fmt.Errorf("checkpoint %s: %d of %d objects missing or of the wrong size", m.Id, missing, len(m.Objects))
+	}
+	fmt.Fprintln(stdout, "(presence and sizes only: phalanx ckpt verify checks every byte)")
+	return nil
 }
 
 func ckptVerify(ctx context.Context, store checkpoint.Store, names []string, stdout io.Writer) error {
