@@ -306,16 +306,28 @@ func workerSpecEnv(cfg Config, index int, logLevel string) string {
 }
 
 // openStore fails a launch before anything starts when its checkpoint
-// store is unusable.
-func openStore(ctx context.Context, c *Config) (checkpoint.Store, error) {
+// store is unusable. It says first, on out, which store it opens: an S3
+// endpoint named by default (s3.amazonaws.com) is then no surprise.
+func openStore(ctx context.Context, c *Config, out io.Writer) (checkpoint.Store, error) {
 	if c.Checkpoint.Location == "" {
 		return nil, nil
 	}
+	l, err := checkpoint.ParseLocation(c.Checkpoint.Location)
+	if err != nil {
+		return nil, err
+	}
+	if out != nil {
+		tls := ""
+		if l.S3 != nil && l.S3.TLS {
+			tls = " (TLS)"
+		}
+		fmt.Fprintf(out, "checkpoints: %s%s\n", l, tls)
+	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	store, err := checkpoint.OpenURL(sctx, c.Checkpoint.Location, c.Credentials)
+	store, err := checkpoint.Open(sctx, l, c.Credentials)
 	if err != nil {
-		return nil, fmt.Errorf("phalanx: checkpoint store %s: %w", c.Checkpoint.Location, err)
+		return nil, fmt.Errorf("phalanx: checkpoint store %s: %w", l, err)
 	}
 	return store, nil
 }

@@ -40,12 +40,9 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	if spec.PS != nil {
 		return launchPS(ctx, &lc, spec)
 	}
-	store, err := openStore(ctx, &lc.Config)
+	store, err := openStore(ctx, &lc.Config, lc.Output)
 	if err != nil {
 		return nil, err
-	}
-	if lc.Checkpoint.Location != "" && lc.Output != nil {
-		fmt.Fprintf(lc.Output, "checkpoints: %s\n", lc.Checkpoint.Location)
 	}
 	// The caller's ctx ending does not end the job's own: with checkpoints
 	// it first asks the workers for a final one.

@@ -129,7 +129,7 @@ type psLaunch struct {
 // restore points the job at the newest checkpoint that verifies, if any.
 func (p *psLaunch) restore(ctx context.Context) error {
 	c := &p.lc.Config
-	store, err := openStore(ctx, c)
+	store, err := openStore(ctx, c, p.lc.Output)
 	if store == nil || err != nil {
 		return err
 	}

@@ -153,3 +153,25 @@ done: step 10 on 2 workers; held-out loss 0.2500, accuracy 90.00%
 		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// TestOpenStoreSaysWhere: the launcher names the store it opens before
+// opening it (an S3 endpoint with its default shown), and a location that
+// does not parse is refused before anything is said or started.
+func TestOpenStoreSaysWhere(t *testing.T) {
+	dir := t.TempDir()
+	var out strings.Builder
+	c := DefaultConfig()
+	c.Checkpoint.Location = dir
+	if _, err := openStore(t.Context(), &c, &out); err != nil || out.String() != "checkpoints: "+dir+"\n" {
+		t.Fatalf("openStore(%s): %v, said %q", dir, err, out.String())
+	}
+	out.Reset()
+	c.Checkpoint.Location = "s3://bucket?endpoint=a:b:c"
+	if _, err := openStore(t.Context(), &c, &out); err == nil || out.Len() != 0 {
+		t.Fatalf("openStore(%s): %v, said %q; want a refusal and nothing said", c.Checkpoint.Location, err, out.String())
+	}
+	l, err := checkpoint.ParseLocation("s3://bucket/run1")
+	if err != nil || l.String() != "s3://bucket/run1?endpoint=s3.amazonaws.com" || !l.S3.TLS {
+		t.Fatalf("s3://bucket/run1 parses to %v (TLS %v), %v: want the default endpoint named, with TLS", l, l.S3 != nil && l.S3.TLS, err)
+	}
+}

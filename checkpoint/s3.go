@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -36,6 +37,9 @@ type S3Options struct {
 	// Retries is minio-go's own retry count per request (default 3; ours
 	// wrap it).
 	Retries int
+	// Resolver checks that the endpoint's name resolves (nil:
+	// net.DefaultResolver).
+	Resolver *net.Resolver
 }
 
 // S3Store keeps objects in a bucket of an S3-compatible service.
@@ -66,6 +70,9 @@ func NewS3Store(ctx context.Context, o S3Options) (*S3Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: s3 endpoint %q: %w", o.Endpoint, permanent(err))
 	}
+	if err := resolves(ctx, o.Resolver, o.Endpoint); err != nil {
+		return nil, err
+	}
 	s := &S3Store{cli: cli, opts: o}
 	if o.Prefix != "" {
 		s.prefix = o.Prefix + "/"
@@ -91,6 +98,28 @@ func NewS3Store(ctx context.Context, o S3Options) (*S3Store, error) {
 		}
 	}
 	return s, nil
+}
+
+// resolves fails at once, permanently, when endpoint's host name does not
+// resolve (a typo, or the default s3.amazonaws.com where there is no
+// Internet), rather than after the bucket lookup's retries.
+func resolves(ctx context.Context, r *net.Resolver, endpoint string) error {
+	host := endpoint
+	if h, _, err := net.SplitHostPort(endpoint); err == nil {
+		host = h
+	}
+	if net.ParseIP(host) != nil {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	if _, err := r.LookupHost(rctx, host); err != nil {
+		return fmt.Errorf("checkpoint: s3 endpoint %s: its name does not resolve (give ?endpoint=host:port): %w", endpoint, permanent(err))
+	}
+	return nil
 }
 
 // minioRootEnv reads MinIO's root credentials from the environment, as a

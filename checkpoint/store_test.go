@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -164,4 +165,33 @@ func TestS3BucketMissingAndNotAllowed(t *testing.T) {
 		t.Fatalf("bad credentials: got %v (and the secret must never be shown)", err)
 	}
 	t.Log("bad credentials:", err)
+}
+
+// TestS3EndpointMustResolve: an endpoint whose name does not resolve fails
+// the store's opening at once, naming the endpoint, as a permanent error
+// (no retries), rather than after the bucket lookup's backoff. The names
+// are asked of a loopback port where no resolver answers.
+func TestS3EndpointMustResolve(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent := pc.LocalAddr().String()
+	pc.Close() // nobody answers there: every lookup fails
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "udp", silent)
+	}}
+	ctx := testContext(t)
+	for _, endpoint := range []string{"minio.example:9000", "s3.amazonaws.com"} {
+		_, err := NewS3Store(ctx, S3Options{Endpoint: endpoint, Bucket: "b", Resolver: r})
+		if err == nil || !strings.Contains(err.Error(), "s3 endpoint "+endpoint+": its name does not resolve") || !isPermanent(err) {
+			t.Errorf("endpoint %s: %v, want a permanent error saying its name does not resolve", endpoint, err)
+		}
+	}
+	// An address needs no name: the check passes it (the bucket lookup
+	// then meets a closed port).
+	if err := resolves(ctx, r, "127.0.0.1:9"); err != nil {
+		t.Errorf("an IP endpoint: %v", err)
+	}
 }
