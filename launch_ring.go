@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,7 +34,7 @@ import (
 // next step boundary after a final one (a *StoppedError: the same launch
 // resumes), otherwise at once.
 func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
-	spec, _, err := lc.validate()
+	spec, opts, err := lc.validate()
 	if err != nil {
 		return nil, err
 	}
@@ -43,6 +44,9 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	store, err := openStore(ctx, &lc.Config, lc.Output)
 	if err != nil {
 		return nil, err
+	}
+	if err := resumable(ctx, &lc.Config, store, spec, opts); err != nil {
+		return nil, fmt.Errorf("phalanx: %w", err)
 	}
 	// The caller's ctx ending does not end the job's own: with checkpoints
 	// it first asks the workers for a final one.
@@ -270,6 +274,52 @@ func (r *ringJob) progress(rep Report) {
 	}
 	fmt.Fprintf(r.out, "step %*d/%d  loss %.4f  acc %5.1f%%  %s samples/s  %d workers  ETA %s\n",
 		len(strconv.FormatInt(steps, 10)), rep.Step, steps, rep.Loss, 100*rep.Accuracy, rate, rep.World, eta)
+}
+
+// resumable refuses, before anything starts, a launch whose workers would
+// refuse to resume: --resume with no complete checkpoint in the store, or a
+// newest checkpoint written by another model or optimizer layout (the same
+// IncompatibleError a worker's restore would give, found after etcd, the
+// workers and a generation were spent). It builds the model once to learn
+// its layout. A newest checkpoint whose manifest does not read is left to
+// the workers, which skip it for an older one and say so.
+func resumable(ctx context.Context, c *Config, store checkpoint.Store, spec ModelSpec, opts Options) error {
+	if store == nil {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	infos, err := checkpoint.List(lctx, store)
+	if err != nil {
+		return fmt.Errorf("checkpoint: listing %s: %w", store.Location(), err)
+	}
+	i := slices.IndexFunc(infos, func(in checkpoint.Info) bool { return in.Complete })
+	if i < 0 {
+		if c.Checkpoint.Resume {
+			return fmt.Errorf("checkpoint: %s: %w", store.Location(), checkpoint.ErrNoCheckpoint)
+		}
+		return nil
+	}
+	m, err := checkpoint.ReadManifest(lctx, store, infos[i].ID)
+	if err != nil {
+		return nil
+	}
+	task, err := spec.New(opts, c.Seed)
+	if err != nil {
+		return fmt.Errorf("building the model to check checkpoint %s against: %w", m.Id, err)
+	}
+	params := task.Model.Params()
+	opt, err := nn.NewOptimizer(c.Optimizer, params)
+	if err != nil {
+		return err
+	}
+	if err := checkpoint.Compatible(m, stateTensors(params, opt.Slots())); err != nil {
+		return &checkpoint.IncompatibleError{ID: m.Id, Reason: err.Error()}
+	}
+	if _, state := c.checkpointHashes(params, opt.Slots()); m.StateHash != state {
+		return &checkpoint.IncompatibleError{ID: m.Id, Reason: fmt.Sprintf("it was written with model, optimizer or data flags of hash %s; this job's are %s", m.StateHash, state)}
+	}
+	return nil
 }
 
 // exitStopped is a worker's exit status when the job stopped (below its

@@ -283,14 +283,8 @@ func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
 // newCheckpointer saves and restores the trainer's state: the parameters,
 // then the optimizer's slots, the order of worker.State.
 func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*checkpoint.Checkpointer, error) {
-	var tensors []checkpoint.Tensor
-	for _, p := range params {
-		tensors = append(tensors, checkpoint.Tensor{Name: p.Name, Shape: shape64(p.Shape), Role: "parameter", Data: p.Value})
-	}
 	slots := opt.Slots()
-	for _, s := range slots {
-		tensors = append(tensors, checkpoint.Tensor{Name: s.Name, Shape: shape64(s.Shape), Role: "optimizer", Data: s.Data})
-	}
+	tensors := stateTensors(params, slots)
 	c := &w.cfg
 	configHash, stateHash := c.checkpointHashes(params, slots)
 	k := c.Checkpoint
@@ -299,6 +293,19 @@ func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*che
 		Retention: checkpoint.Retention{KeepLast: k.KeepLast, KeepEvery: k.KeepEvery}, Wait: k.Wait,
 		SingleWriter: c.LocalSteps > 1, Logger: w.log.Named("checkpoint"), Now: c.Now,
 		OnEvent: func(ev checkpoint.Event) { w.rep.send(Report{Kind: "checkpoint", Checkpoint: &ev}) }}, tensors)
+}
+
+// stateTensors is what a ring worker checkpoints, in order: the
+// parameters, then the optimizer's slots.
+func stateTensors(params []*nn.Param, slots []nn.Tensor) []checkpoint.Tensor {
+	var tensors []checkpoint.Tensor
+	for _, p := range params {
+		tensors = append(tensors, checkpoint.Tensor{Name: p.Name, Shape: shape64(p.Shape), Role: "parameter", Data: p.Value})
+	}
+	for _, s := range slots {
+		tensors = append(tensors, checkpoint.Tensor{Name: s.Name, Shape: shape64(s.Shape), Role: "optimizer", Data: s.Data})
+	}
+	return tensors
 }
 
 // restoreIfFresh loads the newest checkpoint when no rank of the ring has

@@ -366,3 +366,35 @@ func TestCheckpointTrainLonger(t *testing.T) {
 		t.Fatalf("resumed with another batch: %v\n%s", r, out)
 	}
 }
+
+// TestResumeRefusedBeforeStart: a launch whose workers would refuse to
+// resume is refused by the launcher before etcd or any worker starts, with
+// the workers' own message: --resume on an empty store, and a model of
+// another width onto a store of checkpoints.
+func TestResumeRefusedBeforeStart(t *testing.T) {
+	t.Setenv("PHALANX_TEST_AS_COMMAND", "1") // the launcher's workers re-execute this binary
+	dir := t.TempDir()
+	job := []string{"--workers", "1", "--checkpoint", dir, "--steps", "4", "--checkpoint-every-steps", "2", "--samples", "1000"}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"--resume on an empty store", append([]string{"--resume", "--hidden", "16"}, job...), "no checkpoint to resume from"},
+		{"a 16-wide model", append([]string{"--hidden", "16"}, job...), ""},
+		{"a 32-wide model onto the 16-wide one's checkpoints", append([]string{"--hidden", "32"}, job...),
+			"cannot be resumed by this job: checkpoint step-"}, {"its message names the layouts", append([]string{"--hidden", "32"}, job...), "this model's is dense1.W[784 32]"},
+	} {
+		var out strings.Builder
+		err := runCommand(t, append([]string{"train"}, c.args...), &out, &out)
+		switch {
+		case c.want == "" && err != nil:
+			t.Fatalf("%s: %v\n%s", c.name, err, out.String())
+		case c.want == "":
+		case err == nil || !strings.Contains(err.Error(), c.want):
+			t.Fatalf("%s: %v, want an error saying %q\n%s", c.name, err, c.want, out.String())
+		case strings.Contains(out.String(), "etcd"):
+			t.Fatalf("%s: refused only after the job started:\n%s", c.name, out.String())
+		}
+	}
+}
