@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -38,15 +39,21 @@ type LaunchConfig struct {
 	// NoCoordinator: the job's coordinator runs elsewhere (phalanx
 	// coordinator, with an external etcd).
 	NoCoordinator bool
-	// JobDir holds the embedded etcd's data and the processes' logs
-	// (logs/); default: a temporary directory, removed when the job
-	// succeeds and kept (its path printed) when it fails.
+	// JobDir holds the embedded etcd's data (and the logs, unless LogDir
+	// says otherwise); default: a temporary directory, removed when the
+	// job ends.
 	JobDir string
+	// LogDir receives every process's log (launcher.log, worker-N.log,
+	// ...), kept when the job ends and named in the job's first lines of
+	// Output; default: JobDir/logs with a JobDir, else
+	// <temporary directory>/phalanx-logs/<Job>.
+	LogDir string
 	// Threads: OS threads running Go code in each worker (GOMAXPROCS);
 	// 0 shares the cores evenly.
 	Threads int
 	// LogLevel of the library logs (debug, info, warn, error): they go to
-	// files under JobDir/logs, and at debug to Stderr as well.
+	// files under LogDir, and at debug to Stderr as well, each line
+	// rendered for people and prefixed with its process ([worker-2]).
 	LogLevel string
 	// LogEvery: steps between progress lines (0: twenty over the job).
 	LogEvery int64
@@ -143,6 +150,8 @@ type jobEnv struct {
 	procs     *launch.Group
 	undo      []func()
 	tempDir   bool
+	logDir    string
+	teeMu     sync.Mutex // the debug lines of every process, one at a time
 }
 
 // openJob starts the job's environment; close undoes it. What it starts
@@ -174,9 +183,18 @@ func openJob(ctx, startup context.Context, lc *LaunchConfig) (_ *jobEnv, err err
 		}
 		j.tempDir = true
 	}
-	if err := os.MkdirAll(filepath.Join(j.dir, "logs"), 0o755); err != nil {
-		return nil, fmt.Errorf("phalanx: the job directory: %w", err)
+	j.logDir = lc.LogDir
+	switch {
+	case j.logDir != "":
+	case lc.JobDir != "":
+		j.logDir = filepath.Join(lc.JobDir, "logs")
+	default:
+		j.logDir = filepath.Join(os.TempDir(), "phalanx-logs", lc.Job)
 	}
+	if err := os.MkdirAll(j.logDir, 0o755); err != nil {
+		return nil, fmt.Errorf("phalanx: the log directory: %w", err)
+	}
+	fmt.Fprintf(j.out, "logs: %s\n", j.logDir)
 	j.log = lc.Logger
 	if j.log == nil {
 		if j.log, err = j.fileLogger("launcher"); err != nil {
@@ -214,13 +232,13 @@ func (j *jobEnv) fileLogger(name string) (*zap.Logger, error) {
 
 // logFile is where a process's logs go.
 func (j *jobEnv) logFile(name string) (io.Writer, error) {
-	f, err := os.OpenFile(filepath.Join(j.dir, "logs", name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(filepath.Join(j.logDir, name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("phalanx: a log file: %w", err)
 	}
 	j.undo = append(j.undo, func() { f.Close() })
 	if j.lc.LogLevel == "debug" && j.lc.Stderr != nil {
-		return io.MultiWriter(f, j.lc.Stderr), nil
+		return io.MultiWriter(f, &teeLines{name: name, w: j.lc.Stderr, mu: &j.teeMu}), nil
 	}
 	return f, nil
 }
@@ -236,11 +254,10 @@ func (j *jobEnv) close(err error) {
 		j.log.Sync()
 	}
 	var stopped *StoppedError
-	failed := err != nil && !errors.As(err, &stopped)
-	switch {
-	case failed && j.dir != "":
-		fmt.Fprintf(j.out, "the job's logs are in %s\n", filepath.Join(j.dir, "logs"))
-	case j.tempDir:
+	if failed := err != nil && !errors.As(err, &stopped); failed && j.logDir != "" {
+		fmt.Fprintf(j.out, "the job's logs are in %s\n", j.logDir)
+	}
+	if j.tempDir { // its etcd data: the logs are elsewhere
 		os.RemoveAll(j.dir)
 	}
 }

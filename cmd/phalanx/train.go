@@ -33,10 +33,11 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 	fs.DurationVar(&lc.MinWorkersTimeout, "min-workers-timeout", lc.MinWorkersTimeout, "stop the job when it stays below --min-workers this long")
 	fs.DurationVar(&lc.JoinWindow, "join-window", lc.JoinWindow, "how long a newcomer waits so that newcomers arriving together enter one generation")
 	eventsPath := fs.String("events", "", "append the job's events as JSON lines to this file; an earlier run's events stay before them (see docs/events.md)")
-	fs.StringVar(&lc.JobDir, "job-dir", "", "the job's directory (embedded etcd data, logs/); default: a temporary one, removed\nwhen the job succeeds")
+	fs.StringVar(&lc.JobDir, "job-dir", "", "the job's directory (embedded etcd data, and logs/ unless --log-dir); default: a temporary\none, removed when the job ends")
+	fs.StringVar(&lc.LogDir, "log-dir", "", "where every process's log goes, kept after the job (default: the job directory's logs/,\nor with a temporary one $TMPDIR/phalanx-logs/JOB); named in the first lines")
 	fs.IntVar(&lc.Threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1")
 	fs.Int64Var(&lc.LogEvery, "log-every", 0, "steps between progress lines (0: twenty lines over the job)")
-	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to the job directory's logs/ (debug: also to stderr)")
+	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to --log-dir (debug: also to stderr, a line each, prefixed\nwith its process)")
 	coordinate := fs.Bool("coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -224,3 +224,61 @@ func TestInjectedStragglerBSP(t *testing.T) {
 	t.Logf("steps %d-%d: %.3fs with rank 2 slowed %dx, %.3fs undisturbed (bound %.3fs; fastest share %.5fs); step %d %.2fs with rank 1 paused 1s",
 		slowFrom, slowTo, took, factor, undisturbed, bound, fastest, pauseAt, slow["step"][pauseAt-1]["step_s"])
 }
+
+// TestLogsKept: a job without --job-dir keeps every process's log in
+// $TMPDIR/phalanx-logs/JOB, names it in its first line, and leaves nothing
+// else behind (its etcd data goes), whether it succeeds or fails; a failed
+// job says where its logs are. At --log-level debug the logs also reach the
+// terminal a line each, for people, prefixed with their process.
+func TestLogsKept(t *testing.T) {
+	t.Setenv("PHALANX_TEST_AS_COMMAND", "1") // the launcher's workers re-execute this binary
+	job := []string{"--workers", "2", "--steps", "6", "--batch", "32", "--samples", "256", "--hidden", "8"}
+	for _, c := range []struct {
+		name   string
+		args   []string
+		failed bool
+	}{
+		{"succeeds", nil, false},
+		{"fails", []string{"--fail-at", "1:2", "--fail-times", "3", "--max-restarts", "0"}, true},
+		{"debug", []string{"--log-level", "debug"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tmp := t.TempDir()
+			t.Setenv("TMPDIR", tmp)
+			name := "logs-" + c.name
+			var out, errOut bytes.Buffer
+			err := runCommand(t, append(append([]string{"train", "--job", name}, job...), c.args...), &out, &errOut)
+			if (err != nil) != c.failed {
+				t.Fatalf("job: %v (want failed %v)\n%s%s", err, c.failed, out.String(), errOut.String())
+			}
+			dir := filepath.Join(tmp, "phalanx-logs", name)
+			if first, _, _ := strings.Cut(out.String(), "\n"); first != "logs: "+dir {
+				t.Errorf("first line %q, want it to name %s", first, dir)
+			}
+			for _, f := range []string{"launcher.log", "worker-0.log", "worker-1.log"} {
+				if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+					t.Errorf("log kept: %v", err)
+				}
+			}
+			if left, _ := os.ReadDir(tmp); len(left) != 1 || left[0].Name() != "phalanx-logs" {
+				t.Errorf("left in $TMPDIR: %v, want only phalanx-logs", left)
+			}
+			if said := strings.Contains(out.String(), "the job's logs are in "+dir); said != c.failed {
+				t.Errorf("said where the logs are: %v, want %v\n%s", said, c.failed, out.String())
+			}
+			if c.name != "debug" {
+				return
+			}
+			for _, p := range []string{"[launcher] ", "[worker-0] ", "[worker-1] "} {
+				if !strings.Contains(errOut.String(), "\n"+p) {
+					t.Errorf("no debug line from %s on the terminal:\n%s", p, jobtest.LastLines(errOut.String(), 10))
+				}
+			}
+			for _, l := range strings.Split(strings.TrimSpace(errOut.String()), "\n") {
+				if !strings.HasPrefix(l, "[") {
+					t.Fatalf("a terminal log line without its process: %q", l)
+				}
+			}
+		})
+	}
+}
