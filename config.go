@@ -306,7 +306,7 @@ func (c *Config) validateCommon() error {
 func (k CheckpointConfig) validate() error {
 	switch {
 	case k.Location == "" && (k.EverySteps != 0 || k.Every != 0 || k.Resume):
-		return bad("Checkpoint.Location", `""`, "EverySteps, Every and Resume need a location")
+		return bad("Checkpoint.Location", `""`, "Checkpoint.EverySteps, Checkpoint.Every and Checkpoint.Resume need a location")
 	case k.EverySteps < 0:
 		return bad("Checkpoint.EverySteps", k.EverySteps, "must not be negative")
 	case k.Every < 0:

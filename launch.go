@@ -122,7 +122,7 @@ func (lc *LaunchConfig) validate() (ModelSpec, Options, error) {
 	}
 	switch {
 	case lc.MinWorkers < 1 || lc.MaxWorkers < lc.MinWorkers:
-		return spec, nil, bad("MinWorkers", fmt.Sprintf("%d (MaxWorkers %d)", lc.MinWorkers, lc.MaxWorkers), "want 1 <= min <= max")
+		return spec, nil, bad("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
 	case lc.MinWorkersTimeout <= 0:
 		return spec, nil, bad("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
 	case lc.JoinWindow < 0:

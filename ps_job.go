@@ -42,7 +42,7 @@ func (c *Config) validatePS() error {
 	case p.ReportEvery < 0:
 		return bad("PS.ReportEvery", p.ReportEvery, "must not be negative")
 	case c.Checkpoint.Every != 0:
-		return bad("Checkpoint.Every", c.Checkpoint.Every, "a parameter-server job checkpoints by steps (EverySteps) and at the end")
+		return bad("Checkpoint.Every", c.Checkpoint.Every, "a parameter-server job checkpoints by steps (Checkpoint.EverySteps) and at the end")
 	case c.Batch < 1:
 		return bad("Batch", c.Batch, "want at least 1")
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/phalanx-rt/phalanx/internal/bytesize"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -175,10 +176,12 @@ var flagOf = map[string]string{
 	"Sync.StaleDecay": "--stale-decay", "PS.Servers": "--ps-servers", "PS.Shards": "--ps-shards", "PS.Replicas": "--ps-replicas",
 	"PS": "--ps-partition", "PS.CacheRows": "--ps-cache-rows", "PS.CacheStaleness": "--ps-cache-staleness", "PS.ReportEvery": "--report-every",
 	"Workers": "--workers", "MinWorkers": "--min-workers", "MinWorkersTimeout": "--min-workers-timeout", "JoinWindow": "--join-window",
-	"Threads": "--threads", "LogLevel": "--log-level", "LogEvery": "--log-every",
+	"Threads": "--threads", "LogLevel": "--log-level", "LogEvery": "--log-every", "MaxWorkers": "--max-workers",
+	"Checkpoint.Resume": "--resume",
 }
 
-// asUsage turns a configuration error into a usage error naming the flag.
+// asUsage turns a configuration error into a usage error naming the flag,
+// and the flags of the other fields its reason names.
 func asUsage(err error) error {
 	var ce *phalanx.ConfigError
 	if !errors.As(err, &ce) {
@@ -188,7 +191,22 @@ func asUsage(err error) error {
 	if !ok {
 		name = ce.Field
 	}
-	return usagef("%s %v: %s", name, ce.Value, ce.Reason)
+	return usagef("%s %v: %s", name, ce.Value, flagNames(ce.Reason))
+}
+
+// fieldRef is a configuration field's name in a sentence: a capitalised
+// Go identifier, dotted paths included.
+var fieldRef = regexp.MustCompile(`\b[A-Z][A-Za-z]*(\.[A-Z][A-Za-z]*)*\b`)
+
+// flagNames writes the flags in place of the configuration fields that s
+// names ("MaxWorkers" becomes "--max-workers").
+func flagNames(s string) string {
+	return fieldRef.ReplaceAllStringFunc(s, func(f string) string {
+		if name, ok := flagOf[f]; ok && strings.HasPrefix(name, "--") {
+			return name
+		}
+		return f
+	})
 }
 
 // injectFlag collects --inject-slow or --inject-pause specs.
