@@ -111,6 +111,10 @@ func TestLoadScenario(t *testing.T) {
 		"c.json": `{"name":"c","job":{"workers":3,"steps":50},"fautls":[]}`,
 		"d.yaml": "name: d\njob: {workers: 3, steps: 50}\nfaults:\n  - kind: sigstop\n    duration: soon\n",
 		"e.txt":  `{}`,
+		"f.yaml": "name: f\njob:\n  workers: 3\n  steps: 50\nfaults:\n  - kind: sigkill\n    trigger:\n      step: ten\n",
+		"g.yaml": "name: g\njob:\n  workers: 3\n  stpes: 50\n",
+		"h.yaml": "name: h\njob:\n  workers: [3\n",
+		"i.json": "{\n  \"name\": \"i\",\n  \"job\": {\"workers\": \"three\"}\n}\n",
 	}
 	for n, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte(body), 0o644); err != nil {
@@ -125,7 +129,9 @@ func TestLoadScenario(t *testing.T) {
 	if err != nil || time.Duration(b.Faults[0].Duration) != 1500*time.Millisecond || b.Validate(DefaultKinds()) != nil {
 		t.Fatalf("b.yaml: %+v, %v", b, err)
 	}
-	for n, want := range map[string]string{"c.json": `unknown field "fautls"`, "d.yaml": "soon", "e.txt": "want a .json"} {
+	for n, want := range map[string]string{"c.json": `c.json:1: json: unknown field "fautls"`, "d.yaml": "d.yaml:5: ", "e.txt": "want a .json",
+		"f.yaml": "f.yaml:8: json: cannot unmarshal string", "g.yaml": `g.yaml:4: json: unknown field "stpes"`, "h.yaml": "line 3",
+		"i.json": "i.json:3: json: cannot unmarshal string"} {
 		if _, err := LoadScenario(filepath.Join(dir, n)); err == nil || !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an ErrScenario saying %q", n, err, want)
 		}

@@ -1,12 +1,14 @@
 package chaos
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -274,12 +276,14 @@ func (s *Scenario) Validate(kinds Kinds) error {
 }
 
 // LoadScenario reads a scenario from a JSON or YAML file (by its
-// extension: .json, or .yaml/.yml).
+// extension: .json, or .yaml/.yml). An error names the file, and the line
+// where it can be told (a YAML syntax error names its own).
 func LoadScenario(path string) (Scenario, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return Scenario{}, fmt.Errorf("chaos: reading scenario: %w", err)
 	}
+	src := raw
 	switch strings.ToLower(filepath.Ext(path)) {
 	case ".yaml", ".yml":
 		if raw, err = yaml.YAMLToJSON(raw); err != nil {
@@ -293,10 +297,54 @@ func LoadScenario(path string) (Scenario, error) {
 	dec := json.NewDecoder(strings.NewReader(string(raw)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
+		if line := lineOf(src, raw, err); line > 0 {
+			return Scenario{}, fmt.Errorf("%w %s:%d: %v", ErrScenario, path, line, err)
+		}
 		return Scenario{}, fmt.Errorf("%w %s: %v", ErrScenario, path, err)
 	}
 	if s.Name == "" {
 		s.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
 	}
 	return s, nil
+}
+
+// quoted is the first double-quoted word of an error message.
+var quoted = regexp.MustCompile(`"([^"]+)"`)
+
+// lineOf is the line of src (the file as written) that err, from decoding
+// its JSON form js, is about, or 0: where the offset says for a JSON file;
+// else the first line with the unknown or mistyped key, or the value the
+// error quotes.
+func lineOf(src, js []byte, err error) int {
+	if bytes.Equal(src, js) {
+		var se *json.SyntaxError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &se):
+			return 1 + bytes.Count(src[:min(int(se.Offset), len(src))], []byte("\n"))
+		case errors.As(err, &te):
+			return 1 + bytes.Count(src[:min(int(te.Offset), len(src))], []byte("\n"))
+		}
+	}
+	var key, value string
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		key = te.Field[strings.LastIndex(te.Field, ".")+1:]
+	} else if m := quoted.FindStringSubmatch(err.Error()); m != nil {
+		if strings.Contains(err.Error(), "unknown field") {
+			key = m[1]
+		} else {
+			value = m[1]
+		}
+	}
+	for i, l := range strings.Split(string(src), "\n") {
+		t := strings.TrimLeft(strings.TrimSpace(l), "-{ ")
+		switch {
+		case key != "" && (strings.HasPrefix(t, key+":") || strings.Contains(l, `"`+key+`":`) || strings.Contains(l, " "+key+":") || strings.Contains(l, "{"+key+":")):
+			return i + 1
+		case value != "" && strings.Contains(l, value):
+			return i + 1
+		}
+	}
+	return 0
 }

@@ -40,7 +40,7 @@ func benchAllReduce(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := newFlagSet("bench allreduce",
 		"Measures float32 sum-allreduce over --ranks ranks: with --transport tcp, shm or auto, one OS process per\n"+
 			"rank (on 127.0.0.1, or through shared memory); with inproc, goroutines in this process. For every size it prints the median over the\n"+
-			"iterations of the slowest rank's time, algbw = bytes/time and busbw = algbw·2(N−1)/N.", stderr)
+			"iterations of the slowest rank's time, algbw = bytes/time and busbw = algbw·2(N−1)/N.", stdout)
 	cfg := bench.AllReduceConfig{Stderr: stderr}
 	fs.IntVar(&cfg.Ranks, "ranks", 4, "number of ranks (1..64)")
 	sizes := fs.String("sizes", "4KiB,64KiB,1MiB,16MiB,64MiB", "comma-separated message sizes in bytes (units B, KiB, MiB, GiB)")
@@ -99,7 +99,7 @@ func benchAllReduce(ctx context.Context, args []string, stdout, stderr io.Writer
 func benchTCP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench tcp",
 		"Measures the raw single-stream TCP throughput of 127.0.0.1 on this machine (one sender and one\n"+
-			"receiver goroutine, 4 MiB writes): the reference line for the data plane's figures.", stderr)
+			"receiver goroutine, 4 MiB writes): the reference line for the data plane's figures.", stdout)
 	dur := fs.Duration("duration", 3*time.Second, "how long to stream")
 	chunk := fs.String("write", "4MiB", "size of each write")
 	jsonOut := fs.Bool("json", false, "print one JSON object and nothing else")
@@ -123,7 +123,7 @@ func benchCheckpoint(ctx context.Context, args []string, stdout, stderr io.Write
 			"PutObject of the same bytes; the training stall of an asynchronous checkpoint against one memcpy of\n"+
 			"the state; and a restore into every rank (read, verify, gather over the data plane) against one\n"+
 			"GetObject. Credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY. Each figure is the median\n"+
-			"of --repeat runs. bench/checkpoint.sh starts a MinIO and runs this.", stderr)
+			"of --repeat runs. bench/checkpoint.sh starts a MinIO and runs this.", stdout)
 	url := fs.String("checkpoint", "", "an s3:// location to measure in (a prefix that may be filled and emptied)")
 	sizesText := fs.String("sizes", "64MiB,512MiB", "state sizes")
 	ranks := fs.Int("ranks", 4, "ranks saving and restoring")
@@ -153,7 +153,7 @@ func benchPS(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlagSet("bench ps",
 		"Measures the parameter server's sparse push+pull throughput (bytes of row data moved per second):\n"+
 			"workers pull then push random distinct keys of a 64-dim table split over shards, each hosted by a\n"+
-			"server on 127.0.0.1, and compares it with one raw loopback TCP stream measured in the same run.", stderr)
+			"server on 127.0.0.1, and compares it with one raw loopback TCP stream measured in the same run.", stdout)
 	var cfg bench.PSConfig
 	fs.IntVar(&cfg.Workers, "workers", 2, "worker clients")
 	fs.IntVar(&cfg.Shards, "shards", 2, "shards, one server each")

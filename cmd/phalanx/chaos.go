@@ -82,17 +82,13 @@ func (c *chaosFlags) register(fs *flag.FlagSet) {
 }
 
 func chaosRun(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("phalanx chaos run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("chaos run", "Runs each SCENARIO (a built-in name, see phalanx chaos list; a .json or .yaml file; or ci for\n"+
+		"the CI set) against real jobs, checks the invariants and prints a table: phalanx chaos run [flags] SCENARIO...", stdout)
 	seed := fs.Uint64("seed", 1, "the first run's seed: the same seed gives the same fault schedule")
 	runs := fs.Int("runs", 1, "runs of each scenario, with seeds seed, seed+1, ...")
 	var cf chaosFlags
 	cf.register(fs)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: phalanx chaos run [flags] SCENARIO... (a built-in name, see phalanx chaos list; a .json or .yaml file; or ci for the CI set)")
-		fs.PrintDefaults()
-	}
-	names, err := parseInterspersed(fs, args)
+	names, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
@@ -113,7 +109,7 @@ func chaosRun(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 		case strings.HasSuffix(a, ".json") || strings.HasSuffix(a, ".yaml") || strings.HasSuffix(a, ".yml"):
 			s, err := chaos.LoadScenario(a)
 			if err != nil {
-				return err
+				return usagef("chaos run: %v", err)
 			}
 			scs = append(scs, s)
 		default:
@@ -194,8 +190,8 @@ func summarize(stdout io.Writer, reports []*chaos.Report) error {
 }
 
 func chaosSoak(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("phalanx chaos soak", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("chaos soak", "Runs jobs back to back for --duration, injecting faults drawn at random (seeded), and checks\n"+
+		"every job's invariants.", stdout)
 	var sc chaos.SoakConfig
 	fs.DurationVar(&sc.Duration, "duration", 10*time.Minute, "how long to soak")
 	fs.DurationVar(&sc.MeanInterval, "interval", 20*time.Second, "mean time between faults")
@@ -204,11 +200,8 @@ func chaosSoak(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 	kinds := fs.String("faults", "", "comma-separated fault kinds to draw from (default sigkill,sigstop,sigterm,garbage-frames)")
 	var cf chaosFlags
 	cf.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("chaos soak: unexpected argument %q", fs.Arg(0))
 	}
 	if *kinds != "" {
 		sc.Kinds = strings.Split(*kinds, ",")
@@ -226,24 +219,4 @@ func chaosSoak(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 	}
 	fmt.Fprintf(stdout, "soak: %s, %d jobs, %d faults\n", time.Since(start).Round(time.Second), len(reports), chaos.FaultCount(reports))
 	return summarize(stdout, reports)
-}
-
-// parseInterspersed parses fs's flags wherever they stand among the
-// positional arguments (phalanx chaos run kill-random --runs 50), which it
-// returns in order.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		args = fs.Args()
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
-		}
-		pos, args = append(pos, args[0]), args[1:]
-	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -56,7 +55,7 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	default:
 		return usagef("ckpt: unknown subcommand %q (want ls, inspect, verify or rm)", sub)
 	}
-	fs := newFlagSet("ckpt "+sub, help, stderr)
+	fs := newFlagSet("ckpt "+sub, help, stdout)
 	var url string
 	var s3 s3Flags
 	var keep, keepEvery int
@@ -75,19 +74,9 @@ func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.BoolVar(&asJSON, "json", false, "print the manifest as JSON instead of a summary")
 	}
 	// Names and flags may come in any order.
-	var names []string
-	for rest := args[1:]; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return err
-			}
-			return usageError{err.Error()}
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		names = append(names, fs.Arg(0))
-		rest = fs.Args()[1:]
+	names, err := parseArgs(fs, args[1:])
+	if err != nil {
+		return err
 	}
 	switch {
 	case url == "":

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -196,26 +197,160 @@ func parseWithLogger(fs *flag.FlagSet, args []string, stderr io.Writer) (*zap.Lo
 	return newLogger(*level, stderr)
 }
 
-// newFlagSet returns a flag set whose --help prints the summary and the flags.
-func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
+// newFlagSet returns the flag set of "phalanx name": --help prints the
+// summary, the flags and how the environment sets them on help (stdout);
+// a mistake is a usage error of one line (parseArgs), never the help.
+func newFlagSet(name, summary string, help io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: phalanx %s [flags]\n\n%s\n\nFlags:\n", name, summary)
+		fmt.Fprintf(help, "Usage: phalanx %s [flags]\n\n%s\n\nFlags:\n", name, summary)
+		fs.SetOutput(help)
 		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+		fmt.Fprintln(help, "\nEvery flag may come from the environment instead: --workers from PHALANX_WORKERS, --log-level\n"+
+			"from PHALANX_LOG_LEVEL, and so on; the command line wins.")
 	}
 	return fs
 }
 
+// parseFlags parses a command line of flags only (see parseArgs).
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	pos, err := parseArgs(fs, args)
+	if err == nil && len(pos) > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), pos[0])
+	}
+	return err
+}
+
+// parseArgs parses fs's flags wherever they stand among the positional
+// arguments (phalanx chaos run kill-random --runs 50), which it returns in
+// order; "--" ends the flags. Every flag not on the command line is then
+// taken from its environment variable (PHALANX_ and the flag's name in
+// capitals, dashes as underscores), if set. --help prints the help and
+// returns flag.ErrHelp; any mistake is a one-line usage error naming the
+// flag (an unknown one with the nearest known ones).
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	help := fs.Usage
+	fs.Usage = func() {}
+	defer func() { fs.Usage = help }()
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				help()
+				return nil, err
+			}
+			return nil, flagMistake(fs, err)
 		}
-		return usageError{err.Error()}
+		if fs.NArg() == 0 {
+			break
+		}
+		args = fs.Args()
+		if args[0] == "--" {
+			pos = append(pos, args[1:]...)
+			break
+		}
+		pos, args = append(pos, args[0]), args[1:]
 	}
-	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := envOf(f.Name)
+		v, ok := os.LookupEnv(env)
+		if given[f.Name] || !ok || err != nil {
+			return
+		}
+		if serr := fs.Set(f.Name, v); serr != nil {
+			err = usagef("%s=%q (--%s): %v", env, v, f.Name, serr)
+		}
+	})
+	return pos, err
+}
+
+// envOf is the environment variable of flag name: PHALANX_LOG_LEVEL for
+// log-level.
+func envOf(name string) string {
+	return "PHALANX_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// flagMistake rewrites the flag package's error as one line with the
+// flag's name as it is typed (--name), suggesting the known flags nearest
+// to an unknown one.
+func flagMistake(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		name = strings.TrimLeft(name, "-")
+		line := fmt.Sprintf("%s: unknown flag --%s", fs.Name(), name)
+		if near := nearestFlags(fs, name); len(near) > 0 {
+			line += "; did you mean --" + strings.Join(near, " or --") + "?"
+		}
+		return usageError{line}
 	}
-	return nil
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return usagef("%s: --%s needs a value", fs.Name(), strings.TrimLeft(name, "-"))
+	}
+	if rest, ok := strings.CutPrefix(msg, "invalid value "); ok {
+		// invalid value "x" for flag -name: reason
+		if v, tail, ok := strings.Cut(rest, " for flag -"); ok {
+			if name, why, ok := strings.Cut(tail, ": "); ok {
+				return usagef("--%s %s: %s", strings.TrimLeft(name, "-"), v, why)
+			}
+		}
+	}
+	if rest, ok := strings.CutPrefix(msg, "invalid boolean value "); ok {
+		if v, tail, ok := strings.Cut(rest, " for -"); ok {
+			if name, why, ok := strings.Cut(tail, ": "); ok {
+				return usagef("--%s %s: %s", strings.TrimLeft(name, "-"), v, why)
+			}
+		}
+	}
+	return usagef("%s: %s", fs.Name(), msg)
+}
+
+// nearestFlags are the flags of fs within a few edits of name (or that it
+// begins), nearest first, at most three.
+func nearestFlags(fs *flag.FlagSet, name string) []string {
+	type cand struct {
+		name string
+		d    int
+	}
+	var cs []cand
+	fs.VisitAll(func(f *flag.Flag) {
+		d := editDistance(name, f.Name)
+		if strings.HasPrefix(f.Name, name) && len(name) >= 3 {
+			d = min(d, 1)
+		}
+		if d <= max(2, len(name)/3) {
+			cs = append(cs, cand{f.Name, d})
+		}
+	})
+	slices.SortStableFunc(cs, func(a, b cand) int { return a.d - b.d })
+	var out []string
+	for i := 0; i < len(cs) && i < 3; i++ {
+		out = append(out, cs[i].name)
+	}
+	return out
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

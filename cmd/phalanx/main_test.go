@@ -76,9 +76,37 @@ func TestHelpAndVersion(t *testing.T) {
 			t.Errorf("%v printed %q on stdout, want %q", tc.args, out.String(), tc.want)
 		}
 	}
-	var out, errOut bytes.Buffer
-	if err := runCommand(t, []string{"help", "train"}, &out, &errOut); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errOut.String()+out.String(), "Usage: phalanx train") {
-		t.Errorf("help train: %v\n%s%s", err, out.String(), errOut.String())
+	for _, args := range [][]string{{"help", "train"}, {"train", "--help"}, {"ckpt", "ls", "--help"}, {"chaos", "run", "--help"}} {
+		var out, errOut bytes.Buffer
+		err := runCommand(t, args, &out, &errOut)
+		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "Usage: phalanx ") || !strings.Contains(out.String(), "from the environment") || errOut.Len() != 0 {
+			t.Errorf("%v: %v; want the help (with the environment's part) on stdout alone:\nstdout: %s\nstderr: %s", args, err, out.String(), errOut.String())
+		}
+	}
+}
+
+// TestMistakeIsOneLine: a mistyped flag is one usage error (exit 2) naming
+// it as typed, with the nearest known flag, and nothing else is printed: no
+// help, no second copy. Every command's mistakes are usage errors.
+func TestMistakeIsOneLine(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "--workrs", "2"}, "train: unknown flag --workrs; did you mean --workers?"},
+		{[]string{"train", "--steps", "many"}, `--steps "many": parse error`},
+		{[]string{"chaos", "run", "--bogus", "kill-one"}, "chaos run: unknown flag --bogus"},
+		{[]string{"chaos", "soak", "--duraton", "1m"}, "chaos soak: unknown flag --duraton; did you mean --duration?"},
+		{[]string{"ckpt", "ls", "--checkpiont", "x"}, "ckpt ls: unknown flag --checkpiont; did you mean --checkpoint?"},
+		{[]string{"bench", "tcp", "--bytes"}, "bench tcp: unknown flag --bytes"},
+		{[]string{"chaos", "run", "/nonexistent/s.yaml"}, "chaos run: chaos: reading scenario: open /nonexistent/s.yaml: no such file or directory"},
+	} {
+		var out, errOut bytes.Buffer
+		err := runCommand(t, c.args, &out, &errOut)
+		var ue usageError
+		if !errors.As(err, &ue) || err.Error() != c.want || exitCode(err) != 2 || out.Len()+errOut.Len() != 0 {
+			t.Errorf("%v: %v (exit %d), printed %q %q; want only the usage error %q", c.args, err, exitCode(err), out.String(), errOut.String(), c.want)
+		}
 	}
 }
 

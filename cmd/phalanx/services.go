@@ -18,7 +18,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		"Runs a coordinator of a job: it campaigns in an etcd election and, while it leads, decides the\n"+
 			"job's generations (who trains, in which ring order). Run several for standbys: when the leader\n"+
 			"dies, another takes over within --lease-ttl, and a deposed one cannot write (fenced writes).\n"+
-			"Without --etcd-endpoints it starts an embedded etcd server under --job-dir and prints its endpoints.", stderr)
+			"Without --etcd-endpoints it starts an embedded etcd server under --job-dir and prints its endpoints.", stdout)
 	var f configFlags
 	f.cfg = phalanx.DefaultConfig()
 	f.registerMembership(fs)
@@ -48,7 +48,7 @@ func runPS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("ps",
 		"Runs one parameter server of a job: it reads the job's configuration from etcd, hosts every shard,\n"+
 			"registers with a lease and serves the role the coordinator's shard map gives it (primary of some\n"+
-			"shards, backup of others). phalanx train starts these itself for parameter-server models.", stderr)
+			"shards, backup of others). phalanx train starts these itself for parameter-server models.", stdout)
 	var f configFlags
 	f.cfg = phalanx.DefaultConfig()
 	f.registerMembership(fs)
@@ -67,7 +67,7 @@ func runPS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 func runStop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("stop",
 		"Asks every worker of a running job to stop at the next step boundary after a final checkpoint\n"+
-			"(a job without --checkpoint ignores it). Starting the job again resumes it.", stderr)
+			"(a job without --checkpoint ignores it). Starting the job again resumes it.", stdout)
 	var f configFlags
 	f.cfg = phalanx.DefaultConfig()
 	f.registerMembership(fs)
@@ -92,7 +92,7 @@ func runStop(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func runEtcd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("etcd",
 		"Runs one etcd member (the embedded server) until interrupted, and prints its client endpoint once\n"+
-			"it serves. With --initial-cluster, three such processes make a 3-member cluster.", stderr)
+			"it serves. With --initial-cluster, three such processes make a 3-member cluster.", stdout)
 	name := fs.String("name", "phalanx", "member name")
 	dir := fs.String("dir", "", "data directory (required)")
 	host := fs.String("host", "127.0.0.1", "listen host")

@@ -23,7 +23,7 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 			"(after a final checkpoint when checkpointing, named once found complete in the store; exit 3).\n"+
 			"A second signal ends the job at once (exit 1).\n"+
 			"Shows progress (step, loss, samples/s, ETA) and membership changes, and ends with the held-out result.\n"+
-			"A parameter-server model (sparse-lr) runs --ps-servers servers and --workers workers instead.", stderr)
+			"A parameter-server model (sparse-lr) runs --ps-servers servers and --workers workers instead.", stdout)
 	var f configFlags
 	f.register(fs, reg)
 	lc := phalanx.DefaultLaunchConfig()
@@ -69,7 +69,7 @@ func runWorker(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 			"the coordinator puts it in, and survives the loss or arrival of other workers. Start one per host\n"+
 			"or GPU slot with the same training flags; \"phalanx train\" starts them for you. SIGTERM makes it\n"+
 			"leave the job gracefully (the others go on). Prints its progress in plain lines on stdout (rank 0\n"+
-			"reports the job's steps), or with --json one JSON report per line (docs/events.md).", stderr)
+			"reports the job's steps), or with --json one JSON report per line (docs/events.md).", stdout)
 	var f configFlags
 	f.register(fs, reg)
 	fs.StringVar(&f.cfg.Bind, "bind", f.cfg.Bind, "data-plane listen address (host:port; port 0 picks one); the control plane listens on the same host")
