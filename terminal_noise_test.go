@@ -78,8 +78,8 @@ func TestTerminalNoise(t *testing.T) {
 // left after step 45, not the whole job's average over 45 steps), its
 // samples/s is what was trained since the previous line (four steps of
 // 5 ms and one of 45 ms: 1,280 samples in 65 ms, not the last step's
-// 5,689/s), and its end
-// says 60 steps, 41 to 100. --log-every sets the lines' spacing.
+// 5,689/s), and its end says 60 steps, 41 to 100. --log-every sets the
+// lines' spacing.
 func TestProgressLines(t *testing.T) {
 	for _, c := range []struct {
 		name     string
