@@ -204,12 +204,17 @@ func newFlagSet(name, summary string, help io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
-		fmt.Fprintf(help, "Usage: phalanx %s [flags]\n\n%s\n\nFlags:\n", name, summary)
-		fs.SetOutput(help)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-		fmt.Fprintln(help, "\nEvery flag may come from the environment instead: --workers from PHALANX_WORKERS, --log-level\n"+
-			"from PHALANX_LOG_LEVEL, and so on; the command line wins.")
+		fmt.Fprintf(help, "Usage: phalanx %s [flags]\n\n%s\n", name, summary)
+		if groupedHelp[name] {
+			printGrouped(help, fs)
+		} else {
+			fmt.Fprintln(help, "\nFlags:")
+			fs.VisitAll(func(f *flag.Flag) { printFlag(help, f) })
+		}
+		fmt.Fprintln(help, "\n"+envNote)
+		if ex := helpExamples[name]; ex != "" {
+			fmt.Fprintf(help, "\nExamples:\n%s", ex)
+		}
 	}
 	return fs
 }

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/examples"
 )
 
 // TestUsageErrors: a bad command line is a usage error (exit 2) that names
@@ -125,6 +128,55 @@ func TestErrorLine(t *testing.T) {
 	} {
 		if got := errorLine(c.err); got != c.want {
 			t.Errorf("errorLine(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}
+
+// TestHelpGrouped: train's and worker's help list their flags by topic, each
+// flag once, with its default said once, and end with examples. Every flag
+// has a topic but the models' options, which the model's topic lists: a new
+// flag must be placed.
+func TestHelpGrouped(t *testing.T) {
+	options := map[string]bool{}
+	for _, s := range examples.Registry().Specs() {
+		for _, o := range s.Options {
+			options[o.Name] = true
+		}
+	}
+	placed := map[string]bool{}
+	for _, tp := range flagTopics {
+		for _, n := range tp.flags {
+			placed[n] = true
+		}
+	}
+	for _, cmd := range []string{"train", "worker"} {
+		var out bytes.Buffer
+		if err := runCommand(t, []string{cmd, "--help"}, &out, io.Discard); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s --help: %v", cmd, err)
+		}
+		help := out.String()
+		at := -1
+		for _, want := range []string{"\nJob:\n", "\nModel (--example and its options):\n", "\nOptimizer and schedule:\n", "\nSynchronisation:\n",
+			"\nCheckpoints:\n", "\nElastic membership and recovery:\n", "\nData plane:\n", "\nFault injection:\n", "\nLogs:\n", "\nExamples:\n"} {
+			i := strings.Index(help, want)
+			if i < at {
+				t.Errorf("%s --help: %q missing or out of order", cmd, want)
+			}
+			at = max(at, i)
+		}
+		flags := regexp.MustCompile(`(?m)^  --([a-z0-9-]+)`).FindAllStringSubmatch(help, -1)
+		seen := map[string]bool{}
+		for _, m := range flags {
+			if seen[m[1]] {
+				t.Errorf("%s --help lists --%s twice", cmd, m[1])
+			}
+			seen[m[1]] = true
+			if !placed[m[1]] && !options[m[1]] {
+				t.Errorf("%s: --%s has no topic in flagTopics", cmd, m[1])
+			}
+		}
+		if len(flags) < 60 || regexp.MustCompile(`\(default[^)]*\) \(default`).MatchString(help) {
+			t.Errorf("%s --help: %d flags, or a default said twice:\n%s", cmd, len(flags), help)
 		}
 	}
 }
