@@ -40,6 +40,7 @@ Usage:
   phalanx ckpt ls|inspect|verify|rm list, show, verify or delete the checkpoints at --checkpoint URL
   phalanx chaos run|list|soak       seeded fault schedules against real jobs, invariants checked, reports
   phalanx version (or --version)    print the version and the commit it was built from
+  phalanx completion bash|zsh       shell completion of commands and flags: source <(phalanx completion bash)
   phalanx help COMMAND              the flags of a command (as phalanx COMMAND --help)
 
 Run "phalanx <command> [<subcommand>] --help" for the flags of each.
@@ -163,6 +164,8 @@ func run(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stde
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "ckpt":
 		return runCkpt(ctx, args[1:], stdout, stderr)
+	case "completion":
+		return runCompletion(args[1:], stdout)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, versionLine())
 		return nil

@@ -6,9 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/examples"
@@ -178,5 +181,47 @@ func TestHelpGrouped(t *testing.T) {
 		if len(flags) < 60 || regexp.MustCompile(`\(default[^)]*\) \(default`).MatchString(help) {
 			t.Errorf("%s --help: %d flags, or a default said twice:\n%s", cmd, len(flags), help)
 		}
+	}
+}
+
+// TestCompletion: the bash script completes commands, subcommands and each
+// command's flags (read from its help at completion time), run in a real
+// bash against this binary as phalanx; zsh gets the same through
+// bashcompinit.
+func TestCompletion(t *testing.T) {
+	var script bytes.Buffer
+	if err := runCommand(t, []string{"completion", "bash"}, &script, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		words string
+		want  string
+	}{
+		{"ch", "chaos"},
+		{"chaos r", "run"},
+		{"train --work", "--workers"},
+		{"train --checkpoint-e", "--checkpoint-every-steps --checkpoint-every"},
+		{"ckpt ls --ver", "--verify"},
+		{"worker --js", "--json"},
+	} {
+		words := strings.Fields(c.words)
+		cmd := exec.CommandContext(testContext(t, time.Minute), "bash", "-c", script.String()+fmt.Sprintf(
+			"\nCOMP_WORDS=(%s %s); COMP_CWORD=%d; _phalanx; echo \"${COMPREPLY[@]}\"", exe, strings.Join(words, " "), len(words)))
+		cmd.Env = append(os.Environ(), "PHALANX_TEST_AS_COMMAND=1")
+		out, err := cmd.Output()
+		if err != nil || strings.TrimSpace(string(out)) != c.want {
+			t.Errorf("completing %q: %q, %v; want %q", c.words, out, err, c.want)
+		}
+	}
+	var zsh bytes.Buffer
+	if err := runCommand(t, []string{"completion", "zsh"}, &zsh, io.Discard); err != nil || !strings.Contains(zsh.String(), "bashcompinit") {
+		t.Errorf("completion zsh: %v\n%s", err, zsh.String())
+	}
+	if err := runCommand(t, []string{"completion", "fish"}, io.Discard, io.Discard); exitCode(err) != 2 {
+		t.Errorf("completion fish: %v, want a usage error", err)
 	}
 }
