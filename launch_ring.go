@@ -56,11 +56,7 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := lc.Now
-	if now == nil {
-		now = time.Now
-	}
-	r := &ringJob{jobEnv: j, store: store, now: now, start: now(), every: cmp.Or(lc.LogEvery, max(1, lc.Steps/20)), byPid: map[int64]int{}}
+	r := newRingJob(j, store)
 	res, err := r.run(ctx, jctx, cancel)
 	j.close(err)
 	return res, err
@@ -89,6 +85,16 @@ type ringJob struct {
 	lastStep            int64
 	failures            map[int]string  // a worker's last word, by index
 	said                map[string]bool // checkpoints whose skip the terminal was told of
+}
+
+// newRingJob is the launcher's side of a ring job in environment j, its
+// clock the launch's.
+func newRingJob(j *jobEnv, store checkpoint.Store) *ringJob {
+	now := j.lc.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &ringJob{jobEnv: j, store: store, now: now, start: now(), every: cmp.Or(j.lc.LogEvery, max(1, j.lc.Steps/20)), byPid: map[int64]int{}}
 }
 
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
@@ -336,27 +342,42 @@ func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
 	case "saved":
 		r.ev.Emit("checkpoint_saved", events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
 			events.F("url", e.URL), events.F("world", e.WorldAfter), events.F("checkpoint", e.ID), events.F("manifest_crc32c", e.ManifestCRC))
-		fmt.Fprintf(r.out, "checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, bytesize.Format(e.Bytes), e.Seconds)
 	case "failed":
 		r.ev.Emit("checkpoint_failed", events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err))
-		fmt.Fprintf(r.out, "checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
 	case "skipped":
 		r.ev.Emit("checkpoint_skipped", events.F("checkpoint", e.ID), events.F("error", e.Err))
-		if !r.said[e.ID] { // every rank that found it damaged says so
-			if r.said == nil {
-				r.said = map[string]bool{}
-			}
-			r.said[e.ID] = true
-			fmt.Fprintf(r.out, "checkpoint %s skipped: %s\n", e.ID, e.Err)
+		if r.said[e.ID] { // every rank that found it damaged says so: the terminal hears it once
+			return
 		}
+		if r.said == nil {
+			r.said = map[string]bool{}
+		}
+		r.said[e.ID] = true
 	case "restored":
 		r.ev.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
 			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes), events.F("config_changed", e.ConfigChanged))
-		fmt.Fprintf(r.out, "resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
-		if e.ConfigChanged {
-			fmt.Fprintln(r.out, "warning: that checkpoint was written with other training settings (batch, optimizer, clipping or synchronisation)")
-		}
 	}
+	fmt.Fprint(r.out, checkpointText(e))
+}
+
+// checkpointText is a checkpoint event in plain lines, for a terminal (""
+// for a kind it does not know).
+func checkpointText(e *checkpoint.Event) string {
+	switch e.Kind {
+	case "saved":
+		return fmt.Sprintf("checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, bytesize.Format(e.Bytes), e.Seconds)
+	case "failed":
+		return fmt.Sprintf("checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
+	case "skipped":
+		return fmt.Sprintf("checkpoint %s skipped: %s\n", e.ID, e.Err)
+	case "restored":
+		s := fmt.Sprintf("resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
+		if e.ConfigChanged {
+			s += "warning: that checkpoint was written with other training settings (batch, optimizer, clipping or synchronisation)\n"
+		}
+		return s
+	}
+	return ""
 }
 
 func (r *ringJob) exited(x launch.Exit) {

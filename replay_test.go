@@ -50,8 +50,7 @@ func TestReplayedStepKeepsItsRing(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			r := &ringJob{jobEnv: &jobEnv{lc: &LaunchConfig{Config: Config{Steps: 300}}, ev: events.New(&buf, func() time.Time { return time.Unix(0, 0) }), out: io.Discard},
-				start: time.Now(), every: 1000}
+			r := newRingJob(&jobEnv{lc: &LaunchConfig{Config: Config{Steps: 300}, LogEvery: 1000}, ev: events.New(&buf, func() time.Time { return time.Unix(0, 0) }), out: io.Discard}, nil)
 			for _, rep := range tc.lines {
 				b, err := json.Marshal(rep)
 				if err != nil {

@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
-	"github.com/phalanx-rt/phalanx/internal/bytesize"
 )
 
 // Report is what a worker tells of itself: rank 0 of each generation
@@ -132,17 +131,8 @@ func ReportText(w io.Writer, steps, every int64) func(Report) {
 		case "restart":
 			fmt.Fprintf(w, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
 		case "checkpoint":
-			if e := r.Checkpoint; e != nil {
-				switch e.Kind {
-				case "saved":
-					fmt.Fprintf(w, "checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, bytesize.Format(e.Bytes), e.Seconds)
-				case "failed":
-					fmt.Fprintf(w, "checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
-				case "skipped":
-					fmt.Fprintf(w, "checkpoint %s skipped: %s\n", e.ID, e.Err)
-				case "restored":
-					fmt.Fprintf(w, "resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
-				}
+			if r.Checkpoint != nil {
+				fmt.Fprint(w, checkpointText(r.Checkpoint))
 			}
 		case "stopped":
 			fmt.Fprintf(w, "the job stopped at step %d\n", r.Step)

@@ -1,7 +1,6 @@
 package phalanx
 
 import (
-	"cmp"
 	"errors"
 	"io"
 	"os/exec"
@@ -51,7 +50,7 @@ func TestTerminalNoise(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var out, evs strings.Builder
-			r := &ringJob{jobEnv: &jobEnv{out: &out, ev: events.New(&evs, time.Now)}}
+			r := newRingJob(&jobEnv{out: &out, ev: events.New(&evs, time.Now), lc: &LaunchConfig{}}, nil)
 			if c.stop {
 				r.stop = &Report{Kind: "stopped", Step: 7}
 			}
@@ -99,8 +98,8 @@ func TestProgressLines(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			clock := time.Unix(1000, 0)
 			var out strings.Builder
-			r := &ringJob{jobEnv: &jobEnv{out: &out, ev: events.New(io.Discard, nil), lc: &LaunchConfig{Config: Config{Steps: 100}}},
-				now: func() time.Time { return clock }, start: clock, every: cmp.Or(c.every, 5)}
+			lc := &LaunchConfig{Config: Config{Steps: 100, Now: func() time.Time { return clock }}, LogEvery: c.every}
+			r := newRingJob(&jobEnv{out: &out, ev: events.New(io.Discard, nil), lc: lc}, nil)
 			for step := int64(41); step <= 100; step++ {
 				clock = clock.Add(time.Second)
 				secs := 0.005
