@@ -312,7 +312,11 @@ func (w *ringWorker) leaveWhenDone(leave, ctx context.Context, abort context.Can
 	case <-leave.Done():
 	}
 	w.leaving.Store(true)
-	lctx, cancel := context.WithTimeout(ctx, w.cfg.LeaseTTL)
+	// Not under ctx: the flag just set ends the run at the next step
+	// boundary, and with it ctx, which must not cancel the departure's
+	// record on its way (the lease would still go, and the coordinator
+	// would name the worker lost by its lease, not left).
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseTTL)
 	err := w.agent.Leave(lctx, "asked to leave: "+context.Cause(leave).Error())
 	cancel()
 	if err != nil {
