@@ -268,7 +268,7 @@ func (w *ringWorker) run(ctx context.Context) (*Result, error) {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(aux) }()
 	}
-	goAux(func(aux context.Context) { w.leaveWhenDone(ctx, aux, abort) })
+	goAux(func(aux context.Context) { w.leaveWhenDone(w.agent, ctx, aux, abort) })
 	goAux(w.watchStop)
 	if c.Sync.Mode == "hybrid" {
 		goAux(w.probation)
@@ -301,11 +301,17 @@ func (w *ringWorker) run(ctx context.Context) (*Result, error) {
 	return w.result, nil
 }
 
-// leaveWhenDone makes the worker leave the job once leave ends (the
-// caller's context), unless ctx (the run's own) ends first; the rounds stop
-// at the next step boundary. If the worker is not out within the bound, the
-// run is aborted.
-func (w *ringWorker) leaveWhenDone(leave, ctx context.Context, abort context.CancelCauseFunc) {
+// departer records a worker's departure and gives up its lease
+// (elastic.Agent does).
+type departer interface {
+	Leave(ctx context.Context, reason string) error
+}
+
+// leaveWhenDone makes the worker leave the job through d once leave ends
+// (the caller's context), unless ctx (the run's own) ends first; the rounds
+// stop at the next step boundary. If the worker is not out within the bound,
+// the run is aborted.
+func (w *ringWorker) leaveWhenDone(d departer, leave, ctx context.Context, abort context.CancelCauseFunc) {
 	select {
 	case <-ctx.Done():
 		return
@@ -317,7 +323,7 @@ func (w *ringWorker) leaveWhenDone(leave, ctx context.Context, abort context.Can
 	// record on its way (the lease would still go, and the coordinator
 	// would name the worker lost by its lease, not left).
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseTTL)
-	err := w.agent.Leave(lctx, "asked to leave: "+context.Cause(leave).Error())
+	err := d.Leave(lctx, "asked to leave: "+context.Cause(leave).Error())
 	cancel()
 	if err != nil {
 		w.log.Warn("leaving the job", zap.Error(err))
