@@ -12,6 +12,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 )
 
 func TestMain(m *testing.M) {
@@ -167,7 +168,7 @@ func TestCIScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real jobs: not in -short")
 	}
-	r := &Runner{Registry: examples.Registry(), Dir: t.TempDir()}
+	r := &Runner{Registry: examples.Registry(), Dir: jobtest.KeptDir(t)}
 	var reports []*Report
 	for _, n := range CISet() {
 		sc, _ := Lookup(n)

@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -32,11 +32,7 @@ func TestEtcdScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real jobs and an etcd cluster: not in -short")
 	}
-	dir := os.Getenv("CHAOS_KEEP_DIR") // failed runs kept there, for a look
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	r := &Runner{Registry: examples.Registry(), Dir: dir}
+	r := &Runner{Registry: examples.Registry(), Dir: jobtest.KeptDir(t)}
 	for _, tc := range []struct {
 		name string
 		// what the etcd fault's evidence and heal must say

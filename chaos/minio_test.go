@@ -12,6 +12,7 @@ import (
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/miniotest"
 )
 
@@ -73,7 +74,7 @@ func TestMinIOScenarios(t *testing.T) {
 	miniotest.RequireBinary(t)
 	log := &eventLog{}
 	// One runner: both scenarios share their job, hence one reference run.
-	r := &Runner{Registry: examples.Registry(), Dir: t.TempDir(), Configure: func(lc *phalanx.LaunchConfig) {
+	r := &Runner{Registry: examples.Registry(), Dir: jobtest.KeptDir(t), Configure: func(lc *phalanx.LaunchConfig) {
 		if strings.HasPrefix(lc.Checkpoint.Location, "s3://") {
 			log.next, lc.Events = lc.Events, log
 		}

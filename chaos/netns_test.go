@@ -20,6 +20,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/netns"
 )
 
@@ -251,10 +252,7 @@ func TestNetnsScenarios(t *testing.T) {
 		t.Skip("real jobs: not in -short")
 	}
 	netns.Require(t)
-	dir := os.Getenv("CHAOS_KEEP_DIR") // failed runs kept there, for their logs
-	if dir == "" {
-		dir = t.TempDir()
-	}
+	dir := jobtest.KeptDir(t)
 	r := &Runner{Registry: examples.Registry(), Dir: dir, Output: testWriter{t}}
 	if testing.Verbose() {
 		r.Configure = func(lc *phalanx.LaunchConfig) { lc.Output, lc.LogLevel = testWriter{t}, "info" }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/plant"
 )
 
@@ -86,7 +87,7 @@ func runPlanted(t *testing.T, bug plant.Bug, name string, seed uint64) *Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Runner{Registry: examples.Registry(), Dir: t.TempDir()}
+	r := &Runner{Registry: examples.Registry(), Dir: jobtest.KeptDir(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rep, err := r.Run(ctx, sc, seed)

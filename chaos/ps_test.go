@@ -8,6 +8,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 )
 
 // TestPSConfigure: a ps scenario's job is a sparse-lr launch on servers
@@ -314,7 +315,7 @@ func TestPSScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real jobs: not in -short")
 	}
-	r := &Runner{Registry: examples.Registry(), Dir: t.TempDir()}
+	r := &Runner{Registry: examples.Registry(), Dir: jobtest.KeptDir(t)}
 	// The CI set runs both with seed 1 (shard 1's primary, share 2's
 	// worker); these seeds pick shard 0 and share 0, whose worker reports
 	// the steps and scores the held-out log.

@@ -457,8 +457,11 @@ func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
 		}
 		fault := ru.kinds[f.Kind].New(f.Planned)
 		f.fault, f.env = fault, env
-		what, err := fault.Inject(ctx, env)
+		// Stamped as it is sent: Inject returns only once the fault is seen
+		// to hold (a killed process dead), and the job may have closed
+		// ranks by then; what came after the fault must not read as before.
 		f.Injected = ru.r.now()
+		what, err := fault.Inject(ctx, env)
 		if err != nil {
 			f.Error = err.Error()
 			log.Warn("chaos: a fault could not be injected", zap.String("kind", f.Kind), zap.Error(err))

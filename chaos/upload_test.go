@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/phalanx-rt/phalanx/examples"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/miniotest"
 )
 
@@ -18,7 +19,7 @@ func TestUploadScenarios(t *testing.T) {
 		t.Skip("real jobs: not in -short")
 	}
 	miniotest.RequireBinary(t)
-	r := &Runner{Registry: examples.Registry(), Dir: t.TempDir()}
+	r := &Runner{Registry: examples.Registry(), Dir: jobtest.KeptDir(t)}
 	held := `, during the upload of /phalanx-chaos/checkpoints/\S+ \(held at the gate\)$`
 	for _, tc := range []struct {
 		name string

@@ -530,3 +530,28 @@ func CopyCheckpoint(t testing.TB, from, to checkpoint.Store, id string) {
 		}
 	}
 }
+
+// KeptDir is a directory for t's runs that outlives a failed test: it is
+// removed when t passes, and named in t's log when t fails, so the logs
+// and checkpoints a failure message points at are still there to read
+// (t.TempDir removes them with the test). CHAOS_KEEP_DIR, when set, is
+// used instead and never removed.
+func KeptDir(t testing.TB) string {
+	t.Helper()
+	if dir := os.Getenv("CHAOS_KEEP_DIR"); dir != "" {
+		return dir
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	dir, err := os.MkdirTemp("", "phalanx-"+name+"-")
+	if err != nil {
+		t.Fatalf("a directory for the test's runs: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the failed runs' logs and checkpoints are kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	return dir
+}

@@ -1,0 +1,106 @@
+package chaos
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/phalanx-rt/phalanx/internal/testwait"
+)
+
+// manualClock is a clock the test moves.
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *manualClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// slowHold takes effect at once, then takes a while to confirm that it
+// took hold, as a SIGKILL's wait for its process to be dead does on a
+// loaded machine.
+type slowHold struct {
+	clock   *manualClock
+	effects chan time.Time // when it took effect
+}
+
+func (f *slowHold) Inject(context.Context, *Env) (string, error) {
+	f.effects <- f.clock.now()
+	f.clock.advance(300 * time.Millisecond)
+	return "held", nil
+}
+
+func (f *slowHold) Heal(context.Context, *Env) (string, error) { return "", nil }
+
+// TestInjectedWhenSent: a fault's injection time is when it was sent, not
+// when its injection returned. The job may close ranks before the harness
+// has confirmed the kill (run26: the new ring's generation event came
+// before the late stamp, so invariant 0 found the killed worker "in every
+// generation after" its kill and failed a job that had closed ranks).
+func TestInjectedWhenSent(t *testing.T) {
+	clock := &manualClock{t: time.Date(2026, 11, 25, 6, 0, 0, 0, time.UTC)}
+	hold := &slowHold{clock: clock, effects: make(chan time.Time, 1)}
+	kinds := Kinds{"hold": {Name: "hold", NeedsRank: true, Changes: "ring", New: func(Planned) Fault { return hold }}}
+	f := &FaultRecord{Planned: Planned{Kind: "hold", Step: 2, Rank: 1}, Changes: "ring"}
+	ru := &run{r: &Runner{Now: clock.now}, sc: &Scenario{}, kinds: kinds, faults: []*FaultRecord{f},
+		damaged: map[string]bool{}, saved: map[string]uint32{}, pids: map[int64]bool{}, addrs: map[string]bool{}}
+	member := func(rank int, id string) map[string]any {
+		return map[string]any{"rank": float64(rank), "id": id, "pid": float64(100 + rank)}
+	}
+	var all []Event
+	evs := make(chan Event)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ru.schedule(context.Background(), evs, 1)
+	}()
+	send := func(kind string, fields map[string]any) {
+		e := Event{At: clock.now(), Kind: kind, Fields: fields}
+		all = append(all, e)
+		select {
+		case evs <- e:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the scheduler did not take the %s event within 10s", kind)
+		}
+		clock.advance(time.Millisecond)
+	}
+	send("job_started", map[string]any{})
+	send("generation", map[string]any{"generation": float64(1), "members": []any{member(0, "w0"), member(1, "w1")}})
+	send("step", map[string]any{"step": float64(1), "generation": float64(1)})
+	send("step", map[string]any{"step": float64(2), "generation": float64(1)}) // fires the fault
+	// The ring closed ranks while the harness was still confirming the
+	// kill: the events are stamped when they happened.
+	at := testwait.Recv(t, hold.effects, 10*time.Second, "the fault to be injected after step 2")
+	for _, e := range []Event{
+		{At: at.Add(20 * time.Millisecond), Kind: "generation", Fields: map[string]any{"generation": float64(2), "members": []any{member(0, "w0")}}},
+		{At: at.Add(40 * time.Millisecond), Kind: "step", Fields: map[string]any{"step": float64(3), "generation": float64(2)}},
+	} {
+		all = append(all, e)
+		evs <- e
+	}
+	close(evs)
+	testwait.Recv(t, done, 10*time.Second, "the scheduler to end with its events")
+	switch {
+	case f.Injected.IsZero() || f.Error != "":
+		t.Fatalf("the fault was not injected: %+v", f)
+	case f.Injected.After(at):
+		t.Errorf("injected at %v, %v after the fault took effect", f.Injected.Format(time.StampMilli), f.Injected.Sub(at))
+	}
+	if !leftRing(all, f) {
+		t.Errorf("invariant 0 does not see worker %s leave the ring in generation 2, decided 20ms after the kill", f.TargetID)
+	}
+	if f.RecoveredAt.IsZero() || f.RecoveryS < 0.04 {
+		t.Errorf("recovery %.3fs (at %v), want the 40ms from the kill to the new ring's first step", f.RecoveryS, f.RecoveredAt)
+	}
+}
