@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/chaos"
@@ -20,30 +22,13 @@ import (
 // invariant (exit status 1; the reports say which).
 var errInvariants = errors.New("an invariant failed")
 
-const chaosUsage = `Usage:
-  phalanx chaos list                     the built-in scenarios and their faults
-  phalanx chaos run [flags] SCENARIO...  run scenarios (a built-in name, a .json or .yaml file, or ci) against real jobs
-  phalanx chaos soak [flags]             random faults against one long job
-
-Run "phalanx chaos run --help" or "phalanx chaos soak --help" for their flags.
-`
-
-func runChaos(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usagef("chaos: want run, list or soak")
-	}
-	switch args[0] {
-	case "list":
-		return chaosList(stdout)
-	case "run":
-		return chaosRun(ctx, reg, args[1:], stdout, stderr)
-	case "soak":
-		return chaosSoak(ctx, reg, args[1:], stdout, stderr)
-	case "help", "-h", "--help", "-help":
-		fmt.Fprint(stdout, chaosUsage)
-		return nil
-	}
-	return usagef("chaos: unknown subcommand %q: want run, list or soak", args[0])
+// chaosCmd is phalanx chaos: seeded fault schedules against real jobs.
+func chaosCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
+	list := &cobra.Command{Use: "list", Short: "the built-in scenarios and their faults", Args: noArgs,
+		RunE: func(*cobra.Command, []string) error { return chaosList(stdout) }}
+	return group("chaos", "seeded fault schedules against real jobs, invariants checked, reports",
+		"Runs seeded fault schedules against real jobs, checks the invariants and reports.", "subcommand", stderr,
+		chaosRun(reg, stdout), list, chaosSoak(reg, stdout))
 }
 
 func chaosList(stdout io.Writer) error {
@@ -75,72 +60,73 @@ type chaosFlags struct {
 	html   bool
 }
 
-func (c *chaosFlags) register(fs *flag.FlagSet) {
+func (c *chaosFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.report, "report", "", "write one JSON report per run (and an HTML page with --html) into this directory")
 	fs.StringVar(&c.dir, "dir", "", "where runs keep their checkpoints and job logs (default: temporary; a failed run's is kept)")
 	fs.BoolVar(&c.html, "html", true, "with --report, also write each run's HTML page")
 }
 
-func chaosRun(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("chaos run", "Runs each SCENARIO (a built-in name, see phalanx chaos list; a .json or .yaml file; or ci for\n"+
-		"the CI set) against real jobs, checks the invariants and prints a table: phalanx chaos run [flags] SCENARIO...", stdout)
+func chaosRun(reg *phalanx.Registry, stdout io.Writer) *cobra.Command {
+	cmd := leaf("run [flags] SCENARIO...", "run scenarios (a built-in name, a .json or .yaml file, or ci) against real jobs",
+		"Runs each SCENARIO (a built-in name, see phalanx chaos list; a .json or .yaml file; or ci for\n"+
+			"the CI set) against real jobs, checks the invariants and prints a table.")
+	cmd.Args, cmd.ValidArgsFunction = cobra.ArbitraryArgs, completeScenarios
+	fs := cmd.Flags()
 	seed := fs.Uint64("seed", 1, "the first run's seed: the same seed gives the same fault schedule")
 	runs := fs.Int("runs", 1, "runs of each scenario, with seeds seed, seed+1, ...")
 	var cf chaosFlags
 	cf.register(fs)
-	names, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(names) == 0 {
-		return usagef("chaos run: name at least one scenario (phalanx chaos list shows the built-in ones)")
-	}
-	if *runs < 1 {
-		return usagef("chaos run: --runs %d: want at least 1", *runs)
-	}
-	var scs []chaos.Scenario
-	for _, a := range names {
-		switch {
-		case a == "ci":
-			for _, n := range chaos.CISet() {
-				s, _ := chaos.Lookup(n)
+	return withRun(cmd, func(ctx context.Context, names []string) error {
+		if len(names) == 0 {
+			return usagef("chaos run: name at least one scenario (phalanx chaos list shows the built-in ones)")
+		}
+		if *runs < 1 {
+			return usagef("chaos run: --runs %d: want at least 1", *runs)
+		}
+		var scs []chaos.Scenario
+		for _, a := range names {
+			switch {
+			case a == "ci":
+				for _, n := range chaos.CISet() {
+					s, _ := chaos.Lookup(n)
+					scs = append(scs, s)
+				}
+			case strings.HasSuffix(a, ".json") || strings.HasSuffix(a, ".yaml") || strings.HasSuffix(a, ".yml"):
+				s, err := chaos.LoadScenario(a)
+				if err != nil {
+					return usagef("chaos run: %v", err)
+				}
+				scs = append(scs, s)
+			default:
+				s, err := chaos.Lookup(a)
+				if err != nil {
+					return usagef("chaos run: %v", err)
+				}
 				scs = append(scs, s)
 			}
-		case strings.HasSuffix(a, ".json") || strings.HasSuffix(a, ".yaml") || strings.HasSuffix(a, ".yml"):
-			s, err := chaos.LoadScenario(a)
-			if err != nil {
-				return usagef("chaos run: %v", err)
-			}
-			scs = append(scs, s)
-		default:
-			s, err := chaos.Lookup(a)
-			if err != nil {
-				return usagef("chaos run: %v", err)
-			}
-			scs = append(scs, s)
 		}
-	}
-	kinds := chaos.DefaultKinds()
-	for i := range scs {
-		if err := scs[i].Validate(kinds); err != nil {
-			return err
-		}
-	}
-	r := &chaos.Runner{Registry: reg, Kinds: kinds, Dir: cf.dir, Output: stdout}
-	var reports []*chaos.Report
-	for _, s := range scs {
-		for k := range *runs {
-			rep, err := r.Run(ctx, s, *seed+uint64(k))
-			if err != nil {
-				return err
-			}
-			reports = append(reports, rep)
-			if err := cf.write(rep, stdout); err != nil {
+		kinds := chaos.DefaultKinds()
+		for i := range scs {
+			if err := scs[i].Validate(kinds); err != nil {
 				return err
 			}
 		}
-	}
-	return summarize(stdout, reports)
+		r := &chaos.Runner{Registry: reg, Kinds: kinds, Dir: cf.dir, Output: stdout}
+		var reports []*chaos.Report
+		for _, s := range scs {
+			for k := range *runs {
+				rep, err := r.Run(ctx, s, *seed+uint64(k))
+				if err != nil {
+					return err
+				}
+				reports = append(reports, rep)
+				if err := cf.write(rep, stdout); err != nil {
+					return err
+				}
+			}
+		}
+		return summarize(stdout, reports)
+	})
 }
 
 func (c *chaosFlags) write(rep *chaos.Report, stdout io.Writer) error {
@@ -189,9 +175,11 @@ func summarize(stdout io.Writer, reports []*chaos.Report) error {
 	return nil
 }
 
-func chaosSoak(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("chaos soak", "Runs jobs back to back for --duration, injecting faults drawn at random (seeded), and checks\n"+
-		"every job's invariants.", stdout)
+func chaosSoak(reg *phalanx.Registry, stdout io.Writer) *cobra.Command {
+	cmd := leaf("soak", "random faults against one long job",
+		"Runs jobs back to back for --duration, injecting faults drawn at random (seeded), and checks\n"+
+			"every job's invariants.")
+	fs := cmd.Flags()
 	var sc chaos.SoakConfig
 	fs.DurationVar(&sc.Duration, "duration", 10*time.Minute, "how long to soak")
 	fs.DurationVar(&sc.MeanInterval, "interval", 20*time.Second, "mean time between faults")
@@ -200,23 +188,22 @@ func chaosSoak(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 	kinds := fs.String("faults", "", "comma-separated fault kinds to draw from (default sigkill,sigstop,sigterm,garbage-frames)")
 	var cf chaosFlags
 	cf.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if *kinds != "" {
-		sc.Kinds = strings.Split(*kinds, ",")
-	}
-	r := &chaos.Runner{Registry: reg, Dir: cf.dir, Output: stdout}
-	start := time.Now()
-	reports, err := r.Soak(ctx, sc)
-	for _, rep := range reports {
-		if werr := cf.write(rep, stdout); werr != nil && err == nil {
-			err = werr
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		if *kinds != "" {
+			sc.Kinds = strings.Split(*kinds, ",")
 		}
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "soak: %s, %d jobs, %d faults\n", time.Since(start).Round(time.Second), len(reports), chaos.FaultCount(reports))
-	return summarize(stdout, reports)
+		r := &chaos.Runner{Registry: reg, Dir: cf.dir, Output: stdout}
+		start := time.Now()
+		reports, err := r.Soak(ctx, sc)
+		for _, rep := range reports {
+			if werr := cf.write(rep, stdout); werr != nil && err == nil {
+				err = werr
+			}
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "soak: %s, %d jobs, %d faults\n", time.Since(start).Round(time.Second), len(reports), chaos.FaultCount(reports))
+		return summarize(stdout, reports)
+	})
 }

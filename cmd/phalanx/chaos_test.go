@@ -1,14 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
-// TestParseArgs: flags stand anywhere among the positional arguments ("--"
+// TestParseArgs: through the command tree's shared behaviour
+// (configureRoot), flags stand anywhere among the positional arguments ("--"
 // ends them); a flag not given comes from its PHALANX_ variable, the
 // command line winning; every mistake is one usage line naming the flag as
 // typed, an unknown one with the nearest known ones.
@@ -27,21 +31,32 @@ func TestParseArgs(t *testing.T) {
 		{args: []string{"a", "--", "--runs"}, names: []string{"a", "--runs"}, runs: 1, level: "warn"},
 		{args: []string{"a"}, env: map[string]string{"PHALANX_RUNS": "7", "PHALANX_LOG_LEVEL": "debug"}, names: []string{"a"}, runs: 7, level: "debug"},
 		{args: []string{"--runs", "2"}, env: map[string]string{"PHALANX_RUNS": "7"}, runs: 2, level: "warn"},
-		{args: []string{"a"}, env: map[string]string{"PHALANX_RUNS": "many"}, err: `PHALANX_RUNS="many" (--runs): parse error`},
+		{args: []string{"a"}, env: map[string]string{"PHALANX_RUNS": "many"}, err: `PHALANX_RUNS="many" (--runs): want a whole number`},
 		{args: []string{"a", "--nope"}, err: "t: unknown flag --nope"},
 		{args: []string{"--rnus", "2"}, err: "t: unknown flag --rnus; did you mean --runs?"},
 		{args: []string{"--log-levl", "info"}, err: "t: unknown flag --log-levl; did you mean --log-level?"},
 		{args: []string{"--runs"}, err: "t: --runs needs a value"},
-		{args: []string{"--runs", "x"}, err: `--runs "x": parse error`},
+		{args: []string{"--runs", "x"}, err: `--runs "x": want a whole number`},
+		{args: []string{"-runs", "2"}, err: "t: -runs: long flags take two dashes: --runs"},
+		{args: []string{"-zz"}, err: "t: unknown flag -zz"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			fs := newFlagSet("t", "", io.Discard)
-			runs := fs.Int("runs", 1, "")
-			level := fs.String("log-level", "warn", "")
-			names, err := parseArgs(fs, tc.args)
+			root := &cobra.Command{Use: "phalanx"}
+			configureRoot(root, io.Discard, io.Discard)
+			var names []string
+			cmd := withRun(leaf("t [flags] NAME...", "", ""), func(_ context.Context, args []string) error {
+				names = args
+				return nil
+			})
+			cmd.Args = cobra.ArbitraryArgs
+			root.AddCommand(cmd)
+			runs := cmd.Flags().Int("runs", 1, "")
+			level := cmd.Flags().String("log-level", "warn", "")
+			root.SetArgs(append([]string{"t"}, tc.args...))
+			err := root.Execute()
 			var ue usageError
 			switch {
 			case tc.err != "" && (!errors.As(err, &ue) || err.Error() != tc.err):

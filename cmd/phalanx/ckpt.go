@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
@@ -15,114 +16,104 @@ import (
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
-const ckptUsage = `Usage:
-  phalanx ckpt ls --checkpoint URL [--verify]   the checkpoints, newest first, whether each is complete (and verifies)
-  phalanx ckpt inspect --checkpoint URL NAME    one checkpoint: step, position, tensors, objects (--json: its manifest)
-  phalanx ckpt verify --checkpoint URL [NAME]   read and check every checksum (default: every complete checkpoint)
-  phalanx ckpt rm --checkpoint URL NAME...      delete checkpoints (or --keep N: what retention would not keep)
+// ckptCmd is "phalanx ckpt ls|inspect|verify|rm".
+func ckptCmd(stdout, stderr io.Writer) *cobra.Command {
+	return group("ckpt", "list, show, verify or delete the checkpoints at --checkpoint URL",
+		"Lists, shows, verifies or deletes the checkpoints of a store (a directory or an s3:// location).", "subcommand", stderr,
+		ckptSub("ls", "ls --checkpoint URL [--verify]",
+			"the checkpoints, newest first, whether each is complete (and verifies)",
+			"Lists the checkpoints at --checkpoint, newest first: name, step, time, size, world, whether it is\n"+
+				"complete (has a manifest that matches its own checksum), and with --verify whether every byte\n"+
+				"of it does (phalanx ckpt verify's check). Incomplete ones are leftovers of uploads that failed or\n"+
+				"are in flight.", stdout),
+		ckptSub("inspect", "inspect --checkpoint URL NAME",
+			"one checkpoint: step, position, tensors, objects (--json: its manifest)",
+			"Summarises one checkpoint (phalanx ckpt inspect --checkpoint URL NAME): its step, sampler position,\n"+
+				"world, job and hashes, its tensors with shapes and bytes, and its objects with whether each is in\n"+
+				"the store at its size. --json prints the manifest itself.", stdout),
+		ckptSub("verify", "verify --checkpoint URL [NAME...]",
+			"read and check every checksum (default: every complete checkpoint)",
+			"Reads every object of the named checkpoints (default: every complete one) and checks every\n"+
+				"checksum: of each object, block and tensor. Exits 1 naming the first corrupt part of each that fails.", stdout),
+		ckptSub("rm", "rm --checkpoint URL NAME... | --keep N",
+			"delete checkpoints (or --keep N: what retention would not keep)",
+			"Deletes the named checkpoints (manifest first, so each stops existing at once), or with --keep\n"+
+				"and/or --keep-every what the retention policy would not keep (and incomplete leftovers older than\n"+
+				"the newest complete checkpoint). --dry-run shows what would go.", stdout),
+	)
+}
 
-Run "phalanx ckpt SUBCOMMAND --help" for the flags of each.
-`
-
-// runCkpt is "phalanx ckpt ls|inspect|verify|rm".
-func runCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return usagef("ckpt: name what to do: ls, inspect, verify or rm")
-	}
-	sub := args[0]
-	var help string
-	switch sub {
-	case "help", "-h", "--help", "-help":
-		fmt.Fprint(stdout, ckptUsage)
-		return nil
-	case "ls":
-		help = "Lists the checkpoints at --checkpoint, newest first: name, step, time, size, world, whether it is\n" +
-			"complete (has a manifest that matches its own checksum), and with --verify whether every byte\n" +
-			"of it does (phalanx ckpt verify's check). Incomplete ones are leftovers of uploads that failed or\n" +
-			"are in flight."
-	case "inspect":
-		help = "Summarises one checkpoint (phalanx ckpt inspect --checkpoint URL NAME): its step, sampler position,\n" +
-			"world, job and hashes, its tensors with shapes and bytes, and its objects with whether each is in\n" +
-			"the store at its size. --json prints the manifest itself."
-	case "verify":
-		help = "Reads every object of the named checkpoints (default: every complete one) and checks every\n" +
-			"checksum: of each object, block and tensor. Exits 1 naming the first corrupt part of each that fails."
-	case "rm":
-		help = "Deletes the named checkpoints (manifest first, so each stops existing at once), or with --keep\n" +
-			"and/or --keep-every what the retention policy would not keep (and incomplete leftovers older than\n" +
-			"the newest complete checkpoint). --dry-run shows what would go."
-	default:
-		return usagef("ckpt: unknown subcommand %q (want ls, inspect, verify or rm)", sub)
-	}
-	fs := newFlagSet("ckpt "+sub, help, stdout)
+// ckptSub is one of ckpt's subcommands: they share --checkpoint, the S3
+// credentials and the store's opening.
+func ckptSub(sub, use, short, long string, stdout io.Writer) *cobra.Command {
+	cmd := leaf(use, short, long)
+	cmd.Args, cmd.DisableFlagsInUseLine = cobra.ArbitraryArgs, true
+	fs := cmd.Flags()
 	var url string
 	var s3 s3Flags
 	var keep, keepEvery int
 	var dryRun, verify, asJSON bool
 	fs.StringVar(&url, "checkpoint", "", "the checkpoint store: a directory or s3://bucket/prefix?endpoint=host:port")
 	s3.register(fs)
-	if sub == "rm" {
+	switch sub {
+	case "rm":
 		fs.IntVar(&keep, "keep", 0, "delete all but the newest this many complete checkpoints")
 		fs.IntVar(&keepEvery, "keep-every", 0, "with --keep: also keep every checkpoint whose sequence number is a multiple of this")
 		fs.BoolVar(&dryRun, "dry-run", false, "show what would be deleted, delete nothing")
-	}
-	if sub == "ls" {
+	case "ls":
 		fs.BoolVar(&verify, "verify", false, "read every complete checkpoint and check every checksum (a VERIFIED column)")
-	}
-	if sub == "inspect" {
+	case "inspect":
 		fs.BoolVar(&asJSON, "json", false, "print the manifest as JSON instead of a summary")
 	}
+	cmd.ValidArgsFunction = cobra.NoFileCompletions
 	// Names and flags may come in any order.
-	names, err := parseArgs(fs, args[1:])
-	if err != nil {
-		return err
-	}
-	switch {
-	case url == "":
-		return usagef("ckpt %s: --checkpoint is required", sub)
-	case sub == "inspect" && len(names) != 1:
-		return usagef("ckpt inspect: name one checkpoint")
-	case sub == "ls" && len(names) > 0:
-		return usagef("ckpt ls: unexpected argument %q", names[0])
-	case sub == "rm" && len(names) == 0 && keep == 0:
-		return usagef("ckpt rm: name checkpoints, or give --keep")
-	case sub == "rm" && len(names) > 0 && keep != 0:
-		return usagef("ckpt rm: name checkpoints or give --keep, not both")
-	case keep < 0 || keepEvery < 0 || (keepEvery > 0 && keep == 0):
-		return usagef("ckpt rm: --keep must be positive, and --keep-every needs it")
-	}
-	octx, cancel := context.WithTimeout(ctx, time.Minute)
-	store, err := checkpoint.OpenExisting(octx, url, s3.credentials())
-	cancel()
-	if errors.Is(err, checkpoint.ErrNoLocation) && sub == "ls" {
-		fmt.Fprintf(stdout, "nothing at %s: %v\n", url, err)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	switch sub {
-	case "ls":
-		return ckptList(ctx, store, verify, stdout)
-	case "inspect":
-		m, err := checkpoint.ReadManifest(ctx, store, names[0])
+	return withRun(cmd, func(ctx context.Context, names []string) error {
+		switch {
+		case url == "":
+			return usagef("ckpt %s: --checkpoint is required", sub)
+		case sub == "inspect" && len(names) != 1:
+			return usagef("ckpt inspect: name one checkpoint")
+		case sub == "ls" && len(names) > 0:
+			return usagef("ckpt ls: unexpected argument %q", names[0])
+		case sub == "rm" && len(names) == 0 && keep == 0:
+			return usagef("ckpt rm: name checkpoints, or give --keep")
+		case sub == "rm" && len(names) > 0 && keep != 0:
+			return usagef("ckpt rm: name checkpoints or give --keep, not both")
+		case keep < 0 || keepEvery < 0 || (keepEvery > 0 && keep == 0):
+			return usagef("ckpt rm: --keep must be positive, and --keep-every needs it")
+		}
+		octx, cancel := context.WithTimeout(ctx, time.Minute)
+		store, err := checkpoint.OpenExisting(octx, url, s3.credentials())
+		cancel()
+		if errors.Is(err, checkpoint.ErrNoLocation) && sub == "ls" {
+			fmt.Fprintf(stdout, "nothing at %s: %v\n", url, err)
+			return nil
+		}
 		if err != nil {
 			return err
 		}
-		if !asJSON {
-			return ckptSummary(ctx, store, m, stdout)
+		switch sub {
+		case "ls":
+			return ckptList(ctx, store, verify, stdout)
+		case "inspect":
+			m, err := checkpoint.ReadManifest(ctx, store, names[0])
+			if err != nil {
+				return err
+			}
+			if !asJSON {
+				return ckptSummary(ctx, store, m, stdout)
+			}
+			b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, string(b))
+			return nil
+		case "verify":
+			return ckptVerify(ctx, store, names, stdout)
 		}
-		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, string(b))
-		return nil
-	case "verify":
-		return ckptVerify(ctx, store, names, stdout)
-	}
-	return ckptRemove(ctx, store, names, checkpoint.Retention{KeepLast: keep, KeepEvery: keepEvery}, dryRun, stdout)
+		return ckptRemove(ctx, store, names, checkpoint.Retention{KeepLast: keep, KeepEvery: keepEvery}, dryRun, stdout)
+	})
 }
 
 func ckptList(ctx context.Context, store checkpoint.Store, verify bool, stdout io.Writer) error {

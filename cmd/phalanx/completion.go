@@ -1,56 +1,86 @@
 package main
 
 import (
-	"fmt"
 	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/chaos"
 )
 
-// completionBash completes phalanx's commands, subcommands and flags in
-// bash. The flags are read at completion time from the command's own help
-// (every help lists them as "  --name"), so the script never goes stale.
-const completionBash = `# phalanx completion for bash: source <(phalanx completion bash)
-_phalanx() {
-  local cur=${COMP_WORDS[COMP_CWORD]} cmd=${COMP_WORDS[1]} sub=""
-  case "$cmd" in
-    bench|ckpt|chaos) sub=${COMP_WORDS[2]} ;;
-  esac
-  if [ "$COMP_CWORD" -eq 1 ]; then
-    COMPREPLY=($(compgen -W "train worker coordinator ps stop etcd bench ckpt chaos version help completion" -- "$cur"))
-    return
-  fi
-  if [ "$COMP_CWORD" -eq 2 ]; then
-    case "$cmd" in
-      bench) COMPREPLY=($(compgen -W "allreduce tcp checkpoint ps" -- "$cur")); return ;;
-      ckpt) COMPREPLY=($(compgen -W "ls inspect verify rm" -- "$cur")); return ;;
-      chaos) COMPREPLY=($(compgen -W "run list soak" -- "$cur")); return ;;
-      help) COMPREPLY=($(compgen -W "train worker coordinator ps stop etcd bench ckpt chaos" -- "$cur")); return ;;
-      completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")); return ;;
-    esac
-  fi
-  if [[ "$cur" == -* ]]; then
-    local flags
-    flags=$("${COMP_WORDS[0]}" $cmd $sub --help 2>/dev/null | grep -o '^  --[a-z0-9-]*' | tr -d ' ')
-    COMPREPLY=($(compgen -W "$flags" -- "$cur"))
-    return
-  fi
-  COMPREPLY=($(compgen -f -- "$cur"))
+// completionCmd is "phalanx completion bash|zsh|fish|powershell": the
+// shell's completion script on stdout. The scripts ask the binary itself
+// (its hidden __complete command) what completes a line, so they never go
+// stale: commands, flags, and the values of flags that take one of a set.
+func completionCmd(stdout io.Writer) *cobra.Command {
+	shells := []string{"bash", "zsh", "fish", "powershell"}
+	c := &cobra.Command{
+		Use:   "completion bash|zsh|fish|powershell",
+		Short: "shell completion of commands, flags and their values: source <(phalanx completion bash)",
+		Long: "Prints the completion script of a shell on stdout. Load it in the current shell with\n" +
+			"source <(phalanx completion bash) (or zsh), or keep it where the shell looks for completions.",
+		DisableFlagsInUseLine: true,
+		ValidArgs:             shells,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("completion: name the shell: bash, zsh, fish or powershell (source <(phalanx completion bash))")
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			root := c.Root()
+			switch args[0] {
+			case "bash":
+				return root.GenBashCompletionV2(stdout, true)
+			case "zsh":
+				return root.GenZshCompletion(stdout)
+			case "fish":
+				return root.GenFishCompletion(stdout, true)
+			case "powershell":
+				return root.GenPowerShellCompletionWithDesc(stdout)
+			}
+			return usagef("completion: unknown shell %q (want bash, zsh, fish or powershell)", args[0])
+		},
+	}
+	return c
 }
-complete -o default -F _phalanx phalanx
-`
 
-// runCompletion is "phalanx completion bash|zsh": the completion script on
-// stdout.
-func runCompletion(args []string, stdout io.Writer) error {
-	if len(args) != 1 {
-		return usagef("completion: name the shell: bash or zsh (source <(phalanx completion bash))")
+// completeTraining completes the values of train's and worker's flags that
+// take one of a set.
+func completeTraining(c *cobra.Command, reg *phalanx.Registry) {
+	completeValues(c, "example", reg.Names()...)
+	completeValues(c, "optimizer", "sgd", "momentum", "adam", "adamw")
+	completeValues(c, "schedule", "constant", "step", "cosine")
+	completeValues(c, "transport", "auto", "tcp", "shm")
+	completeValues(c, "wire-dtype", "float32", "fp16", "bf16")
+	completeValues(c, "rescale", "batch", "lr")
+	completeValues(c, "sync", "bsp", "hybrid", "asp", "ssp")
+	completeValues(c, "stale", "drop", "decay")
+	completeValues(c, "ps-partition", "range", "hash")
+	completeValues(c, "ps-optimizer", "sgd", "adagrad", "adam")
+	completeValues(c, "log-level", "debug", "info", "warn", "error")
+}
+
+// completeValues completes flag's value from values (no file names).
+func completeValues(c *cobra.Command, flag string, values ...string) {
+	if err := c.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp)); err != nil {
+		panic(err) // no such flag, or completed twice: a mistake in this file
 	}
-	switch args[0] {
-	case "bash":
-		fmt.Fprint(stdout, completionBash)
-	case "zsh":
-		fmt.Fprint(stdout, "# phalanx completion for zsh: source <(phalanx completion zsh)\nautoload -U +X bashcompinit && bashcompinit\n"+completionBash)
-	default:
-		return usagef("completion: unknown shell %q (want bash or zsh)", args[0])
+}
+
+// completeScenarios completes chaos run's arguments: the built-in
+// scenarios and ci, or else scenario files.
+func completeScenarios(_ *cobra.Command, _ []string, prefix string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	var names []cobra.Completion
+	for _, s := range append([]chaos.Scenario{{Name: "ci"}}, chaos.Builtin()...) {
+		if strings.HasPrefix(s.Name, prefix) {
+			names = append(names, s.Name)
+		}
 	}
-	return nil
+	if len(names) == 0 {
+		return []cobra.Completion{"yaml", "yml", "json"}, cobra.ShellCompDirectiveFilterFileExt
+	}
+	return names, cobra.ShellCompDirectiveNoFileComp
 }

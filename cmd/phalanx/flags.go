@@ -2,18 +2,19 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/failure"
 	"github.com/phalanx-rt/phalanx/hybrid"
+	"github.com/phalanx-rt/phalanx/internal/bytesize"
 )
 
 // configFlags define the flags of a phalanx.Config: the training flags
@@ -28,7 +29,7 @@ type configFlags struct {
 }
 
 // register defines the flags on fs, with models' options from reg.
-func (f *configFlags) register(fs *flag.FlagSet, reg *phalanx.Registry) {
+func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	f.cfg = phalanx.DefaultConfig()
 	c := &f.cfg
 	fs.StringVar(&c.Model, "example", "mlp", "the model to train: "+strings.Join(reg.Names(), ", "))
@@ -118,7 +119,7 @@ func (f *configFlags) register(fs *flag.FlagSet, reg *phalanx.Registry) {
 }
 
 // registerMembership defines the flags of where the job's membership lives.
-func (f *configFlags) registerMembership(fs *flag.FlagSet) {
+func (f *configFlags) registerMembership(fs *pflag.FlagSet) {
 	c := &f.cfg
 	fs.StringVar(&f.etcd, "etcd-endpoints", "", "comma-separated endpoints of an external etcd cluster (default: an embedded etcd server)")
 	fs.StringVar(&c.Job, "job", "", "the job's name: its keys in etcd live under /phalanx/<job>/")
@@ -223,6 +224,9 @@ func (f *injectFlag) String() string {
 	return strings.Join(f.text, ";")
 }
 
+// Type is the flag's kind of value, for help and completion.
+func (f *injectFlag) Type() string { return "spec" }
+
 func (f *injectFlag) Set(s string) error {
 	for _, spec := range strings.Split(s, ";") {
 		if spec = strings.TrimSpace(spec); spec == "" {
@@ -252,7 +256,7 @@ type s3Flags struct {
 	accessKey, secretKey string
 }
 
-func (s *s3Flags) register(fs *flag.FlagSet) {
+func (s *s3Flags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&s.accessKey, "s3-access-key", "", "S3 access key for --checkpoint (default: AWS_ACCESS_KEY_ID, MINIO_ROOT_USER, ~/.aws/credentials)")
 	fs.StringVar(&s.secretKey, "s3-secret-key", "", "S3 secret key for --checkpoint (default: AWS_SECRET_ACCESS_KEY, ...); prefer the environment,\nwhich other users of the host cannot read from the process list")
 }

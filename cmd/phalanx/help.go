@@ -1,11 +1,39 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
+
+// printHelp is every command's help, on its stdout.
+func printHelp(c *cobra.Command, _ []string) { printHelpTo(c.OutOrStdout(), c) }
+
+// printHelpTo writes c's help to w. A command of subcommands lists them
+// (and theirs) with a line each; a command that runs gives its usage line,
+// what it does, its flags (train's and worker's by topic), how the
+// environment sets them, and its examples.
+func printHelpTo(w io.Writer, c *cobra.Command) {
+	if c.HasAvailableSubCommands() {
+		printCommands(w, c)
+		return
+	}
+	fmt.Fprintf(w, "Usage: %s\n\n%s\n", c.UseLine(), c.Long)
+	fs := c.Flags()
+	if groupedHelp[c.Name()] && !c.Parent().HasParent() {
+		printGrouped(w, fs)
+	} else {
+		fmt.Fprintln(w, "\nFlags:")
+		fs.VisitAll(func(f *pflag.Flag) { printFlag(w, f) })
+	}
+	fmt.Fprintln(w, "\n"+envNote)
+	if c.Example != "" {
+		fmt.Fprintf(w, "\nExamples:\n%s", c.Example)
+	}
+}
 
 // flagTopics group the flags of train and worker in their help, in this
 // order; a flag of no topic (a model's option) is listed under "Model".
@@ -31,23 +59,68 @@ var flagTopics = []struct {
 	{"Logs", []string{"job-dir", "log-dir", "log-level"}},
 }
 
+// printCommands lists the commands under c, and theirs, a line each, by
+// the topics of c's groups.
+func printCommands(w io.Writer, c *cobra.Command) {
+	type line struct{ use, short string }
+	lines := map[string][]line{} // by group ID
+	var walk func(c *cobra.Command, group string)
+	walk = func(c *cobra.Command, group string) {
+		for _, s := range c.Commands() {
+			g := group
+			if g == "" {
+				g = s.GroupID
+			}
+			switch {
+			case !s.IsAvailableCommand():
+			case s.HasAvailableSubCommands():
+				walk(s, g)
+			default:
+				lines[g] = append(lines[g], line{s.UseLine(), s.Short})
+			}
+		}
+	}
+	walk(c, "")
+	if !c.HasParent() {
+		lines["other"] = append(lines["other"], line{"phalanx help COMMAND", "the flags of a command (as phalanx COMMAND --help)"})
+	}
+	width := 0
+	for _, ls := range lines {
+		for _, l := range ls {
+			width = max(width, len(l.use))
+		}
+	}
+	fmt.Fprintf(w, "%s\n", c.Long)
+	groups := c.Groups()
+	if len(groups) == 0 {
+		groups = []*cobra.Group{{Title: "Usage"}}
+	}
+	for _, g := range groups {
+		fmt.Fprintf(w, "\n%s:\n", g.Title)
+		for _, l := range lines[g.ID] {
+			fmt.Fprintf(w, "  %-*s  %s\n", width, l.use, l.short)
+		}
+	}
+	fmt.Fprintf(w, "\nRun \"%s COMMAND --help\" for the flags of each.\n", c.CommandPath())
+}
+
 // printGrouped writes fs's flags by topic: those of each topic in its
 // order, then the rest (the models' options) under the model's topic.
-func printGrouped(w io.Writer, fs *flag.FlagSet) {
+func printGrouped(w io.Writer, fs *pflag.FlagSet) {
 	placed := map[string]bool{}
 	for _, t := range flagTopics {
 		for _, n := range t.flags {
 			placed[n] = true
 		}
 	}
-	var rest []*flag.Flag
-	fs.VisitAll(func(f *flag.Flag) {
-		if !placed[f.Name] {
+	var rest []*pflag.Flag
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !placed[f.Name] && !f.Hidden && f.Name != "help" {
 			rest = append(rest, f)
 		}
 	})
 	for _, t := range flagTopics {
-		var fl []*flag.Flag
+		var fl []*pflag.Flag
 		for _, n := range t.flags {
 			if f := fs.Lookup(n); f != nil {
 				fl = append(fl, f)
@@ -67,9 +140,13 @@ func printGrouped(w io.Writer, fs *flag.FlagSet) {
 }
 
 // printFlag writes one flag as "  --name TYPE" and its usage, indented,
-// with its default unless zero or already said.
-func printFlag(w io.Writer, f *flag.Flag) {
-	typ, usage := flag.UnquoteUsage(f)
+// with its default unless zero or already said; not --help, nor a hidden
+// flag.
+func printFlag(w io.Writer, f *pflag.Flag) {
+	if f.Hidden || f.Name == "help" {
+		return
+	}
+	typ, usage := pflag.UnquoteUsage(f)
 	if typ == "value" { // a flag.Value of ours: text
 		typ = "string"
 	}
@@ -91,8 +168,8 @@ func printFlag(w io.Writer, f *flag.Flag) {
 // groupedHelp are the commands whose help lists the flags by topic (the
 // training flags); examples close a command's help.
 var (
-	groupedHelp  = map[string]bool{"train": true, "worker": true}
-	helpExamples = map[string]string{
+	groupedHelp = map[string]bool{"train": true, "worker": true}
+	examplesOf  = map[string]string{
 		"train": `  phalanx train --workers 4 --steps 300 --checkpoint checkpoints/mlp --checkpoint-every-steps 50
       the main job: 4 elastic workers on this host, checkpoints every 50 steps; run it again to resume
   phalanx train --workers 4 --sync hybrid --step-deadline auto --exclude-after 6/10

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -64,7 +63,9 @@ func TestHelpAndVersion(t *testing.T) {
 		args []string
 		want string // on stdout ("" : on stderr, flag's help)
 	}{
-		{[]string{"--help"}, "phalanx chaos run|list|soak"},
+		{[]string{"--help"}, "phalanx chaos run [flags] SCENARIO..."},
+		{[]string{"help"}, "phalanx bench allreduce [flags]"},
+		{[]string{"-h"}, "phalanx completion bash|zsh|fish|powershell"},
 		{[]string{"chaos", "--help"}, "phalanx chaos run [flags] SCENARIO..."},
 		{[]string{"chaos", "help"}, "phalanx chaos soak [flags]"},
 		{[]string{"ckpt", "--help"}, "phalanx ckpt verify --checkpoint URL"},
@@ -85,7 +86,7 @@ func TestHelpAndVersion(t *testing.T) {
 	for _, args := range [][]string{{"help", "train"}, {"train", "--help"}, {"ckpt", "ls", "--help"}, {"chaos", "run", "--help"}} {
 		var out, errOut bytes.Buffer
 		err := runCommand(t, args, &out, &errOut)
-		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "Usage: phalanx ") || !strings.Contains(out.String(), "from the environment") || errOut.Len() != 0 {
+		if err != nil || !strings.Contains(out.String(), "Usage: phalanx ") || !strings.Contains(out.String(), "from the environment") || errOut.Len() != 0 {
 			t.Errorf("%v: %v; want the help (with the environment's part) on stdout alone:\nstdout: %s\nstderr: %s", args, err, out.String(), errOut.String())
 		}
 	}
@@ -100,7 +101,12 @@ func TestMistakeIsOneLine(t *testing.T) {
 		want string
 	}{
 		{[]string{"train", "--workrs", "2"}, "train: unknown flag --workrs; did you mean --workers?"},
-		{[]string{"train", "--steps", "many"}, `--steps "many": parse error`},
+		{[]string{"train", "--steps", "many"}, `--steps "many": want a whole number`},
+		{[]string{"train", "-workers", "2"}, "train: -workers: long flags take two dashes: --workers"},
+		{[]string{"chaos", "runn"}, `chaos: unknown subcommand "runn" (want list, run or soak); did you mean run?`},
+		{[]string{"trian"}, `unknown command "trian" (want bench, chaos, ckpt, completion, coordinator, etcd, ps, stop, train, version or worker); did you mean train?`},
+		{[]string{"help", "trian"}, `help: unknown command "trian"; did you mean train?`},
+		{[]string{"version", "x"}, `version: unexpected argument "x"`},
 		{[]string{"chaos", "run", "--bogus", "kill-one"}, "chaos run: unknown flag --bogus"},
 		{[]string{"chaos", "soak", "--duraton", "1m"}, "chaos soak: unknown flag --duraton; did you mean --duration?"},
 		{[]string{"ckpt", "ls", "--checkpiont", "x"}, "ckpt ls: unknown flag --checkpiont; did you mean --checkpoint?"},
@@ -154,7 +160,7 @@ func TestHelpGrouped(t *testing.T) {
 	}
 	for _, cmd := range []string{"train", "worker"} {
 		var out bytes.Buffer
-		if err := runCommand(t, []string{cmd, "--help"}, &out, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		if err := runCommand(t, []string{cmd, "--help"}, &out, io.Discard); err != nil {
 			t.Fatalf("%s --help: %v", cmd, err)
 		}
 		help := out.String()
@@ -184,10 +190,21 @@ func TestHelpGrouped(t *testing.T) {
 	}
 }
 
-// TestCompletion: the bash script completes commands, subcommands and each
-// command's flags (read from its help at completion time), run in a real
-// bash against this binary as phalanx; zsh gets the same through
-// bashcompinit.
+// bashCompletionStub stands in for bash-completion's word splitting when
+// that Debian package is absent (cobra's script calls it); the rest of the
+// script runs as the shell would run it.
+const bashCompletionStub = `
+if [ -r /usr/share/bash-completion/bash_completion ]; then
+  . /usr/share/bash-completion/bash_completion
+else
+  _get_comp_words_by_ref() { cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
+fi
+`
+
+// TestCompletion: cobra's bash script, run in a real bash against this
+// binary as phalanx, completes commands, subcommands, each command's flags,
+// the values of flags that take one of a set, and chaos scenarios; zsh,
+// fish and powershell get theirs, and an unknown shell is a usage error.
 func TestCompletion(t *testing.T) {
 	var script bytes.Buffer
 	if err := runCommand(t, []string{"completion", "bash"}, &script, io.Discard); err != nil {
@@ -198,30 +215,46 @@ func TestCompletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		words string
-		want  string
+		line string // the command line, completed at its end
+		want string
 	}{
 		{"ch", "chaos"},
+		{"c", "chaos ckpt completion coordinator"},
 		{"chaos r", "run"},
 		{"train --work", "--workers"},
-		{"train --checkpoint-e", "--checkpoint-every-steps --checkpoint-every"},
+		{"train --checkpoint-e", "--checkpoint-every --checkpoint-every-steps"},
 		{"ckpt ls --ver", "--verify"},
 		{"worker --js", "--json"},
+		{"train --sync ", "bsp hybrid asp ssp"},
+		{"train --example sp", "sparse-lr"},
+		{"chaos run kill-r", "kill-random"},
+		{"help tr", "train"},
 	} {
-		words := strings.Fields(c.words)
-		cmd := exec.CommandContext(testContext(t, time.Minute), "bash", "-c", script.String()+fmt.Sprintf(
-			"\nCOMP_WORDS=(%s %s); COMP_CWORD=%d; _phalanx; echo \"${COMPREPLY[@]}\"", exe, strings.Join(words, " "), len(words)))
+		words := strings.Fields(c.line)
+		cword := len(words)
+		if strings.HasSuffix(c.line, " ") {
+			words = append(words, "''")
+		} else {
+			cword--
+		}
+		cmd := exec.CommandContext(testContext(t, time.Minute), "bash", "-c", bashCompletionStub+script.String()+fmt.Sprintf(
+			"\nCOMP_WORDS=(%s %s); COMP_CWORD=%d; COMP_LINE='phalanx %s'; COMP_POINT=${#COMP_LINE}; COMP_TYPE=9; __start_phalanx; echo \"${COMPREPLY[@]}\"",
+			exe, strings.Join(words, " "), cword+1, c.line))
 		cmd.Env = append(os.Environ(), "PHALANX_TEST_AS_COMMAND=1")
 		out, err := cmd.Output()
 		if err != nil || strings.TrimSpace(string(out)) != c.want {
-			t.Errorf("completing %q: %q, %v; want %q", c.words, out, err, c.want)
+			t.Errorf("completing %q: %q, %v; want %q", c.line, out, err, c.want)
 		}
 	}
-	var zsh bytes.Buffer
-	if err := runCommand(t, []string{"completion", "zsh"}, &zsh, io.Discard); err != nil || !strings.Contains(zsh.String(), "bashcompinit") {
-		t.Errorf("completion zsh: %v\n%s", err, zsh.String())
+	for shell, want := range map[string]string{"zsh": "#compdef phalanx", "fish": "complete -c phalanx", "powershell": "Register-ArgumentCompleter"} {
+		var out bytes.Buffer
+		if err := runCommand(t, []string{"completion", shell}, &out, io.Discard); err != nil || !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "__complete") {
+			t.Errorf("completion %s: %v; want a script with %q that asks phalanx __complete:\n%.300s", shell, err, want, out.String())
+		}
 	}
-	if err := runCommand(t, []string{"completion", "fish"}, io.Discard, io.Discard); exitCode(err) != 2 {
-		t.Errorf("completion fish: %v, want a usage error", err)
+	for _, args := range [][]string{{"completion", "tcsh"}, {"completion"}} {
+		if err := runCommand(t, args, io.Discard, io.Discard); exitCode(err) != 2 {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
 	}
 }

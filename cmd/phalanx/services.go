@@ -8,17 +8,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/coordinator"
 )
 
-// runCoordinator is phalanx coordinator: a standby-capable coordinator.
-func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("coordinator",
+// coordinatorCmd is phalanx coordinator: a standby-capable coordinator.
+func coordinatorCmd(stdout, stderr io.Writer) *cobra.Command {
+	cmd := leaf("coordinator", "a job's coordinator (elected; run several for standbys)",
 		"Runs a coordinator of a job: it campaigns in an etcd election and, while it leads, decides the\n"+
 			"job's generations (who trains, in which ring order). Run several for standbys: when the leader\n"+
 			"dies, another takes over within --lease-ttl, and a deposed one cannot write (fenced writes).\n"+
-			"Without --etcd-endpoints it starts an embedded etcd server under --job-dir and prints its endpoints.", stdout)
+			"Without --etcd-endpoints it starts an embedded etcd server under --job-dir and prints its endpoints.")
+	fs := cmd.Flags()
 	var f configFlags
 	f.cfg = phalanx.DefaultConfig()
 	f.registerMembership(fs)
@@ -29,70 +32,78 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.DurationVar(&c.MinWorkersTimeout, "min-workers-timeout", c.MinWorkersTimeout, "stop the job when it stays below --min-workers this long")
 	fs.DurationVar(&c.JoinWindow, "join-window", c.JoinWindow, "how long a newcomer waits so that newcomers arriving together enter one generation")
 	fs.StringVar(&c.JobDir, "job-dir", "", "with the embedded etcd: its data directory's parent (required then)")
-	log, err := parseWithLogger(fs, args, stderr)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
-	c.Job, c.Etcd, c.LeaseTTL, c.EtcdDialTimeout, c.Logger = f.cfg.Job, endpointList(f.etcd), f.cfg.LeaseTTL, f.cfg.EtcdDialTimeout, log
-	c.OnEndpoints = func(e []string) { fmt.Fprintf(stdout, "etcd endpoints: %s\n", strings.Join(e, ",")) }
-	if err := phalanx.RunCoordinator(ctx, c); err != nil {
-		return asUsage(err)
-	}
-	fmt.Fprintln(stdout, "the job is done")
-	return nil
+	level := logLevelFlag(fs)
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		log, err := newLogger(*level, stderr)
+		if err != nil {
+			return err
+		}
+		defer log.Sync()
+		c.Job, c.Etcd, c.LeaseTTL, c.EtcdDialTimeout, c.Logger = f.cfg.Job, endpointList(f.etcd), f.cfg.LeaseTTL, f.cfg.EtcdDialTimeout, log
+		c.OnEndpoints = func(e []string) { fmt.Fprintf(stdout, "etcd endpoints: %s\n", strings.Join(e, ",")) }
+		if err := phalanx.RunCoordinator(ctx, c); err != nil {
+			return asUsage(err)
+		}
+		fmt.Fprintln(stdout, "the job is done")
+		return nil
+	})
 }
 
-// runPS is phalanx ps: one parameter server of a job.
-func runPS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ps",
+// psCmd is phalanx ps: one parameter server of a job.
+func psCmd(stdout, stderr io.Writer) *cobra.Command {
+	cmd := leaf("ps", "one parameter server of a job (train starts them for parameter-server models)",
 		"Runs one parameter server of a job: it reads the job's configuration from etcd, hosts every shard,\n"+
 			"registers with a lease and serves the role the coordinator's shard map gives it (primary of some\n"+
-			"shards, backup of others). phalanx train starts these itself for parameter-server models.", stdout)
+			"shards, backup of others). phalanx train starts these itself for parameter-server models.")
+	fs := cmd.Flags()
 	var f configFlags
 	f.cfg = phalanx.DefaultConfig()
 	f.registerMembership(fs)
 	id := fs.String("id", "", "this server's id (default: host-pid)")
 	fs.StringVar(&f.cfg.Bind, "listen", f.cfg.Bind, "the data plane's address")
-	log, err := parseWithLogger(fs, args, stderr)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
-	f.cfg.Etcd, f.cfg.Logger = endpointList(f.etcd), log
-	return asUsage(phalanx.RunPSServer(ctx, f.cfg, *id, func(addr string) { fmt.Fprintf(stdout, "ps %s serving on %s\n", *id, addr) }))
+	level := logLevelFlag(fs)
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		log, err := newLogger(*level, stderr)
+		if err != nil {
+			return err
+		}
+		defer log.Sync()
+		f.cfg.Etcd, f.cfg.Logger = endpointList(f.etcd), log
+		return asUsage(phalanx.RunPSServer(ctx, f.cfg, *id, func(addr string) { fmt.Fprintf(stdout, "ps %s serving on %s\n", *id, addr) }))
+	})
 }
 
-// runStop is phalanx stop: ask a job to stop after a final checkpoint.
-func runStop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("stop",
+// stopCmd is phalanx stop: ask a job to stop after a final checkpoint.
+func stopCmd(stdout io.Writer) *cobra.Command {
+	cmd := leaf("stop", "ask a running job to stop after a final checkpoint",
 		"Asks every worker of a running job to stop at the next step boundary after a final checkpoint\n"+
-			"(a job without --checkpoint ignores it). Starting the job again resumes it.", stdout)
+			"(a job without --checkpoint ignores it). Starting the job again resumes it.")
+	fs := cmd.Flags()
 	var f configFlags
 	f.cfg = phalanx.DefaultConfig()
 	f.registerMembership(fs)
 	reason := fs.String("reason", "phalanx stop", "why, for the job's log")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if f.etcd == "" || f.cfg.Job == "" {
-		return usagef("stop: --etcd-endpoints and --job are required")
-	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := phalanx.Stop(sctx, endpointList(f.etcd), f.cfg.Job, *reason); err != nil {
-		return asUsage(err)
-	}
-	fmt.Fprintf(stdout, "job %s asked to stop\n", f.cfg.Job)
-	return nil
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		if f.etcd == "" || f.cfg.Job == "" {
+			return usagef("stop: --etcd-endpoints and --job are required")
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := phalanx.Stop(sctx, endpointList(f.etcd), f.cfg.Job, *reason); err != nil {
+			return asUsage(err)
+		}
+		fmt.Fprintf(stdout, "job %s asked to stop\n", f.cfg.Job)
+		return nil
+	})
 }
 
-// runEtcd runs one member of an etcd cluster in this process: the embedded
+// etcdCmd runs one member of an etcd cluster in this process: the embedded
 // server, for tests and small deployments without an etcd installation.
-func runEtcd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("etcd",
+func etcdCmd(stdout, stderr io.Writer) *cobra.Command {
+	cmd := leaf("etcd", "one embedded etcd member (three make a cluster)",
 		"Runs one etcd member (the embedded server) until interrupted, and prints its client endpoint once\n"+
-			"it serves. With --initial-cluster, three such processes make a 3-member cluster.", stdout)
+			"it serves. With --initial-cluster, three such processes make a 3-member cluster.")
+	fs := cmd.Flags()
 	name := fs.String("name", "phalanx", "member name")
 	dir := fs.String("dir", "", "data directory (required)")
 	host := fs.String("host", "127.0.0.1", "listen host")
@@ -100,31 +111,30 @@ func runEtcd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	peerPort := fs.Int("peer-port", 0, "peer port (0: any free one; fix it with --initial-cluster)")
 	cluster := fs.String("initial-cluster", "", "every member as name=http://host:peer-port, comma-separated (default: this member alone)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	switch {
-	case *dir == "":
-		return usagef("--dir is required")
-	case *clientPort < 0 || *clientPort > 65535 || *peerPort < 0 || *peerPort > 65535:
-		return usagef("--client-port and --peer-port must be ports")
-	case *cluster != "" && (*peerPort == 0 || !strings.Contains(*cluster, *name+"=")):
-		return usagef("--initial-cluster needs --peer-port and an entry for --name %q", *name)
-	}
-	log, err := newLogger(*logLevel, stderr)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
-	e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: *dir, Name: *name, Host: *host, Logger: log,
-		ClientPort: *clientPort, PeerPort: *peerPort, InitialCluster: *cluster})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	fmt.Fprintf(stdout, "etcd endpoints: %s\n", strings.Join(e.Endpoints(), ","))
-	<-ctx.Done()
-	return nil
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		switch {
+		case *dir == "":
+			return usagef("--dir is required")
+		case *clientPort < 0 || *clientPort > 65535 || *peerPort < 0 || *peerPort > 65535:
+			return usagef("--client-port and --peer-port must be ports")
+		case *cluster != "" && (*peerPort == 0 || !strings.Contains(*cluster, *name+"=")):
+			return usagef("--initial-cluster needs --peer-port and an entry for --name %q", *name)
+		}
+		log, err := newLogger(*logLevel, stderr)
+		if err != nil {
+			return err
+		}
+		defer log.Sync()
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: *dir, Name: *name, Host: *host, Logger: log,
+			ClientPort: *clientPort, PeerPort: *peerPort, InitialCluster: *cluster})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		fmt.Fprintf(stdout, "etcd endpoints: %s\n", strings.Join(e.Endpoints(), ","))
+		<-ctx.Done()
+		return nil
+	})
 }
 
 func setThreads(n int) {

@@ -8,13 +8,15 @@ import (
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
 )
 
-// runTrain is phalanx train: a local job through phalanx.Launch.
-func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("train",
+// trainCmd is phalanx train: a local job through phalanx.Launch.
+func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
+	cmd := leaf("train", "train a model on N local elastic workers (or parameter servers)",
 		"Trains a model on --workers local elastic worker processes, like torchrun. Membership lives in etcd:\n"+
 			"an embedded etcd server (data under --job-dir) unless --etcd-endpoints names a cluster; a coordinator\n"+
 			"in this process decides the generations (rings). A worker that dies is removed and the others go on;\n"+
@@ -23,7 +25,9 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 			"(after a final checkpoint when checkpointing, named once found complete in the store; exit 3).\n"+
 			"A second signal ends the job at once (exit 1).\n"+
 			"Shows progress (step, loss, samples/s, ETA) and membership changes, and ends with the held-out result.\n"+
-			"A parameter-server model (sparse-lr) runs --ps-servers servers and --workers workers instead.", stdout)
+			"A parameter-server model (sparse-lr) runs --ps-servers servers and --workers workers instead.")
+	cmd.Example = examplesOf["train"]
+	fs := cmd.Flags()
 	var f configFlags
 	f.register(fs, reg)
 	lc := phalanx.DefaultLaunchConfig()
@@ -39,37 +43,39 @@ func runTrain(ctx context.Context, reg *phalanx.Registry, args []string, stdout,
 	fs.Int64Var(&lc.LogEvery, "log-every", 0, "steps between progress lines (0: twenty lines over the job)")
 	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to --log-dir (debug: also to stderr, a line each, prefixed\nwith its process)")
 	coordinate := fs.Bool("coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := f.apply(); err != nil {
-		return err
-	}
-	lc.Config, lc.Registry, lc.NoCoordinator = f.cfg, reg, !*coordinate
-	lc.Output, lc.Stderr = stdout, stderr
-	if *eventsPath != "" {
-		ev, err := os.OpenFile(*eventsPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			return fmt.Errorf("--events: %w", err)
+	completeTraining(cmd, reg)
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		if err := f.apply(); err != nil {
+			return err
 		}
-		defer ev.Close()
-		lc.Events = events.New(ev, nil)
-	}
-	if lc.Job == "" {
-		lc.Job = fmt.Sprintf("train-%d-%d", os.Getpid(), time.Now().Unix())
-	}
-	_, err := phalanx.Launch(ctx, lc)
-	return asUsage(err)
+		lc.Config, lc.Registry, lc.NoCoordinator = f.cfg, reg, !*coordinate
+		lc.Output, lc.Stderr = stdout, stderr
+		if *eventsPath != "" {
+			ev, err := os.OpenFile(*eventsPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+			if err != nil {
+				return fmt.Errorf("--events: %w", err)
+			}
+			defer ev.Close()
+			lc.Events = events.New(ev, nil)
+		}
+		if lc.Job == "" {
+			lc.Job = fmt.Sprintf("train-%d-%d", os.Getpid(), time.Now().Unix())
+		}
+		_, err := phalanx.Launch(ctx, lc)
+		return asUsage(err)
+	})
 }
 
-// runWorker is phalanx worker: one worker of a job, through etcd.
-func runWorker(ctx context.Context, reg *phalanx.Registry, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("worker",
+// workerCmd is phalanx worker: one worker of a job, through etcd.
+func workerCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
+	cmd := leaf("worker", "one elastic worker of a job (joins through etcd)",
 		"Runs one elastic worker of a job: it registers in etcd (--etcd-endpoints), trains in every generation\n"+
 			"the coordinator puts it in, and survives the loss or arrival of other workers. Start one per host\n"+
 			"or GPU slot with the same training flags; \"phalanx train\" starts them for you. SIGTERM makes it\n"+
 			"leave the job gracefully (the others go on). Prints its progress in plain lines on stdout (rank 0\n"+
-			"reports the job's steps), or with --json one JSON report per line (docs/events.md).", stdout)
+			"reports the job's steps), or with --json one JSON report per line (docs/events.md).")
+	cmd.Example = examplesOf["worker"]
+	fs := cmd.Flags()
 	var f configFlags
 	f.register(fs, reg)
 	fs.StringVar(&f.cfg.Bind, "bind", f.cfg.Bind, "data-plane listen address (host:port; port 0 picks one); the control plane listens on the same host")
@@ -78,22 +84,26 @@ func runWorker(ctx context.Context, reg *phalanx.Registry, args []string, stdout
 	threads := fs.Int("threads", 0, "OS threads running Go code (GOMAXPROCS); 0 = all cores")
 	asJSON := fs.Bool("json", false, "print one JSON report per line on stdout instead of plain lines")
 	every := fs.Int64("log-every", 0, "steps between progress lines (0: twenty lines over the job)")
-	log, err := parseWithLogger(fs, args, stderr)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
-	if err := f.apply(); err != nil {
-		return err
-	}
-	setThreads(*threads)
-	if *every < 0 {
-		return usagef("--log-every %d: must not be negative", *every)
-	}
-	f.cfg.Logger, f.cfg.Reports = log, phalanx.ReportText(stdout, f.cfg.Steps, cmp.Or(*every, max(1, f.cfg.Steps/20)))
-	if *asJSON {
-		f.cfg.Reports = jsonLines(stdout)
-	}
-	_, err = phalanx.RunModel(ctx, f.cfg, reg)
-	return asUsage(err)
+	level := logLevelFlag(fs)
+	completeTraining(cmd, reg)
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		log, err := newLogger(*level, stderr)
+		if err != nil {
+			return err
+		}
+		defer log.Sync()
+		if err := f.apply(); err != nil {
+			return err
+		}
+		setThreads(*threads)
+		if *every < 0 {
+			return usagef("--log-every %d: must not be negative", *every)
+		}
+		f.cfg.Logger, f.cfg.Reports = log, phalanx.ReportText(stdout, f.cfg.Steps, cmp.Or(*every, max(1, f.cfg.Steps/20)))
+		if *asJSON {
+			f.cfg.Reports = jsonLines(stdout)
+		}
+		_, err = phalanx.RunModel(ctx, f.cfg, reg)
+		return asUsage(err)
+	})
 }
