@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/phalanx-rt/phalanx/internal/testclock"
 )
 
 // flaky panics on every "boom" message; its starts are counted outside the
@@ -88,24 +90,6 @@ func TestSupervisorRestartsWithBackoffThenGivesUp(t *testing.T) {
 	}
 }
 
-// fakeClock is a clock the test moves by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // TestSupervisorRestartWindowExpires: failures older than the budget's window
 // no longer count. Two failures spend a budget of two restarts; once the
 // window has passed on the injected clock, two more are restarted (with the
@@ -118,7 +102,7 @@ func TestSupervisorRestartWindowExpires(t *testing.T) {
 	}
 	defer sys.Shutdown()
 	const window = time.Minute
-	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	clock := testclock.New(time.Unix(1_000_000, 0))
 	var mu sync.Mutex
 	var delays []time.Duration
 	gaveUp := make(chan *GiveUpError, 1)
@@ -155,11 +139,11 @@ func TestSupervisorRestartWindowExpires(t *testing.T) {
 	}
 	wait("first start")
 	fail("restart after failure 1")
-	clock.advance(window / 2)
+	clock.Advance(window / 2)
 	fail("restart after failure 2")
-	clock.advance(window) // both failures now older than the window
+	clock.Advance(window) // both failures now older than the window
 	fail("restart after failure 3, the first of a new window")
-	clock.advance(window / 2)
+	clock.Advance(window / 2)
 	fail("restart after failure 4, the second of the new window")
 	sys.Root.Send(pids[0], &boom{})
 	select {

@@ -2,42 +2,24 @@ package chaos
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/phalanx-rt/phalanx/internal/testclock"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
-
-// manualClock is a clock the test moves.
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *manualClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *manualClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // slowHold takes effect at once, then takes a while to confirm that it
 // took hold, as a SIGKILL's wait for its process to be dead does on a
 // loaded machine.
 type slowHold struct {
-	clock   *manualClock
+	clock   *testclock.Manual
 	effects chan time.Time // when it took effect
 }
 
 func (f *slowHold) Inject(context.Context, *Env) (string, error) {
-	f.effects <- f.clock.now()
-	f.clock.advance(300 * time.Millisecond)
+	f.effects <- f.clock.Now()
+	f.clock.Advance(300 * time.Millisecond)
 	return "held", nil
 }
 
@@ -49,11 +31,11 @@ func (f *slowHold) Heal(context.Context, *Env) (string, error) { return "", nil 
 // before the late stamp, so invariant 0 found the killed worker "in every
 // generation after" its kill and failed a job that had closed ranks).
 func TestInjectedWhenSent(t *testing.T) {
-	clock := &manualClock{t: time.Date(2026, 11, 25, 6, 0, 0, 0, time.UTC)}
+	clock := testclock.New(time.Date(2026, 11, 25, 6, 0, 0, 0, time.UTC))
 	hold := &slowHold{clock: clock, effects: make(chan time.Time, 1)}
 	kinds := Kinds{"hold": {Name: "hold", NeedsRank: true, Changes: "ring", New: func(Planned) Fault { return hold }}}
 	f := &FaultRecord{Planned: Planned{Kind: "hold", Step: 2, Rank: 1}, Changes: "ring"}
-	ru := &run{r: &Runner{Now: clock.now}, sc: &Scenario{}, kinds: kinds, faults: []*FaultRecord{f},
+	ru := &run{r: &Runner{Now: clock.Now}, sc: &Scenario{}, kinds: kinds, faults: []*FaultRecord{f},
 		damaged: map[string]bool{}, saved: map[string]uint32{}, pids: map[int64]bool{}, addrs: map[string]bool{}}
 	member := func(rank int, id string) map[string]any {
 		return map[string]any{"rank": float64(rank), "id": id, "pid": float64(100 + rank)}
@@ -66,14 +48,14 @@ func TestInjectedWhenSent(t *testing.T) {
 		ru.schedule(context.Background(), evs, 1)
 	}()
 	send := func(kind string, fields map[string]any) {
-		e := Event{At: clock.now(), Kind: kind, Fields: fields}
+		e := Event{At: clock.Now(), Kind: kind, Fields: fields}
 		all = append(all, e)
 		select {
 		case evs <- e:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("the scheduler did not take the %s event within 10s", kind)
 		}
-		clock.advance(time.Millisecond)
+		clock.Advance(time.Millisecond)
 	}
 	send("job_started", map[string]any{})
 	send("generation", map[string]any{"generation": float64(1), "members": []any{member(0, "w0"), member(1, "w1")}})

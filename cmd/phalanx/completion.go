@@ -60,8 +60,10 @@ func completeTraining(c *cobra.Command, reg *phalanx.Registry) {
 	completeValues(c, "stale", "drop", "decay")
 	completeValues(c, "ps-partition", "range", "hash")
 	completeValues(c, "ps-optimizer", "sgd", "adagrad", "adam")
-	completeValues(c, "log-level", "debug", "info", "warn", "error")
 }
+
+// completeLogLevel completes --log-level.
+func completeLogLevel(c *cobra.Command) { completeValues(c, "log-level", "debug", "info", "warn", "error") }
 
 // completeValues completes flag's value from values (no file names).
 func completeValues(c *cobra.Command, flag string, values ...string) {

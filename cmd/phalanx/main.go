@@ -16,7 +16,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/spf13/pflag"
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -135,7 +135,17 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
 }
 
-// logLevelFlag defines --log-level on fs; newLogger makes its logger.
-func logLevelFlag(fs *pflag.FlagSet) *string {
-	return fs.String("log-level", "warn", "log level (logs go to stderr): debug, info, warn or error")
+// withLoggedRun is withRun for a command that logs: it defines --log-level
+// and hands run its logger (JSON on stderr).
+func withLoggedRun(c *cobra.Command, stderr io.Writer, run func(ctx context.Context, args []string, log *zap.Logger) error) *cobra.Command {
+	level := c.Flags().String("log-level", "warn", "log level (logs go to stderr): debug, info, warn or error")
+	completeLogLevel(c)
+	return withRun(c, func(ctx context.Context, args []string) error {
+		log, err := newLogger(*level, stderr)
+		if err != nil {
+			return err
+		}
+		defer log.Sync()
+		return run(ctx, args, log)
+	})
 }

@@ -227,6 +227,7 @@ func TestCompletion(t *testing.T) {
 		{"worker --js", "--json"},
 		{"train --sync ", "bsp hybrid asp ssp"},
 		{"train --example sp", "sparse-lr"},
+		{"worker --log-level ", "debug info warn error"},
 		{"chaos run kill-r", "kill-random"},
 		{"help tr", "train"},
 	} {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/coordinator"
@@ -32,13 +33,7 @@ func coordinatorCmd(stdout, stderr io.Writer) *cobra.Command {
 	fs.DurationVar(&c.MinWorkersTimeout, "min-workers-timeout", c.MinWorkersTimeout, "stop the job when it stays below --min-workers this long")
 	fs.DurationVar(&c.JoinWindow, "join-window", c.JoinWindow, "how long a newcomer waits so that newcomers arriving together enter one generation")
 	fs.StringVar(&c.JobDir, "job-dir", "", "with the embedded etcd: its data directory's parent (required then)")
-	level := logLevelFlag(fs)
-	return withRun(cmd, func(ctx context.Context, _ []string) error {
-		log, err := newLogger(*level, stderr)
-		if err != nil {
-			return err
-		}
-		defer log.Sync()
+	return withLoggedRun(cmd, stderr, func(ctx context.Context, _ []string, log *zap.Logger) error {
 		c.Job, c.Etcd, c.LeaseTTL, c.EtcdDialTimeout, c.Logger = f.cfg.Job, endpointList(f.etcd), f.cfg.LeaseTTL, f.cfg.EtcdDialTimeout, log
 		c.OnEndpoints = func(e []string) { fmt.Fprintf(stdout, "etcd endpoints: %s\n", strings.Join(e, ",")) }
 		if err := phalanx.RunCoordinator(ctx, c); err != nil {
@@ -61,13 +56,7 @@ func psCmd(stdout, stderr io.Writer) *cobra.Command {
 	f.registerMembership(fs)
 	id := fs.String("id", "", "this server's id (default: host-pid)")
 	fs.StringVar(&f.cfg.Bind, "listen", f.cfg.Bind, "the data plane's address")
-	level := logLevelFlag(fs)
-	return withRun(cmd, func(ctx context.Context, _ []string) error {
-		log, err := newLogger(*level, stderr)
-		if err != nil {
-			return err
-		}
-		defer log.Sync()
+	return withLoggedRun(cmd, stderr, func(ctx context.Context, _ []string, log *zap.Logger) error {
 		f.cfg.Etcd, f.cfg.Logger = endpointList(f.etcd), log
 		return asUsage(phalanx.RunPSServer(ctx, f.cfg, *id, func(addr string) { fmt.Fprintf(stdout, "ps %s serving on %s\n", *id, addr) }))
 	})

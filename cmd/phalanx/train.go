@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
@@ -44,6 +45,7 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to --log-dir (debug: also to stderr, a line each, prefixed\nwith its process)")
 	coordinate := fs.Bool("coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
 	completeTraining(cmd, reg)
+	completeLogLevel(cmd)
 	return withRun(cmd, func(ctx context.Context, _ []string) error {
 		if err := f.apply(); err != nil {
 			return err
@@ -84,14 +86,8 @@ func workerCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	threads := fs.Int("threads", 0, "OS threads running Go code (GOMAXPROCS); 0 = all cores")
 	asJSON := fs.Bool("json", false, "print one JSON report per line on stdout instead of plain lines")
 	every := fs.Int64("log-every", 0, "steps between progress lines (0: twenty lines over the job)")
-	level := logLevelFlag(fs)
 	completeTraining(cmd, reg)
-	return withRun(cmd, func(ctx context.Context, _ []string) error {
-		log, err := newLogger(*level, stderr)
-		if err != nil {
-			return err
-		}
-		defer log.Sync()
+	return withLoggedRun(cmd, stderr, func(ctx context.Context, _ []string, log *zap.Logger) error {
 		if err := f.apply(); err != nil {
 			return err
 		}
@@ -103,7 +99,7 @@ func workerCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 		if *asJSON {
 			f.cfg.Reports = jsonLines(stdout)
 		}
-		_, err = phalanx.RunModel(ctx, f.cfg, reg)
+		_, err := phalanx.RunModel(ctx, f.cfg, reg)
 		return asUsage(err)
 	})
 }
