@@ -63,7 +63,9 @@ func completeTraining(c *cobra.Command, reg *phalanx.Registry) {
 }
 
 // completeLogLevel completes --log-level.
-func completeLogLevel(c *cobra.Command) { completeValues(c, "log-level", "debug", "info", "warn", "error") }
+func completeLogLevel(c *cobra.Command) {
+	completeValues(c, "log-level", "debug", "info", "warn", "error")
+}
 
 // completeValues completes flag's value from values (no file names).
 func completeValues(c *cobra.Command, flag string, values ...string) {
