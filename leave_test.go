@@ -37,8 +37,8 @@ func TestLeaveOutlivesTheRun(t *testing.T) {
 	w := &ringWorker{log: zap.NewNop()}
 	w.cfg.LeaseTTL = 5 * time.Second
 	h := &heldDeparture{called: make(chan struct{}), release: make(chan struct{}), err: make(chan error, 1)}
-	leave, askLeave := context.WithCancelCause(context.Background())
-	run, endRun := context.WithCancel(context.Background())
+	leave, askLeave := context.WithCancelCause(testwait.Context(t, time.Minute))
+	run, endRun := context.WithCancel(testwait.Context(t, time.Minute))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

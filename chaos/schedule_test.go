@@ -45,7 +45,7 @@ func TestInjectedWhenSent(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ru.schedule(context.Background(), evs, 1)
+		ru.schedule(testwait.Context(t, time.Minute), evs, 1)
 	}()
 	send := func(kind string, fields map[string]any) {
 		e := Event{At: clock.Now(), Kind: kind, Fields: fields}
