@@ -83,8 +83,14 @@ type ringJob struct {
 	stop                *Report
 	stepGen             uint64 // the generation of the latest step report
 	lastStep            int64
-	failures            map[int]string  // a worker's last word, by index
 	said                map[string]bool // checkpoints whose skip the terminal was told of
+	// failed is the job's failure: the first worker's own, said in its
+	// last report or by its exit. killAt, when a failure that every rank
+	// meets (a non-finite step) lets the others end on their own, is when
+	// they are killed if they have not.
+	failed error
+	killAt <-chan time.Time
+	cancel context.CancelFunc // ends the job's own context
 }
 
 // newRingJob is the launcher's side of a ring job in environment j, its
@@ -99,6 +105,7 @@ func newRingJob(j *jobEnv, store checkpoint.Store) *ringJob {
 
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
 	lc := r.lc
+	r.cancel = cancel
 	if err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
 		r.log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
 	}, func(ctx context.Context) error { return coordinator.ClearEnd(ctx, r.cli, r.keys) }); err != nil {
@@ -154,7 +161,6 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 	fmt.Fprintf(r.out, "data plane %s, gradients as %s; matrix products on %s\n", lc.Transport, lc.WireDType, nn.BLAS())
 
 	running := lc.Workers
-	var failed error
 	stopAsked := outer.Done()
 	var grace <-chan time.Time
 	for running > 0 {
@@ -179,22 +185,23 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			if err := r.handle(l); err != nil {
 				return nil, err
 			}
-			if reason, ok := r.failures[l.Index]; ok && failed == nil && r.done == nil {
-				// A worker's own failure, told before it exits: it ends the
-				// job now, not once the others have trained on without it.
-				failed = fmt.Errorf("worker %d failed: %s", l.Index, reason)
-				cancel()
-				r.procs.Signal("", syscall.SIGKILL) // the others would wait for a coordinator that is gone
-			}
+		case <-r.killAt:
+			r.killAt = nil
+			r.endFailed()
 		case g := <-gens:
 			r.generation(g)
 		case x := <-r.procs.Exits():
+			// A child's lines all come before its exit: its last word (a
+			// failure's reason) is read before its exit is judged.
+			if err := r.drainLines(); err != nil {
+				return nil, err
+			}
 			running--
 			r.exited(x)
-			if failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != exitStopped {
-				failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, cmp.Or(r.failures[x.Index], x.Err.Error()))
-				cancel()                            // one worker's own failure (not a kill) ends the job
-				r.procs.Signal("", syscall.SIGKILL) // the others would wait for a coordinator that is gone
+			if r.failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != exitStopped {
+				// One worker's own failure (not a kill) ends the job.
+				r.failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, x.Err)
+				r.endFailed()
 			}
 		case err := <-coordDone:
 			coordDone = nil
@@ -202,25 +209,18 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 				return nil, fmt.Errorf("coordinator: %w", err)
 			}
 		case <-ctx.Done():
-			if failed != nil {
+			if r.failed != nil {
 				continue
 			}
 			return nil, ctx.Err()
 		}
 	}
-	for drained := false; !drained; {
-		select {
-		case l := <-r.procs.Lines():
-			if err := r.handle(l); err != nil {
-				return nil, err
-			}
-		default:
-			drained = true
-		}
+	if err := r.drainLines(); err != nil {
+		return nil, err
 	}
 	switch {
-	case failed != nil:
-		return nil, failed
+	case r.failed != nil:
+		return nil, r.failed
 	case r.done == nil && r.stop != nil:
 		// Claimed only once the checkpoint is seen complete in the store.
 		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -509,17 +509,26 @@ func (r *ringJob) handle(l launch.Line) error {
 	case "left":
 		fmt.Fprintf(r.out, "worker %d (pid %d) left the job on request\n", l.Index, rep.Pid)
 	case "failed":
-		if r.failures == nil {
-			r.failures = map[int]string{}
+		r.ev.Emit("worker_failed", events.F("worker", l.Index), events.F("reason", rep.Reason), events.F("non_finite", rep.NonFinite))
+		if r.failed != nil || r.done != nil {
+			return nil
 		}
-		r.failures[l.Index] = rep.Reason
+		// A worker's own failure, told before it exits: it ends the job
+		// now, not once the others have trained on without it.
+		if rep.NonFinite != nil {
+			r.failed = fmt.Errorf("worker %d failed: %w", l.Index, rep.NonFinite)
+			r.killAt = time.After(nonFiniteGrace) // every rank fails this step: each says so and exits
+			return nil
+		}
+		r.failed = fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)
+		r.endFailed()
 	case "stopped":
 		if r.stop == nil {
 			r.stop = &rep
 			r.ev.Emit("stopped", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
 		}
 	case "done":
-		if r.done == nil {
+		if r.done == nil && r.failed == nil { // a failed job is not done: its result and its error agree
 			r.done = &rep
 			r.ev.Emit("done", events.F("step", rep.Step), events.F("accuracy", rep.Accuracy), events.F("loss", rep.Loss),
 				events.F("generation", rep.Generation), events.F("world", rep.World), events.F("parameters_identical", rep.Identical != nil && *rep.Identical),
@@ -527,4 +536,29 @@ func (r *ringJob) handle(l launch.Line) error {
 		}
 	}
 	return nil
+}
+
+// nonFiniteGrace bounds how long a job whose step was not finite waits for
+// its workers, which all fail that step, to say so and exit.
+const nonFiniteGrace = time.Minute
+
+// drainLines takes the report lines already written.
+func (r *ringJob) drainLines() error {
+	for {
+		select {
+		case l := <-r.procs.Lines():
+			if err := r.handle(l); err != nil {
+				return err
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// endFailed ends a failed job: its coordinator, and its workers, which
+// would wait for a coordinator that is gone.
+func (r *ringJob) endFailed() {
+	r.cancel()
+	r.procs.Signal("", syscall.SIGKILL)
 }

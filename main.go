@@ -101,7 +101,9 @@ func exitStatus(err error, log *zap.Logger, reports func(Report)) int {
 		return exitStopped
 	}
 	log.Error("the worker failed", zap.Error(err))
-	reports(Report{Kind: "failed", Reason: err.Error()})
+	rep := Report{Kind: "failed", Reason: err.Error()}
+	errors.As(err, &rep.NonFinite)
+	reports(rep)
 	return 1
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -29,6 +30,9 @@ func TestMain(m *testing.M) {
 type regression struct {
 	features int
 	w        *nn.Param
+	// nanAt, when positive, is the call of Step (one a step) whose loss
+	// and gradient element 1 are NaN, on every rank alike.
+	nanAt, calls int
 }
 
 func (m *regression) Params() []*nn.Param { return []*nn.Param{m.w} }
@@ -52,6 +56,11 @@ func (m *regression) Step(b *worker.Batch, scale float32, _ func(int)) (r worker
 			m.w.Grad[k] += scale * 2 * e * row[k]
 		}
 		m.w.Grad[f] += scale * 2 * e
+	}
+	if scale != 0 {
+		if m.calls++; m.calls == m.nanAt {
+			r.LossSum, m.w.Grad[1] = math.NaN(), float32(math.NaN())
+		}
 	}
 	return r, nil
 }
@@ -93,7 +102,7 @@ func (r *rows) Fill(idx []int, b *worker.Batch) error {
 func registry() *phalanx.Registry {
 	return phalanx.NewRegistry(phalanx.ModelSpec{
 		Name:    "regression",
-		Options: []phalanx.Option{{Name: "features", Default: "4", Usage: "inputs"}},
+		Options: []phalanx.Option{{Name: "features", Default: "4", Usage: "inputs"}, {Name: "nan_at", Default: "0", Usage: "the step whose loss and gradient are NaN (0: none)"}},
 		Check: func(o phalanx.Options) error {
 			f, err := o.Int("features")
 			if err == nil && f < 1 {
@@ -106,7 +115,11 @@ func registry() *phalanx.Registry {
 			if err != nil {
 				return phalanx.Task{}, err
 			}
-			return phalanx.Task{Model: &regression{features: f, w: nn.NewParam("w", f+1)}, Train: newRows(2000, f, seed), Test: newRows(200, f, seed+1)}, nil
+			nanAt, err := o.Int("nan_at")
+			if err != nil {
+				return phalanx.Task{}, err
+			}
+			return phalanx.Task{Model: &regression{features: f, w: nn.NewParam("w", f+1), nanAt: nanAt}, Train: newRows(2000, f, seed), Test: newRows(200, f, seed+1)}, nil
 		},
 	})
 }

@@ -188,6 +188,16 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 	if serr := w.sup.Stop(pid); serr != nil {
 		w.log.Warn("stopping the rank actor", zap.Error(serr))
 	}
+	// Stopped, the actor has ended what it was doing. A step that every
+	// rank fails (not finite) is this rank's end even when a peer that
+	// failed it first broke the ring before this rank could say so.
+	select {
+	case own := <-finished:
+		if worker.IsNonFinite(own) {
+			err = own
+		}
+	default:
+	}
 	return err
 }
 

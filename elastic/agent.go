@@ -482,6 +482,9 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 	switch {
 	case err == nil:
 		return true, nil
+	case isDeterministic(err):
+		// Met by every rank at the same step: the job's end, even when a
+		// peer that met it first has already left the ring.
 	case rctx.Err() != nil && ctx.Err() == nil:
 		log.Info("round ended by a membership change", zap.NamedError("cause", context.Cause(rctx)), zap.Error(err))
 		return false, nil
@@ -494,6 +497,15 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 	}
 	grp.Abort(err.Error())
 	return false, err
+}
+
+// deterministic is a body's error that every rank meets at the same step
+// (a NaN in the reduced gradients): a new generation would meet it again.
+type deterministic interface{ Deterministic() bool }
+
+func isDeterministic(err error) bool {
+	var d deterministic
+	return errors.As(err, &d) && d.Deterministic()
 }
 
 // isRingFailure: err comes from the collective group breaking, which a new

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"fmt"
-	"math"
 	"runtime/debug"
 	"time"
 
@@ -159,10 +158,7 @@ func (t *Trainer) ApplyStep(ctx context.Context) (_ StepStats, err error) {
 	}
 	copy(t.stats, st)
 	p.size = int(count)
-	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
-		return StepStats{}, &NonFiniteError{Step: r.step}
-	}
-	if err := checkFinite(t.params, r.step); err != nil {
+	if err := t.checkReduced(ctx, r.step); err != nil {
 		return StepStats{}, err
 	}
 	p.clipped = false

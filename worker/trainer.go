@@ -142,11 +142,16 @@ const (
 	statsLen   = statsVotes + len(checkpoint.Votes{})
 )
 
-// NonFiniteError is a NaN or infinite gradient or loss.
+// NonFiniteError is a NaN or infinite reduced gradient or loss. Every rank
+// holds the same reduced values, so every rank of the ring fails the same
+// step with it: a new generation would meet it again.
 type NonFiniteError struct {
-	Step  int64 // the step that produced it, counted from 1
-	Param string
-	Index int
+	Step int64 `json:"step"` // the step that produced it, counted from 1
+	// Param is the first parameter (in the model's order) whose gradient
+	// holds a NaN or an infinity, and Index that element; "" when every
+	// gradient is finite and the loss alone is not.
+	Param string `json:"param,omitempty"`
+	Index int    `json:"index,omitempty"`
 }
 
 func (e *NonFiniteError) Error() string {
@@ -154,6 +159,32 @@ func (e *NonFiniteError) Error() string {
 		return fmt.Sprintf("worker: step %d: the loss is not finite", e.Step)
 	}
 	return fmt.Sprintf("worker: step %d: gradient of parameter %s is not finite (element %d)", e.Step, e.Param, e.Index)
+}
+
+// Deterministic says that every rank meets this error at the same step, so
+// that the elastic agent ends the job rather than retrying in a new ring.
+func (e *NonFiniteError) Deterministic() bool { return true }
+
+// checkReduced fails step when its reduced gradients or loss are not
+// finite: the gradients first, so that the error names the parameter even
+// when the loss is NaN too. Every rank finds the same fault, and a barrier
+// (bounded by the group's operation timeout) holds each one until all have:
+// the first to find it would otherwise tear the ring down (its abort, its
+// exit) while a peer still waited for the reduction's last bytes, and that
+// peer would see a broken ring, not the fault, and train on in a new
+// generation.
+func (t *Trainer) checkReduced(ctx context.Context, step int64) error {
+	err := checkFinite(t.params, step)
+	if v := float64(t.stats[0]); err == nil && (math.IsNaN(v) || math.IsInf(v, 0)) {
+		err = &NonFiniteError{Step: step}
+	}
+	if err == nil {
+		return nil
+	}
+	if berr := t.g.Barrier(ctx); berr != nil {
+		t.log.Warn("the ranks could not agree on a non-finite step; failing it anyway", zap.Int64("step", step), zap.Error(berr))
+	}
+	return err
 }
 
 // PanicError is a panic in model or optimizer code, recovered.
@@ -643,10 +674,7 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 		}
 	}
 	st.Comm = time.Since(p.start) - p.compute
-	if v := float64(t.stats[0]); math.IsNaN(v) || math.IsInf(v, 0) {
-		return st, &NonFiniteError{Step: p.step}
-	}
-	if err := checkFinite(t.params, p.step); err != nil {
+	if err := t.checkReduced(ctx, p.step); err != nil {
 		return st, err
 	}
 	return t.update(ctx, st)
