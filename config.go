@@ -2,6 +2,7 @@ package phalanx
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -182,6 +183,7 @@ func DefaultConfig() Config {
 		CommitEvery:  1,
 		BucketBytes:  1 << 20,
 		Seed:         1,
+		ModelOptions: map[string]string{},
 		OpTimeout:    30 * time.Second,
 		Transport:    "auto",
 		WireDType:    "float32",
@@ -205,14 +207,22 @@ func DefaultConfig() Config {
 // ConfigError names a configuration field and its bad value.
 type ConfigError struct {
 	Field  string // as in Config, dotted: "Sync.Quorum"
-	Value  any
+	Value  any    // the field's value, as set ("" for an empty string)
 	Reason string
 	Err    error // the cause, when there is one
 }
 
 // Error names the field, its value and the problem.
 func (e *ConfigError) Error() string {
-	return fmt.Sprintf("phalanx: %s %v: %s", e.Field, e.Value, e.Reason)
+	return fmt.Sprintf("phalanx: %s %s: %s", e.Field, e.ValueText(), e.Reason)
+}
+
+// ValueText is the value as messages show it: an empty string as "".
+func (e *ConfigError) ValueText() string {
+	if s, ok := e.Value.(string); ok && s == "" {
+		return `""`
+	}
+	return fmt.Sprint(e.Value)
 }
 
 // Unwrap is the cause.
@@ -285,7 +295,7 @@ func (c *Config) validateCommon() error {
 	case c.Job != "" && strings.ContainsAny(c.Job, "/\x00"):
 		return bad("Job", c.Job, "want a name without '/'")
 	case c.Model == "":
-		return bad("Model", `""`, "name the model")
+		return bad("Model", "", "name the model")
 	case c.Steps < 1:
 		return bad("Steps", c.Steps, "want at least 1")
 	case c.LeaseTTL < time.Second:
@@ -306,7 +316,7 @@ func (c *Config) validateCommon() error {
 func (k CheckpointConfig) validate() error {
 	switch {
 	case k.Location == "" && (k.EverySteps != 0 || k.Every != 0 || k.Resume):
-		return bad("Checkpoint.Location", `""`, "Checkpoint.EverySteps, Checkpoint.Every and Checkpoint.Resume need a location")
+		return bad("Checkpoint.Location", "", "Checkpoint.EverySteps, Checkpoint.Every and Checkpoint.Resume need a location")
 	case k.EverySteps < 0:
 		return bad("Checkpoint.EverySteps", k.EverySteps, "must not be negative")
 	case k.Every < 0:
@@ -319,8 +329,14 @@ func (k CheckpointConfig) validate() error {
 		return bad("Checkpoint.Wait", k.Wait, "must be positive")
 	}
 	if k.Location != "" {
-		if _, err := checkpoint.ParseLocation(k.Location); err != nil {
+		l, err := checkpoint.ParseLocation(k.Location)
+		if err != nil {
 			return bad("Checkpoint.Location", k.Location, "%v", err)
+		}
+		if l.Dir != "" {
+			if fi, err := os.Stat(l.Dir); err == nil && !fi.IsDir() {
+				return bad("Checkpoint.Location", k.Location, "is a file, not a directory")
+			}
 		}
 	}
 	return nil

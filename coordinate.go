@@ -1,6 +1,7 @@
 package phalanx
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -14,7 +15,9 @@ import (
 
 // CoordinatorConfig configures a standalone coordinator of a job (Launch
 // runs one of its own): it campaigns in an etcd election and, while it
-// leads, decides the job's generations. Run several for standbys.
+// leads, decides the job's generations. Run several for standbys. Job,
+// MinWorkers and MaxWorkers are required, and Etcd or JobDir; every other
+// field has a default, named with it, that its zero value takes.
 type CoordinatorConfig struct {
 	Job string
 	// Etcd lists the job's etcd endpoints; none: an embedded etcd server
@@ -22,12 +25,23 @@ type CoordinatorConfig struct {
 	Etcd   []string
 	JobDir string
 	// ID names this coordinator in the election (default host-pid).
-	ID                            string
-	MinWorkers, MaxWorkers        int
+	ID string
+	// MinWorkers..MaxWorkers is what a ring may hold (1 <= MinWorkers <=
+	// MaxWorkers).
+	MinWorkers, MaxWorkers int
+	// Workers is how many workers the operator starts (0: not said). The
+	// first ring waits until that many are live, or MinWorkersTimeout has
+	// passed since the first registered, then takes whoever is live; 0
+	// forms it with the first to register, and the rest join a generation
+	// later.
+	Workers int
+	// MinWorkersTimeout: a job below MinWorkers this long is stopped
+	// (default 60s). JoinWindow: how long a newcomer waits, so that
+	// newcomers arriving together enter one generation (default 1s).
 	MinWorkersTimeout, JoinWindow time.Duration
-	LeaseTTL                      time.Duration // the leadership lease: a standby takes over within it
+	LeaseTTL                      time.Duration // the leadership lease: a standby takes over within it (default 5s)
 	EtcdDialTimeout               time.Duration // how long to wait for etcd's first answer (default 30s)
-	Logger                        *zap.Logger
+	Logger                        *zap.Logger   // default: none
 	// OnEndpoints, when set, is told the etcd endpoints once they serve.
 	OnEndpoints func([]string)
 }
@@ -36,11 +50,15 @@ type CoordinatorConfig struct {
 func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	switch {
 	case cfg.Job == "":
-		return bad("Job", `""`, "name the job")
+		return bad("Job", "", "name the job")
 	case cfg.MinWorkers < 1 || cfg.MaxWorkers < cfg.MinWorkers:
-		return bad("MinWorkers", fmt.Sprintf("%d (MaxWorkers %d)", cfg.MinWorkers, cfg.MaxWorkers), "want 1 <= min <= max")
+		return bad("MinWorkers", cfg.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", cfg.MaxWorkers)
+	case cfg.Workers != 0 && (cfg.Workers < cfg.MinWorkers || cfg.Workers > cfg.MaxWorkers):
+		return bad("Workers", cfg.Workers, "want 0 (not said) or MinWorkers..MaxWorkers (%d..%d)", cfg.MinWorkers, cfg.MaxWorkers)
+	case cfg.MinWorkersTimeout < 0:
+		return bad("MinWorkersTimeout", cfg.MinWorkersTimeout, "must not be negative (0: 60s)")
 	case len(cfg.Etcd) == 0 && cfg.JobDir == "":
-		return bad("Etcd", "[]", "give the endpoints, or a JobDir for an embedded etcd")
+		return bad("Etcd", cfg.Etcd, "give the endpoints, or a JobDir for an embedded etcd")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -72,7 +90,8 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 		cfg.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	c, err := coordinator.New(cli, keys, coordinator.Config{ID: cfg.ID, Rendezvous: coordinator.Rendezvous{MinWorkers: cfg.MinWorkers, MaxWorkers: cfg.MaxWorkers},
-		JoinWindow: cfg.JoinWindow, MinWorkersTimeout: cfg.MinWorkersTimeout, SessionTTL: cfg.LeaseTTL, Logger: log})
+		JoinWindow: cfg.JoinWindow, MinWorkersTimeout: cfg.MinWorkersTimeout, SessionTTL: cfg.LeaseTTL, Logger: log,
+		FirstRing: cfg.Workers, FirstRingWait: cmp.Or(cfg.MinWorkersTimeout, time.Minute)})
 	if err != nil {
 		return err
 	}

@@ -52,8 +52,18 @@ func (c *Config) checkpointHashes(params []*nn.Param, slots []nn.Tensor) (config
 		Nesterov bool
 		Seed     uint64
 		Layout   []string
-	}{c.Model, c.ModelOptions, c.Optimizer.Kind, c.Optimizer.Nesterov, c.Seed, layout})
+	}{c.Model, options(c.ModelOptions), c.Optimizer.Kind, c.Optimizer.Nesterov, c.Seed, layout})
 	return config, state
+}
+
+// options are model options as the checkpoint hash sees them: none, given
+// as nil or as an empty map, hash alike (as nil did before DefaultConfig's
+// map was made empty, not nil).
+func options(o map[string]string) map[string]string {
+	if len(o) == 0 {
+		return nil
+	}
+	return o
 }
 
 // wire is the wire dtype as the checkpoint hash sees it: float32 (the

@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -205,18 +207,30 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// TestLaunchRefusesBadInput: a bad launch is refused before anything
+// starts, with a ConfigError naming the field, its value as set (the
+// value, not a description of it) and, in its text, both.
 func TestLaunchRefusesBadInput(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "checkpoints")
+	if err := os.WriteFile(file, []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name  string
 		edit  func(*phalanx.LaunchConfig)
 		field string
+		value any    // nil: not checked
+		text  string // in the error's text
 	}{
-		{"unknown model", func(lc *phalanx.LaunchConfig) { lc.Model = "gpt" }, "Model"},
-		{"unknown option", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"depth": "3"} }, "ModelOptions"},
-		{"option its check refuses", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"features": "0"} }, "ModelOptions"},
-		{"no workers", func(lc *phalanx.LaunchConfig) { lc.Workers = 0 }, "Workers"},
-		{"min above max", func(lc *phalanx.LaunchConfig) { lc.MinWorkers, lc.MaxWorkers = 3, 2 }, "MinWorkers"},
-		{"log level", func(lc *phalanx.LaunchConfig) { lc.LogLevel = "loud" }, "LogLevel"},
+		{"unknown model", func(lc *phalanx.LaunchConfig) { lc.Model = "gpt" }, "Model", nil, "gpt"},
+		{"unknown option", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"depth": "3"} }, "ModelOptions", nil, "depth"},
+		{"option its check refuses", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"features": "0"} },
+			"ModelOptions", phalanx.Options{"features": "0", "nan_at": "0"}, "model regression: option features 0: want at least 1"},
+		{"no workers", func(lc *phalanx.LaunchConfig) { lc.Workers = 0 }, "Workers", 0, "Workers 0"},
+		{"min above max", func(lc *phalanx.LaunchConfig) { lc.MinWorkers, lc.MaxWorkers = 3, 2 }, "MinWorkers", 3, "MinWorkers 3"},
+		{"log level", func(lc *phalanx.LaunchConfig) { lc.LogLevel = "loud" }, "LogLevel", "loud", "LogLevel loud"},
+		{"checkpoint location is a file", func(lc *phalanx.LaunchConfig) { lc.Checkpoint.Location = file }, "Checkpoint.Location", file, "is a file, not a directory"},
+		{"period without a location", func(lc *phalanx.LaunchConfig) { lc.Checkpoint.EverySteps = 5 }, "Checkpoint.Location", "", `Checkpoint.Location "": `},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -224,10 +238,25 @@ func TestLaunchRefusesBadInput(t *testing.T) {
 			tc.edit(&lc)
 			_, err := phalanx.Launch(launchContext(t), lc)
 			var ce *phalanx.ConfigError
-			if !errors.As(err, &ce) || ce.Field != tc.field {
+			switch {
+			case !errors.As(err, &ce) || ce.Field != tc.field:
 				t.Fatalf("got %v, want a ConfigError naming %s", err, tc.field)
+			case tc.value != nil && !reflect.DeepEqual(ce.Value, tc.value):
+				t.Fatalf("the error's value is %#v, want %#v", ce.Value, tc.value)
+			case !strings.Contains(err.Error(), tc.text):
+				t.Fatalf("%q does not say %q", err, tc.text)
 			}
 		})
+	}
+}
+
+// TestDefaultModelOptions: the defaults' model options are a map that a
+// hook may write to (the README's chaos example does).
+func TestDefaultModelOptions(t *testing.T) {
+	lc := phalanx.DefaultLaunchConfig()
+	lc.ModelOptions["data"] = "/data/train" // panicked on a nil map
+	if c := phalanx.DefaultConfig(); len(c.ModelOptions) != 0 {
+		t.Fatalf("DefaultConfig shares its ModelOptions: %v after a write to another's", c.ModelOptions)
 	}
 }
 

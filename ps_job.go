@@ -427,9 +427,9 @@ func runPSWorkerProcess(ctx context.Context, cfg Config, reg *Registry, index in
 func psProcess(ctx context.Context, cfg *Config) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
 	switch {
 	case cfg.Job == "":
-		return nil, nil, keys, nil, bad("Job", `""`, "a parameter-server process joins a named job")
+		return nil, nil, keys, nil, bad("Job", "", "a parameter-server process joins a named job")
 	case len(cfg.Etcd) == 0:
-		return nil, nil, keys, nil, bad("Etcd", "[]", "a parameter-server process needs the job's etcd endpoints")
+		return nil, nil, keys, nil, bad("Etcd", cfg.Etcd, "a parameter-server process needs the job's etcd endpoints")
 	}
 	if keys, err = coordinator.KeysFor(cfg.Job); err != nil {
 		return nil, nil, keys, nil, bad("Job", cfg.Job, "%v", err)

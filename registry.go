@@ -185,7 +185,7 @@ func (r *Registry) check(cfg *Config) (ModelSpec, Options, error) {
 	}
 	if spec.Check != nil {
 		if err := spec.Check(o); err != nil {
-			return spec, nil, &ConfigError{Field: "ModelOptions", Value: spec.Name, Reason: err.Error(), Err: err}
+			return spec, nil, &ConfigError{Field: "ModelOptions", Value: o, Reason: fmt.Sprintf("model %s: %v", spec.Name, err), Err: err}
 		}
 	}
 	return spec, o, nil

@@ -21,8 +21,11 @@ import (
 type EtcdMember struct {
 	Name string `json:"name"`
 	Dir  string `json:"dir"`
-	// ClientPort and PeerPort are fixed: the cluster's members name each
-	// other's peer ports in InitialCluster (name=http://host:port,...).
+	// ClientPort and PeerPort are the member's loopback ports. Give them
+	// for a cluster of several members, which name each other's peer ports
+	// in InitialCluster (name=http://host:port,...); 0 picks a free port,
+	// which suits a single member (its client endpoint follows
+	// EtcdMemberServing on the process's stdout).
 	ClientPort     int    `json:"client_port"`
 	PeerPort       int    `json:"peer_port"`
 	InitialCluster string `json:"initial_cluster"`
@@ -37,6 +40,7 @@ type CoordinatorProcess struct {
 	ID                string        `json:"id"`
 	MinWorkers        int           `json:"min_workers"`
 	MaxWorkers        int           `json:"max_workers"`
+	Workers           int           `json:"workers,omitempty"`
 	MinWorkersTimeout time.Duration `json:"min_workers_timeout"`
 	JoinWindow        time.Duration `json:"join_window"`
 	LeaseTTL          time.Duration `json:"lease_ttl"`
@@ -103,7 +107,7 @@ func runServiceProcess(ctx context.Context, raw string, log *zap.Logger, stdout 
 		return nil
 	case s.Role == "coordinator" && s.Coordinator != nil:
 		c := s.Coordinator
-		return RunCoordinator(ctx, CoordinatorConfig{Job: c.Job, Etcd: c.Etcd, ID: c.ID, MinWorkers: c.MinWorkers, MaxWorkers: c.MaxWorkers,
+		return RunCoordinator(ctx, CoordinatorConfig{Job: c.Job, Etcd: c.Etcd, ID: c.ID, MinWorkers: c.MinWorkers, MaxWorkers: c.MaxWorkers, Workers: c.Workers,
 			MinWorkersTimeout: c.MinWorkersTimeout, JoinWindow: c.JoinWindow, LeaseTTL: c.LeaseTTL, Logger: log})
 	}
 	return fmt.Errorf("phalanx: a %s process without its spec", s.Role)

@@ -90,9 +90,9 @@ func RunWorker(ctx context.Context, cfg Config, task Task) (*Result, error) {
 	}
 	switch {
 	case cfg.Job == "":
-		return nil, bad("Job", `""`, "a worker joins a named job")
+		return nil, bad("Job", "", "a worker joins a named job")
 	case len(cfg.Etcd) == 0:
-		return nil, bad("Etcd", "[]", "a worker joins a job through its etcd: give the endpoints")
+		return nil, bad("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
 	case task.Model == nil || task.Train == nil:
 		return nil, errors.New("phalanx: the task needs a Model and Train data")
 	case cfg.Rescale == "lr" && cfg.ReferenceWorld < 1:

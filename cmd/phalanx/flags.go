@@ -192,7 +192,7 @@ func asUsage(err error) error {
 	if !ok {
 		name = ce.Field
 	}
-	return usagef("%s %v: %s", name, ce.Value, flagNames(ce.Reason))
+	return usagef("%s %s: %s", name, ce.ValueText(), flagNames(ce.Reason))
 }
 
 // fieldRef is a configuration field's name in a sentence: a capitalised

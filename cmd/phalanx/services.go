@@ -30,6 +30,7 @@ func coordinatorCmd(stdout, stderr io.Writer) *cobra.Command {
 	fs.StringVar(&c.ID, "id", "", "this coordinator's name in the election (default: host-pid)")
 	fs.IntVar(&c.MinWorkers, "min-workers", c.MinWorkers, "fewest workers the job trains with")
 	fs.IntVar(&c.MaxWorkers, "max-workers", c.MaxWorkers, "most workers admitted to a ring")
+	fs.IntVar(&c.Workers, "workers", 0, "how many workers you start: the first ring waits for them all (up to --min-workers-timeout); 0: it forms with the first to register")
 	fs.DurationVar(&c.MinWorkersTimeout, "min-workers-timeout", c.MinWorkersTimeout, "stop the job when it stays below --min-workers this long")
 	fs.DurationVar(&c.JoinWindow, "join-window", c.JoinWindow, "how long a newcomer waits so that newcomers arriving together enter one generation")
 	fs.StringVar(&c.JobDir, "job-dir", "", "with the embedded etcd: its data directory's parent (required then)")

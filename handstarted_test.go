@@ -1,0 +1,67 @@
+package phalanx_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
+)
+
+// TestHandStartedFirstRing runs a job as an operator would, by hand: a
+// standalone coordinator told how many workers to expect, and three
+// workers started one after another, each only once the one before has
+// registered. The first ring holds all three: without the count, it formed
+// with the first to register and the others joined a generation later.
+func TestHandStartedFirstRing(t *testing.T) {
+	ctx := testwait.Context(t, 3*time.Minute)
+	const job, workers = "hand-started", 3
+	endpoints := make(chan []string, 1)
+	coordDone := make(chan error, 1)
+	go func() {
+		coordDone <- phalanx.RunCoordinator(ctx, phalanx.CoordinatorConfig{Job: job, JobDir: t.TempDir(), MinWorkers: 1, MaxWorkers: workers,
+			Workers: workers, JoinWindow: time.Millisecond, OnEndpoints: func(e []string) { endpoints <- e }})
+	}()
+	etcd := testwait.Recv(t, endpoints, time.Minute, "the coordinator's embedded etcd to serve")
+
+	var mu sync.Mutex
+	var rings []string // generation/world of each ring's rank 0, as it starts
+	results := make(chan error, workers)
+	for i := range workers {
+		registered := make(chan struct{})
+		var once sync.Once
+		cfg := phalanx.DefaultConfig()
+		cfg.Model, cfg.Job, cfg.Etcd, cfg.Index = "regression", job, etcd, i
+		cfg.Steps, cfg.Batch, cfg.Schedule.Base = 20, 64, 0.1
+		cfg.Reports = func(r phalanx.Report) {
+			switch r.Kind {
+			case "registered":
+				once.Do(func() { close(registered) })
+			case "restored":
+				mu.Lock()
+				rings = append(rings, fmt.Sprintf("generation %d of %d workers", r.Generation, r.World))
+				mu.Unlock()
+			}
+		}
+		go func() {
+			_, err := phalanx.RunModel(ctx, cfg, registry())
+			results <- err
+		}()
+		testwait.Recv(t, registered, time.Minute, fmt.Sprintf("worker %d to register", i))
+	}
+	for range workers {
+		if err := testwait.Recv(t, results, 2*time.Minute, "every worker to finish the job"); err != nil {
+			t.Fatalf("a worker: %v", err)
+		}
+	}
+	if err := testwait.Recv(t, coordDone, time.Minute, "the coordinator to see the job done"); err != nil {
+		t.Fatalf("the coordinator: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(rings) != 1 || rings[0] != fmt.Sprintf("generation 1 of %d workers", workers) {
+		t.Fatalf("rings %q; want one, the first, of all %d workers", rings, workers)
+	}
+}
