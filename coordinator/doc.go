@@ -3,6 +3,8 @@
 // decides generations (who trains, in which ring order, from which step) and
 // writes each in a transaction fenced by its leadership and the previous
 // record's revision, so a deposed coordinator cannot write. It also runs an
-// embedded single-member etcd server for single-host jobs. The decision itself
-// (Decide) is a pure function; the rest is I/O around it.
+// embedded single-member etcd server for single-host jobs. The decisions are
+// pure: Decide, from members to the next ring, and decideRound, which adds
+// its clocks (join window, first ring, minimum) with the time an input and
+// the next wake-up an output; the rest is I/O around them.
 package coordinator
