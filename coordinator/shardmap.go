@@ -270,9 +270,8 @@ func writeShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f fence
 // waitChange returns when a key under prefix changes after rev, after wake
 // (when not negative), or with an error when the session or ctx ends.
 func waitChange(ctx context.Context, cli *clientv3.Client, sess *concurrency.Session, prefix string, rev int64, wake time.Duration) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wch := cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	wch, stop := watchAfterRead(ctx, cli, rev, prefix, clientv3.WithPrefix())
+	defer stop()
 	var timer <-chan time.Time
 	if wake >= 0 {
 		t := time.NewTimer(wake)
@@ -326,7 +325,8 @@ func WatchShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f func(
 	if m != nil && !f(m) {
 		return nil
 	}
-	wch := cli.Watch(ctx, keys.ShardMap(), clientv3.WithRev(rev+1))
+	wch, stop := watchAfterRead(ctx, cli, rev, keys.ShardMap())
+	defer stop()
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("coordinator: watching the shard map: %w", err)

@@ -132,9 +132,9 @@ func putProto(ctx context.Context, cli *clientv3.Client, key string, m proto.Mes
 // awaitPut waits for a write to key after revision rev, or for the watch
 // to fail (a compaction, say): either way the caller reads the key again.
 func awaitPut(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for wr := range cli.Watch(wctx, key, clientv3.WithRev(rev+1)) {
+	wch, stop := watchAfterRead(ctx, cli, rev, key)
+	defer stop()
+	for wr := range wch {
 		if wr.Err() != nil {
 			return nil
 		}
