@@ -4,7 +4,7 @@
 // writes each in a transaction fenced by its leadership and the previous
 // record's revision, so a deposed coordinator cannot write. It also runs an
 // embedded single-member etcd server for single-host jobs. The decisions are
-// pure: Decide, from members to the next ring, and decideRound, which adds
-// its clocks (join window, first ring, minimum) with the time an input and
-// the next wake-up an output; the rest is I/O around them.
+// pure: Decide, from members to the next ring, and the clocks around it (the
+// join window, the first ring's wait, the minimum-workers timeout), which take
+// the time as an input and give the next wake-up; the rest is I/O around them.
 package coordinator
