@@ -408,10 +408,11 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 			c.log.Warn(what+": etcd unavailable; retrying", zap.Error(err))
 		}, op))
 	}
-	firstSeen := map[string]time.Time{}
+	ru := rules{rendezvous: c.cfg.Rendezvous, joinWindow: c.cfg.JoinWindow, minWorkersTimeout: c.cfg.MinWorkersTimeout,
+		firstRing: c.cfg.FirstRing, firstRingWait: c.cfg.FirstRingWait}
+	var clk clocks
 	wasExcluded := map[string]bool{} // stragglers left out by this coordinator, to name their readmission
 	detected := map[string]string{}
-	var shortSince time.Time
 	broken := false
 	for {
 		var s *snapshot
@@ -434,102 +435,39 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 			continue // decide on what remains
 		}
 		now := c.cfg.Now()
-		members := map[string]bool{}
-		if s.cur != nil {
-			for _, m := range s.cur.Members {
-				members[m.Id] = true
-			}
-		}
-		var wake time.Duration = -1
-		admit := false
-		seen := map[string]bool{}
-		for _, r := range s.live {
-			if members[r.Id] || s.excluded[r.Id] != nil {
-				continue // an excluded straggler waits, without a join window, until readmitted
-			}
-			seen[r.Id] = true
-			if _, ok := firstSeen[r.Id]; !ok {
-				firstSeen[r.Id] = now
-			}
-			left := c.cfg.JoinWindow - now.Sub(firstSeen[r.Id])
-			if left <= 0 {
-				admit = true
-			} else if wake < 0 || left < wake {
-				wake = left
-			}
-		}
-		for id := range firstSeen {
-			if !seen[id] {
-				delete(firstSeen, id)
-			}
-		}
-		if s.cur == nil && admit {
-			if hold, left := firstRingHolds(c.cfg.FirstRing, c.cfg.FirstRingWait, len(seen), firstSeen, now); hold {
-				admit = false
-				if wake < 0 || left < wake {
-					wake = left
-				}
-			}
-		}
-		var start int64
-		if s.cur != nil {
-			start = s.cur.StartStep
-		}
-		cur := s.cur
-		if cur != nil && cur.Stopped {
-			cur = nil // a stopped job starts over with a rendezvous
-		}
-		d := Decide(Input{Current: cur, Live: s.live, Rendezvous: c.cfg.Rendezvous, Step: start, Admit: admit,
-			Broken: broken, DetectedBy: detected, Left: s.left, Excluded: s.excluded, WasExcluded: wasExcluded})
-		if s.cur != nil && d.Change {
-			d.Next.Number = s.cur.Number + 1
-		}
+		v := decideRound(ru, round{now: now, current: s.cur, live: s.live, excluded: s.excluded, left: s.left,
+			broken: broken, detectedBy: detected, wasExcluded: wasExcluded, clocks: clk})
+		clk = v.clocks
+		write := func(ctx context.Context) error { return c.write(ctx, f, s.genRev, v.next) }
 		switch {
-		case d.Change:
-			for _, x := range d.Next.Excluded {
-				wasExcluded[x.Id] = true
-			}
-			for _, id := range d.Next.Readmitted {
-				delete(wasExcluded, id)
-			}
-			shortSince = time.Time{}
-			broken = false
-			clear(detected)
-			if err := retry("writing the generation", func(ctx context.Context) error {
-				return c.write(ctx, f, s.genRev, d.Next)
-			}); err != nil {
+		case v.stop:
+			if err := retry("writing the stop", write); err != nil {
 				return err
 			}
-			c.log.Info("new generation", zap.Uint64("generation", d.Next.Number), zap.Int("world", len(d.Next.Members)), zap.String("reason", d.Reason))
+			c.log.Error("job stopped", zap.String("reason", v.reason))
+		case v.next != nil:
+			for _, x := range v.next.Excluded {
+				wasExcluded[x.Id] = true
+			}
+			for _, id := range v.next.Readmitted {
+				delete(wasExcluded, id)
+			}
+			broken = false
+			clear(detected)
+			if err := retry("writing the generation", write); err != nil {
+				return err
+			}
+			c.log.Info("new generation", zap.Uint64("generation", v.next.Number), zap.Int("world", len(v.next.Members)), zap.String("reason", v.reason))
+		}
+		if v.next != nil {
 			if c.cfg.OnDecision != nil {
-				c.cfg.OnDecision(d.Next)
+				c.cfg.OnDecision(v.next)
 			}
-			continue
-		case d.Short && cur != nil && len(cur.Members) > 0:
-			if shortSince.IsZero() {
-				shortSince = now
-			}
-			left := c.cfg.MinWorkersTimeout - now.Sub(shortSince)
-			if left <= 0 {
-				stop := &phalanxpb.Generation{Number: s.cur.Number + 1, StartStep: start, Stopped: true,
-					Reason: fmt.Sprintf("stopped: %s for longer than %s", d.Reason, c.cfg.MinWorkersTimeout)}
-				if err := retry("writing the stop", func(ctx context.Context) error {
-					return c.write(ctx, f, s.genRev, stop)
-				}); err != nil {
-					return err
-				}
-				c.log.Error("job stopped", zap.String("reason", stop.Reason))
-				if c.cfg.OnDecision != nil {
-					c.cfg.OnDecision(stop)
-				}
-				shortSince = time.Time{}
-				continue
-			}
-			if wake < 0 || left < wake {
-				wake = left
-			}
-		default:
-			shortSince = time.Time{}
+			continue // read the job as written
+		}
+		wake := time.Duration(-1)
+		if !v.wake.IsZero() {
+			wake = v.wake.Sub(now)
 		}
 		if err := c.wait(ctx, sess, s.rev, wake); err != nil {
 			return err
@@ -583,22 +521,4 @@ func ReportLoss(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalanx
 		return fmt.Errorf("coordinator: reporting the loss of %s: %w", r.LostId, err)
 	}
 	return nil
-}
-
-// firstRingHolds says whether the first generation still waits for the
-// workers the launcher started: fewer than want are live and wait has not
-// passed since the earliest registration; left is how long it may still
-// wait.
-func firstRingHolds(want int, wait time.Duration, live int, firstSeen map[string]time.Time, now time.Time) (bool, time.Duration) {
-	if want <= 0 || live >= want || len(firstSeen) == 0 {
-		return false, 0
-	}
-	var earliest time.Time
-	for _, t := range firstSeen {
-		if earliest.IsZero() || t.Before(earliest) {
-			earliest = t
-		}
-	}
-	left := wait - now.Sub(earliest)
-	return left > 0, left
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -195,4 +196,156 @@ func hint(r *phalanxpb.Registration) int32 {
 
 func memberOf(r *phalanxpb.Registration) *phalanxpb.Member {
 	return &phalanxpb.Member{Id: r.Id, DataAddr: r.DataAddr, ControlAddr: r.ControlAddr, Pid: r.Pid, HostIdentity: r.HostIdentity}
+}
+
+// rules are what a coordinator's rounds decide by: Config's fields of the
+// same names, defaults applied.
+type rules struct {
+	rendezvous        Rendezvous
+	joinWindow        time.Duration
+	minWorkersTimeout time.Duration
+	firstRing         int
+	firstRingWait     time.Duration
+}
+
+// clocks are the times a coordinator's decisions wait on, carried from one
+// round to the next.
+type clocks struct {
+	// firstSeen: when each waiting newcomer was first seen live, by id.
+	firstSeen map[string]time.Time
+	// shortSince: since when the ring has been below MinWorkers; zero when
+	// it is not.
+	shortSince time.Time
+}
+
+// round is what one decision of a coordinator is made from: the job as
+// read, what the coordinator remembers and the time.
+type round struct {
+	now time.Time
+	// current is the generation record as read, stopped or not; nil before
+	// the first.
+	current     *phalanxpb.Generation
+	live        []*phalanxpb.Registration
+	excluded    map[string]*phalanxpb.Exclusion
+	left        map[string]string
+	broken      bool
+	detectedBy  map[string]string
+	wasExcluded map[string]bool
+	clocks      clocks
+}
+
+// verdict is what a round concludes.
+type verdict struct {
+	// next is the generation to write; nil: none.
+	next *phalanxpb.Generation
+	// stop: next is the empty generation that stops a job that stayed
+	// below MinWorkers for MinWorkersTimeout.
+	stop   bool
+	reason string
+	// wake is when to decide again if nothing changes (a join window or a
+	// wait ends); zero: only on a change. Zero when next is set: the
+	// caller reads again at once.
+	wake time.Time
+	// clocks are the round's, to carry into the next one.
+	clocks clocks
+}
+
+// decideRound is Decide with its clocks: it admits newcomers once the join
+// window of one of them has passed, holds the first generation for the
+// workers the launcher started (FirstRing, up to FirstRingWait from the
+// earliest registration), and stops a job whose ring stayed below
+// MinWorkers for MinWorkersTimeout. Like Decide it has no I/O and reads no
+// clock: the time is in, the next wake-up out.
+func decideRound(ru rules, in round) verdict {
+	now := in.now
+	members := map[string]bool{}
+	if in.current != nil {
+		for _, m := range in.current.Members {
+			members[m.Id] = true
+		}
+	}
+	var wake time.Duration = -1
+	soonest := func(left time.Duration) {
+		if wake < 0 || left < wake {
+			wake = left
+		}
+	}
+	admit := false
+	firstSeen := map[string]time.Time{} // the waiting newcomers only: one gone and back waits anew
+	for _, r := range in.live {
+		if members[r.Id] || in.excluded[r.Id] != nil {
+			continue // an excluded straggler waits, without a join window, until readmitted
+		}
+		seen, ok := in.clocks.firstSeen[r.Id]
+		if !ok {
+			seen = now
+		}
+		firstSeen[r.Id] = seen
+		if left := ru.joinWindow - now.Sub(seen); left <= 0 {
+			admit = true
+		} else {
+			soonest(left)
+		}
+	}
+	if in.current == nil && admit {
+		if hold, left := firstRingHolds(ru.firstRing, ru.firstRingWait, len(firstSeen), firstSeen, now); hold {
+			admit = false
+			soonest(left)
+		}
+	}
+	var start int64
+	if in.current != nil {
+		start = in.current.StartStep
+	}
+	cur := in.current
+	if cur != nil && cur.Stopped {
+		cur = nil // a stopped job starts over with a rendezvous
+	}
+	d := Decide(Input{Current: cur, Live: in.live, Rendezvous: ru.rendezvous, Step: start, Admit: admit,
+		Broken: in.broken, DetectedBy: in.detectedBy, Left: in.left, Excluded: in.excluded, WasExcluded: in.wasExcluded})
+	out := verdict{reason: d.Reason, clocks: clocks{firstSeen: firstSeen}}
+	switch {
+	case d.Change:
+		if in.current != nil {
+			d.Next.Number = in.current.Number + 1
+		}
+		out.next = d.Next
+		return out
+	case d.Short && cur != nil && len(cur.Members) > 0:
+		since := in.clocks.shortSince
+		if since.IsZero() {
+			since = now
+		}
+		left := ru.minWorkersTimeout - now.Sub(since)
+		if left <= 0 {
+			out.next = &phalanxpb.Generation{Number: in.current.Number + 1, StartStep: start, Stopped: true,
+				Reason: fmt.Sprintf("stopped: %s for longer than %s", d.Reason, ru.minWorkersTimeout)}
+			out.stop, out.reason = true, out.next.Reason
+			return out
+		}
+		out.clocks.shortSince = since
+		soonest(left)
+	}
+	if wake >= 0 {
+		out.wake = now.Add(wake)
+	}
+	return out
+}
+
+// firstRingHolds says whether the first generation still waits for the
+// workers the launcher started: fewer than want are live and wait has not
+// passed since the earliest registration; left is how long it may still
+// wait.
+func firstRingHolds(want int, wait time.Duration, live int, firstSeen map[string]time.Time, now time.Time) (bool, time.Duration) {
+	if want <= 0 || live >= want || len(firstSeen) == 0 {
+		return false, 0
+	}
+	var earliest time.Time
+	for _, t := range firstSeen {
+		if earliest.IsZero() || t.Before(earliest) {
+			earliest = t
+		}
+	}
+	left := wait - now.Sub(earliest)
+	return left > 0, left
 }

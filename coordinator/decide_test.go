@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -179,4 +180,176 @@ func TestFirstRingHolds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDecideRound: the coordinator's clocks, as values. A newcomer waits
+// its join window (the soonest window is the wake-up), newcomers whose
+// windows overlap enter one generation, the first ring waits for the
+// workers launched, and a ring below the minimum is stopped after
+// MinWorkersTimeout.
+func TestDecideRound(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	ms := time.Millisecond
+	base := rules{rendezvous: Rendezvous{MinWorkers: 2, MaxWorkers: 4}, joinWindow: time.Second,
+		minWorkersTimeout: time.Minute, firstRingWait: 30 * time.Second}
+	ring := func(first int) rules { r := base; r.firstRing = first; return r }
+	min3 := base
+	min3.rendezvous.MinWorkers = 3
+	stopped := &phalanxpb.Generation{Number: 5, Stopped: true, StartStep: 40, Reason: "stopped: ..."}
+	started := gen(3, "a", "b")
+	started.StartStep = 17
+	seen := func(kv ...any) map[string]time.Time {
+		m := map[string]time.Time{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1].(time.Time)
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		ru   rules
+		in   round
+		// want
+		members    []string // nil: no generation written
+		number     uint64
+		step       int64
+		stop       bool
+		reason     string
+		wake       time.Time
+		firstSeen  map[string]time.Time
+		shortSince time.Time
+	}{
+		{name: "a newcomer seen for the first time waits its window", ru: base,
+			in:   round{now: t0, current: gen(2, "a", "b"), live: regs("a", "b", "n")},
+			wake: at(time.Second), firstSeen: seen("n", t0)},
+		{name: "join window not yet over", ru: base,
+			in:   round{now: at(400 * ms), current: gen(2, "a", "b"), live: regs("a", "b", "n"), clocks: clocks{firstSeen: seen("n", t0)}},
+			wake: at(time.Second), firstSeen: seen("n", t0)},
+		{name: "join window over: admitted", ru: base,
+			in:      round{now: at(time.Second), current: gen(2, "a", "b"), live: regs("a", "b", "n"), clocks: clocks{firstSeen: seen("n", t0)}},
+			members: []string{"a", "b", "n"}, number: 3, reason: "joined n", firstSeen: seen("n", t0)},
+		{name: "newcomers whose windows overlap enter together", ru: base,
+			in: round{now: at(time.Second), current: gen(2, "a", "b"), live: regs("a", "b", "n", "m"),
+				clocks: clocks{firstSeen: seen("n", t0, "m", at(500*ms))}},
+			members: []string{"a", "b", "m", "n"}, number: 3, reason: "joined m, n", firstSeen: seen("n", t0, "m", at(500*ms))},
+		{name: "the soonest window wakes", ru: base,
+			in: round{now: at(700 * ms), current: gen(2, "a", "b"), live: regs("a", "b", "n", "m"),
+				clocks: clocks{firstSeen: seen("n", at(300*ms), "m", at(600*ms))}},
+			wake: at(1300 * ms), firstSeen: seen("n", at(300*ms), "m", at(600*ms))},
+		{name: "a newcomer gone is forgotten", ru: base,
+			in: round{now: at(500 * ms), current: gen(2, "a", "b"), live: regs("a", "b", "n"),
+				clocks: clocks{firstSeen: seen("n", t0, "gone", t0)}},
+			wake: at(time.Second), firstSeen: seen("n", t0)},
+		{name: "members and excluded stragglers have no window", ru: base,
+			in: round{now: t0, current: gen(2, "a", "b", "x"), live: regs("a", "b", "x", "y"),
+				excluded: map[string]*phalanxpb.Exclusion{"y": {Id: "y"}}},
+			firstSeen: seen()},
+		{name: "first rendezvous waits its window", ru: base,
+			in:     round{now: t0, live: regs("c", "a", "b")},
+			reason: "waiting for the join window", wake: at(time.Second), firstSeen: seen("a", t0, "b", t0, "c", t0)},
+		{name: "first rendezvous once the window is over", ru: base,
+			in:      round{now: at(time.Second), live: regs("c", "a", "b"), clocks: clocks{firstSeen: seen("a", t0, "b", t0, "c", t0)}},
+			members: []string{"a", "b", "c"}, number: 1, reason: "rendezvous of 3 workers", firstSeen: seen("a", t0, "b", t0, "c", t0)},
+		{name: "first ring waits for every worker launched", ru: ring(3),
+			in:     round{now: at(5 * time.Second), live: regs("a", "b"), clocks: clocks{firstSeen: seen("a", t0, "b", at(2*time.Second))}},
+			reason: "waiting for the join window", wake: at(30 * time.Second), firstSeen: seen("a", t0, "b", at(2*time.Second))},
+		{name: "first ring: a newer window wakes sooner than its wait", ru: ring(3),
+			in:     round{now: at(5500 * ms), live: regs("a", "b"), clocks: clocks{firstSeen: seen("a", t0)}},
+			reason: "waiting for the join window", wake: at(6500 * ms), firstSeen: seen("a", t0, "b", at(5500*ms))},
+		{name: "first ring complete: no wait", ru: ring(3),
+			in:      round{now: at(time.Second), live: regs("a", "b", "c"), clocks: clocks{firstSeen: seen("a", t0, "b", t0, "c", t0)}},
+			members: []string{"a", "b", "c"}, number: 1, reason: "rendezvous of 3 workers", firstSeen: seen("a", t0, "b", t0, "c", t0)},
+		{name: "first ring wait over: who is live forms it", ru: ring(3),
+			in:      round{now: at(30 * time.Second), live: regs("a", "b"), clocks: clocks{firstSeen: seen("a", t0, "b", at(2*time.Second))}},
+			members: []string{"a", "b"}, number: 1, reason: "rendezvous of 2 workers", firstSeen: seen("a", t0, "b", at(2*time.Second))},
+		{name: "first ring is for the first generation only", ru: ring(5),
+			in:      round{now: at(time.Second), current: gen(2, "a", "b"), live: regs("a", "b", "n"), clocks: clocks{firstSeen: seen("n", t0)}},
+			members: []string{"a", "b", "n"}, number: 3, reason: "joined n", firstSeen: seen("n", t0)},
+		{name: "below the minimum: the clock starts", ru: base,
+			in:     round{now: t0, current: started, live: regs("a")},
+			reason: "1 live workers, fewer than the minimum of 2", wake: at(time.Minute), firstSeen: seen(), shortSince: t0},
+		{name: "below the minimum within the timeout", ru: base,
+			in:     round{now: at(59 * time.Second), current: started, live: regs("a"), clocks: clocks{shortSince: t0}},
+			reason: "fewer than the minimum", wake: at(time.Minute), firstSeen: seen(), shortSince: t0},
+		{name: "below the minimum for the timeout: stopped", ru: base,
+			in:      round{now: at(time.Minute), current: started, live: regs("a"), clocks: clocks{shortSince: t0}},
+			members: []string{}, number: 4, step: 17, stop: true,
+			reason: "stopped: 1 live workers, fewer than the minimum of 2 for longer than 1m0s", firstSeen: seen()},
+		{name: "back at the minimum: the clock is reset", ru: base,
+			in:        round{now: at(30 * time.Second), current: started, live: regs("a", "b"), clocks: clocks{shortSince: t0}},
+			firstSeen: seen()},
+		{name: "below the minimum, a window ends first", ru: min3,
+			in: round{now: at(10 * time.Second), current: gen(3, "a", "b", "c"), live: regs("a", "n"),
+				clocks: clocks{firstSeen: seen("n", at(9500*ms)), shortSince: t0}},
+			reason: "fewer than the minimum of 3", wake: at(10500 * ms), firstSeen: seen("n", at(9500*ms)), shortSince: t0},
+		{name: "below the minimum, the timeout ends first", ru: min3,
+			in:     round{now: at(59500 * ms), current: gen(3, "a", "b", "c"), live: regs("a", "n"), clocks: clocks{shortSince: t0}},
+			reason: "fewer than the minimum of 3", wake: at(time.Minute), firstSeen: seen("n", at(59500*ms)), shortSince: t0},
+		{name: "a stopped job starts over, numbered on", ru: base,
+			in:      round{now: at(time.Second), current: stopped, live: regs("b", "a"), clocks: clocks{firstSeen: seen("a", t0, "b", t0)}},
+			members: []string{"a", "b"}, number: 6, step: 40, reason: "rendezvous of 2 workers", firstSeen: seen("a", t0, "b", t0)},
+		{name: "a stopped job below the minimum has no stop clock", ru: base,
+			in:     round{now: at(2 * time.Second), current: stopped, live: regs("a"), clocks: clocks{firstSeen: seen("a", t0)}},
+			reason: "fewer than the minimum", firstSeen: seen("a", t0)},
+		{name: "a broken ring is rebuilt at once", ru: base,
+			in:      round{now: t0, current: gen(4, "b", "a"), live: regs("a", "b"), broken: true},
+			members: []string{"b", "a"}, number: 5, reason: "ring rebuilt after a failure that removed nobody", firstSeen: seen()},
+		{name: "a loss says how it was detected", ru: base,
+			in: round{now: t0, current: gen(4, "a", "b", "c"), live: regs("a", "b"),
+				detectedBy: map[string]string{"c": "reset, probe failed"}},
+			members: []string{"a", "b"}, number: 5, reason: "lost rank 2 (c, reset, probe failed)", firstSeen: seen()},
+		{name: "a departure is no loss", ru: base,
+			in:      round{now: t0, current: gen(4, "a", "b", "c"), live: regs("a", "b"), left: map[string]string{"c": "scale down"}},
+			members: []string{"a", "b"}, number: 5, reason: "left rank 2 (c, left on request: scale down)", firstSeen: seen()},
+		{name: "a straggler is excluded at once", ru: base,
+			in: round{now: t0, current: gen(4, "a", "b", "c"), live: regs("a", "b", "c"),
+				excluded: map[string]*phalanxpb.Exclusion{"c": {Id: "c", LateIn: 3, Window: 5}}},
+			members: []string{"a", "b"}, number: 5, reason: "excluded rank 2 (c, straggler", firstSeen: seen()},
+		{name: "a readmission waits its window and is named", ru: base,
+			in: round{now: at(time.Second), current: gen(5, "a", "b"), live: regs("a", "b", "c"),
+				wasExcluded: map[string]bool{"c": true}, clocks: clocks{firstSeen: seen("c", t0)}},
+			members: []string{"a", "b", "c"}, number: 6, reason: "readmitted c", firstSeen: seen("c", t0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := decideRound(tc.ru, tc.in)
+			switch {
+			case tc.members == nil && v.next != nil:
+				t.Fatalf("wrote generation %d %v (%q), want none", v.next.Number, ids(v.next), v.reason)
+			case tc.members != nil && v.next == nil:
+				t.Fatalf("no generation (%q), want %d %v", v.reason, tc.number, tc.members)
+			case v.next != nil:
+				if got := ids(v.next); !slices.Equal(got, tc.members) {
+					t.Errorf("members %v, want %v", got, tc.members)
+				}
+				if v.next.Number != tc.number || v.next.StartStep != tc.step || v.next.Stopped != tc.stop || v.stop != tc.stop {
+					t.Errorf("generation %d from step %d, stopped %v (stop %v); want %d from %d, stopped %v",
+						v.next.Number, v.next.StartStep, v.next.Stopped, v.stop, tc.number, tc.step, tc.stop)
+				}
+				if tc.stop && v.next.Reason != v.reason {
+					t.Errorf("stop generation's reason %q, the verdict's %q", v.next.Reason, v.reason)
+				}
+			}
+			if !strings.Contains(v.reason, tc.reason) {
+				t.Errorf("reason %q, want it to contain %q", v.reason, tc.reason)
+			}
+			if !v.wake.Equal(tc.wake) {
+				t.Errorf("wake-up %v, want %v (zero: none)", at0(v.wake, t0), at0(tc.wake, t0))
+			}
+			if !maps.EqualFunc(v.clocks.firstSeen, tc.firstSeen, time.Time.Equal) {
+				t.Errorf("first seen %v, want %v", v.clocks.firstSeen, tc.firstSeen)
+			}
+			if !v.clocks.shortSince.Equal(tc.shortSince) {
+				t.Errorf("below the minimum since %v, want %v (zero: not below)", at0(v.clocks.shortSince, t0), at0(tc.shortSince, t0))
+			}
+		})
+	}
+}
+
+// at0 shows t as an offset from t0, "none" when zero.
+func at0(t, t0 time.Time) string {
+	if t.IsZero() {
+		return "none"
+	}
+	return "t0+" + t.Sub(t0).String()
 }

@@ -225,7 +225,7 @@ func WatchJob(ctx context.Context, cli *clientv3.Client, keys Keys, log *zap.Log
 		if !f(g, resp.Responses[1].GetResponseRange().Count > 0) {
 			return nil
 		}
-		switch err := watchJobFrom(ctx, cli, keys, log, resp.Header.Revision+1, f); {
+		switch err := watchJobFrom(ctx, cli, keys, log, resp.Header.Revision, f); {
 		case errors.Is(err, errStopWatch):
 			return nil
 		case err != nil:
@@ -238,12 +238,13 @@ func WatchJob(ctx context.Context, cli *clientv3.Client, keys Keys, log *zap.Log
 // errStopWatch ends watchJobFrom when f returns false.
 var errStopWatch = errors.New("stop")
 
-// watchJobFrom follows the job's keys from revision rev until the watch
-// breaks (nil: read again), f returns false or a record is corrupt.
+// watchJobFrom follows the job's keys after rev, the revision of the read
+// f was last called with, until the watch breaks (nil: read again), f
+// returns false or a record is corrupt.
 func watchJobFrom(ctx context.Context, cli *clientv3.Client, keys Keys, log *zap.Logger, rev int64, f func(*phalanxpb.Generation, bool) bool) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for wr := range cli.Watch(wctx, keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+	wch, stop := watchAfterRead(ctx, cli, rev, keys.Prefix(), clientv3.WithPrefix())
+	defer stop()
+	for wr := range wch {
 		if err := wr.Err(); err != nil {
 			if ctx.Err() == nil {
 				log.Warn("watching the generation", zap.Error(err))

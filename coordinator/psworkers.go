@@ -204,9 +204,9 @@ func WatchPSShares(ctx context.Context, cli *clientv3.Client, keys Keys, f func(
 	if !f(s) {
 		return nil
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for resp := range cli.Watch(wctx, keys.PSShares(), clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+	wch, stop := watchAfterRead(ctx, cli, rev, keys.PSShares(), clientv3.WithPrefix())
+	defer stop()
+	for resp := range wch {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("coordinator: watching the shares' claims: %w", err)
 		}

@@ -267,38 +267,6 @@ func writeShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f fence
 	return f.refused("the shard map", tx)
 }
 
-// waitChange returns when a key under prefix changes after rev, after wake
-// (when not negative), or with an error when the session or ctx ends.
-func waitChange(ctx context.Context, cli *clientv3.Client, sess *concurrency.Session, prefix string, rev int64, wake time.Duration) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wch := cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	var timer <-chan time.Time
-	if wake >= 0 {
-		t := time.NewTimer(wake)
-		defer t.Stop()
-		timer = t.C
-	}
-	select {
-	case resp, ok := <-wch:
-		if !ok {
-			return fmt.Errorf("%w: watch closed", ErrLeadershipLost)
-		}
-		if err := resp.Err(); IsTransient(err) {
-			pause(ctx, 100*time.Millisecond) // the caller reads again; not in a spin
-		} else if err != nil {
-			return fmt.Errorf("coordinator: watching %s: %w", prefix, err)
-		}
-		return nil
-	case <-timer:
-		return nil
-	case <-sess.Done():
-		return fmt.Errorf("%w: election session expired", ErrLeadershipLost)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // ReadShardMap reads the current shard map (nil before the first) and its
 // revision.
 func ReadShardMap(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.ShardMap, int64, error) {
@@ -326,7 +294,8 @@ func WatchShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f func(
 	if m != nil && !f(m) {
 		return nil
 	}
-	wch := cli.Watch(ctx, keys.ShardMap(), clientv3.WithRev(rev+1))
+	wch, stop := watchAfterRead(ctx, cli, rev, keys.ShardMap())
+	defer stop()
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("coordinator: watching the shard map: %w", err)

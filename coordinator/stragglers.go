@@ -128,21 +128,3 @@ func putProto(ctx context.Context, cli *clientv3.Client, key string, m proto.Mes
 	}
 	return nil
 }
-
-// awaitPut waits for a write to key after revision rev, or for the watch
-// to fail (a compaction, say): either way the caller reads the key again.
-func awaitPut(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for wr := range cli.Watch(wctx, key, clientv3.WithRev(rev+1)) {
-		if wr.Err() != nil {
-			return nil
-		}
-		for _, e := range wr.Events {
-			if e.Type == clientv3.EventTypePut {
-				return nil
-			}
-		}
-	}
-	return ctx.Err()
-}
