@@ -12,7 +12,10 @@ type Batch struct {
 	Labels   []int32
 }
 
-// Reset empties b for n samples of features values, keeping its buffers.
+// Reset empties b for n samples of features values, keeping its buffers:
+// X holds n×features values and Labels n labels, both to be overwritten
+// (their old contents stay until then; a model without labels ignores
+// them), and IDs is emptied, for Fill to append to.
 func (b *Batch) Reset(n, features int) {
 	b.N, b.Features = n, features
 	if cap(b.X) < n*features {
@@ -41,7 +44,11 @@ type Result struct {
 
 // Model is what a user trains: named float32 parameters and a step that
 // computes the loss of a batch and adds scale × its gradients into the
-// parameters' Grad (gradients accumulate; the trainer zeroes them). When ready
+// parameters' Grad (gradients accumulate; the trainer zeroes them). scale is
+// 1/the global batch (the samples of one step over every rank), so that the
+// ranks' summed gradients are the mean over the global batch: a model sums
+// its per-sample gradients times scale and need not know the world size
+// (with local SGD, LocalSteps > 1, it is 1/this rank's batch). When ready
 // is not nil, Step calls it with a parameter's index (in Params order) as soon
 // as that gradient is complete, so its allreduce overlaps the rest of the
 // backward pass; parameters it never names are taken as ready at the end.
