@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/job"
 )
 
 // CoordinatorConfig configures a standalone coordinator of a job (Launch
@@ -50,15 +51,15 @@ type CoordinatorConfig struct {
 func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	switch {
 	case cfg.Job == "":
-		return bad("Job", "", "name the job")
+		return job.Invalid("Job", "", "name the job")
 	case cfg.MinWorkers < 1 || cfg.MaxWorkers < cfg.MinWorkers:
-		return bad("MinWorkers", cfg.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", cfg.MaxWorkers)
+		return job.Invalid("MinWorkers", cfg.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", cfg.MaxWorkers)
 	case cfg.Workers != 0 && (cfg.Workers < cfg.MinWorkers || cfg.Workers > cfg.MaxWorkers):
-		return bad("Workers", cfg.Workers, "want 0 (not said) or MinWorkers..MaxWorkers (%d..%d)", cfg.MinWorkers, cfg.MaxWorkers)
+		return job.Invalid("Workers", cfg.Workers, "want 0 (not said) or MinWorkers..MaxWorkers (%d..%d)", cfg.MinWorkers, cfg.MaxWorkers)
 	case cfg.MinWorkersTimeout < 0:
-		return bad("MinWorkersTimeout", cfg.MinWorkersTimeout, "must not be negative (0: 60s)")
+		return job.Invalid("MinWorkersTimeout", cfg.MinWorkersTimeout, "must not be negative (0: 60s)")
 	case len(cfg.Etcd) == 0 && cfg.JobDir == "":
-		return bad("Etcd", cfg.Etcd, "give the endpoints, or a JobDir for an embedded etcd")
+		return job.Invalid("Etcd", cfg.Etcd, "give the endpoints, or a JobDir for an embedded etcd")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -66,7 +67,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	}
 	keys, err := coordinator.KeysFor(cfg.Job)
 	if err != nil {
-		return bad("Job", cfg.Job, "%v", err)
+		return job.Invalid("Job", cfg.Job, "%v", err)
 	}
 	endpoints := cfg.Etcd
 	if len(endpoints) == 0 {
@@ -102,10 +103,10 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 // boundary after a final checkpoint (a job without checkpoints ignores
 // it). Each worker then ends with a *StoppedError; the same configuration
 // resumes the job.
-func Stop(ctx context.Context, etcd []string, job, reason string) error {
-	keys, err := coordinator.KeysFor(job)
+func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
+	keys, err := coordinator.KeysFor(jobName)
 	if err != nil {
-		return bad("Job", job, "%v", err)
+		return job.Invalid("Job", jobName, "%v", err)
 	}
 	cli, err := coordinator.Connect(etcd, nil)
 	if err != nil {

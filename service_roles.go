@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/job"
 )
 
 // EtcdMember is one member of an etcd cluster run as a process of this
@@ -51,9 +52,9 @@ type CoordinatorProcess struct {
 const EtcdMemberServing = "etcd member serving "
 
 // serviceSpec is what a service process (an etcd member, a coordinator)
-// is told beyond processSpec.
+// is told beyond job.ProcessSpec.
 type serviceSpec struct {
-	processSpec
+	job.ProcessSpec
 	EtcdMember  *EtcdMember         `json:"etcd_member,omitempty"`
 	Coordinator *CoordinatorProcess `json:"coordinator,omitempty"`
 }
@@ -63,14 +64,14 @@ type serviceSpec struct {
 // its client endpoint on stdout once it serves, and logs to stderr at
 // logLevel. A SIGTERM closes it cleanly.
 func EtcdMemberCommand(m EtcdMember, logLevel string) (*exec.Cmd, error) {
-	return serviceCommand(serviceSpec{processSpec: processSpec{Role: "etcd-member", LogLevel: logLevel}, EtcdMember: &m})
+	return serviceCommand(serviceSpec{ProcessSpec: job.ProcessSpec{Role: "etcd-member", LogLevel: logLevel}, EtcdMember: &m})
 }
 
 // CoordinatorCommand is a command of this program (which must call Main
 // first thing) that runs a coordinator of c.Job against c.Etcd until the
 // job is done (exit 0) or it is signalled.
 func CoordinatorCommand(c CoordinatorProcess, logLevel string) (*exec.Cmd, error) {
-	return serviceCommand(serviceSpec{processSpec: processSpec{Role: "coordinator", LogLevel: logLevel}, Coordinator: &c})
+	return serviceCommand(serviceSpec{ProcessSpec: job.ProcessSpec{Role: "coordinator", LogLevel: logLevel}, Coordinator: &c})
 }
 
 func serviceCommand(s serviceSpec) (*exec.Cmd, error) {
@@ -78,11 +79,11 @@ func serviceCommand(s serviceSpec) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd, err := selfCommand()
+	cmd, err := job.SelfCommand()
 	if err != nil {
 		return nil, err
 	}
-	cmd.Env = append(os.Environ(), workerEnv+"="+string(b))
+	cmd.Env = append(os.Environ(), job.WorkerEnv+"="+string(b))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the harness
 	return cmd, nil
 }

@@ -1,4 +1,4 @@
-package phalanx
+package job
 
 import (
 	"strings"

@@ -1,9 +1,10 @@
-package phalanx
+package psjob
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/job"
 	"maps"
 	"os"
 	"time"
@@ -30,24 +31,6 @@ import (
 // the shards that have them answer the push as a duplicate and ignore it,
 // so every step of every share is applied exactly once on every shard.
 
-// PSShareReport is a worker's report of a share it claimed (ps_share) or
-// finished (ps_share_done).
-type PSShareReport struct {
-	Share int `json:"share"`
-	// Reason is own (the worker's own share) or adopted (a share whose
-	// worker died).
-	Reason string `json:"reason"`
-	// From is the step the share resumes after; ReplayedTo the last step
-	// some shard already applied (steps From+1..ReplayedTo are pushed
-	// again, as duplicates where applied).
-	From       int64 `json:"from"`
-	ReplayedTo int64 `json:"replayed_to"`
-	// Steps (done) is the share's last step; Duplicates how many pushes
-	// the shards answered as applied already.
-	Steps      int64 `json:"steps,omitempty"`
-	Duplicates int64 `json:"duplicates,omitempty"`
-}
-
 // orphanGrace is how long a share nobody ever claimed waits before the
 // other workers take it (its worker died before claiming), in lease TTLs.
 const orphanGrace = 10
@@ -58,15 +41,15 @@ var errPSLeaseLost = errors.New("phalanx: this parameter-server worker's lease w
 
 // psWorkerProc is one parameter-server worker process.
 type psWorkerProc struct {
-	cfg   Config
+	cfg   job.Config
 	log   *zap.Logger
 	cli   *clientv3.Client
 	keys  coordinator.Keys
 	job   *phalanxpb.PSJob
 	spec  cluster.Spec
-	model ModelSpec
+	model job.ModelSpec
 	dir   *cluster.Directory
-	rep   *reporter
+	rep   *job.Reporter
 	index int
 	id    string
 	lease clientv3.LeaseID
@@ -80,11 +63,6 @@ type shareEnd struct {
 
 // maxRejoins bounds how often a worker whose lease lapsed registers again.
 const maxRejoins = 5
-
-// etcdRetryBudget bounds how long a launcher or parameter-server worker
-// retries a request through transient etcd errors (an election in the etcd
-// cluster) before giving up.
-const etcdRetryBudget = 30 * time.Second
 
 // run claims and trains shares until every share of the job is done. A
 // worker whose lease lapsed (a pause, a loaded machine) is out: its claims
@@ -105,7 +83,7 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 func (w *psWorkerProc) session(ctx context.Context) error {
 	host, _ := os.Hostname()
 	var lease *coordinator.Lease
-	err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
+	err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 		w.log.Warn("registering: etcd unavailable; retrying", zap.Error(err))
 	}, func(ctx context.Context) (err error) {
 		lease, err = coordinator.RegisterAt(ctx, w.cli, w.keys.PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
@@ -154,7 +132,7 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 		}
 	}()
 	start := func(share int, reason string) error {
-		err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
+		err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 			w.log.Warn("claiming a share: etcd unavailable; retrying", zap.Int("share", share), zap.Error(err))
 		}, func(ctx context.Context) error {
 			return coordinator.ClaimPSShare(ctx, w.cli, w.keys, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
@@ -195,7 +173,7 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 			if e.err != nil {
 				return fail(fmt.Errorf("phalanx: share %d: %w", e.share, e.err))
 			}
-			if err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
+			if err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 				w.log.Warn("marking a share done: etcd unavailable; retrying", zap.Int("share", e.share), zap.Error(err))
 			}, func(ctx context.Context) error {
 				return coordinator.MarkPSShareDone(ctx, w.cli, w.keys, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease)
@@ -267,9 +245,9 @@ func (w *psWorkerProc) progress(ctx context.Context, cl *ps.Client, share int) (
 
 // runShare trains share from its progress to the job's last step.
 func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) error {
-	job, spec := w.job, w.spec
+	rec, spec := w.job, w.spec
 	cl, err := ps.NewClient(ps.ClientConfig{Worker: share, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
-		Sync: spec.Sync, Directory: w.dir, Logger: w.log.Named("ps-client").With(zap.Int("share", share)), CacheRows: int(job.CacheRows), CacheStaleness: job.CacheStaleness})
+		Sync: spec.Sync, Directory: w.dir, Logger: w.log.Named("ps-client").With(zap.Int("share", share)), CacheRows: int(rec.CacheRows), CacheStaleness: rec.CacheStaleness})
 	if err != nil {
 		return err
 	}
@@ -278,30 +256,30 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 	if err != nil {
 		return err
 	}
-	for _, t := range job.Tables {
+	for _, t := range rec.Tables {
 		if err := cl.SetClock(t.Id, from); err != nil {
 			return err
 		}
 	}
-	w.rep.send(Report{Kind: "ps_share", Worker: w.index, Pid: os.Getpid(), Step: from, Steps: job.Steps,
-		PSShare: &PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo}})
+	w.rep.Send(job.Report{Kind: "ps_share", Worker: w.index, Pid: os.Getpid(), Step: from, Steps: rec.Steps,
+		PSShare: &job.PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo}})
 	var saver *cluster.Saver
-	if job.Checkpoint != "" && share == 0 {
-		store, err := checkpoint.OpenURL(ctx, job.Checkpoint, w.cfg.Credentials)
+	if rec.Checkpoint != "" && share == 0 {
+		store, err := checkpoint.OpenURL(ctx, rec.Checkpoint, w.cfg.Credentials)
 		if err != nil {
 			return err
 		}
 		var tables []uint32
-		for _, t := range job.Tables {
+		for _, t := range rec.Tables {
 			tables = append(tables, t.Id)
 		}
 		saver = &cluster.Saver{Store: store, Client: cl, Tables: tables, Spec: spec}
 	}
-	every := int64(job.ReportEvery)
+	every := int64(rec.ReportEvery)
 	if every <= 0 {
-		every = max(1, job.Steps/20)
+		every = max(1, rec.Steps/20)
 	}
-	n, b := int(job.Workers), int(job.Batch)
+	n, b := int(rec.Workers), int(rec.Batch)
 	var lossSum float64
 	var stale, since int
 	now := w.cfg.Now
@@ -309,19 +287,19 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 		now = time.Now
 	}
 	mark := now()
-	pw := &PSWorker{Client: cl, Options: Options(job.Options), Index: share, Workers: n, Batch: b, Seed: job.Seed,
-		From: from, Steps: job.Steps}
+	pw := &job.PSWorker{Client: cl, Options: job.Options(rec.Options), Index: share, Workers: n, Batch: b, Seed: rec.Seed,
+		From: from, Steps: rec.Steps}
 	pw.Step = func(ctx context.Context, step int64, epoch int, loss float64, st int) error {
 		since++
 		lossSum += loss
 		stale += st
-		if share == 0 && (step%every == 0 || step == job.Steps) {
+		if share == 0 && (step%every == 0 || step == rec.Steps) {
 			secs := now().Sub(mark).Seconds()
-			w.rep.send(Report{Kind: "ps_step", Worker: share, Step: step, Steps: job.Steps, Epoch: int64(epoch), Loss: lossSum / float64(since),
+			w.rep.Send(job.Report{Kind: "ps_step", Worker: share, Step: step, Steps: rec.Steps, Epoch: int64(epoch), Loss: lossSum / float64(since),
 				SamplesPS: float64(since*b*n) / secs, Stale: stale})
 			lossSum, stale, since, mark = 0, 0, 0, now()
 		}
-		if share == 0 && step == job.Steps && spec.Sync.Mode != ps.BSP {
+		if share == 0 && step == rec.Steps && spec.Sync.Mode != ps.BSP {
 			// The held-out measures and the last checkpoint are of every
 			// share's last step: under asp, ssp and hybrid the others (a
 			// share taken over in particular) may still be training.
@@ -331,13 +309,13 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 		}
 		// A step trained again after a takeover was checkpointed (or not)
 		// by the worker that died; the last one is always saved.
-		due := (job.CheckpointEvery > 0 && step%int64(job.CheckpointEvery) == 0 && step > replayedTo) || step == job.Steps
+		due := (rec.CheckpointEvery > 0 && step%int64(rec.CheckpointEvery) == 0 && step > replayedTo) || step == rec.Steps
 		if saver != nil && due {
 			m, err := saver.Save(ctx, step, step) // every shard at clock step: exactly step steps under bsp
 			if err != nil {
 				return err
 			}
-			w.rep.send(Report{Kind: "ps_checkpoint", Worker: 0, Step: step, Steps: job.Steps, Shards: make([]ShardAccount, m.Shards)})
+			w.rep.Send(job.Report{Kind: "ps_checkpoint", Worker: 0, Step: step, Steps: rec.Steps, Shards: make([]job.ShardAccount, m.Shards)})
 		}
 		return nil
 	}
@@ -346,14 +324,14 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 		return err
 	}
 	if share == 0 {
-		w.rep.send(Report{Kind: "ps_done", Worker: 0, Step: job.Steps, Steps: job.Steps, Metrics: metrics})
+		w.rep.Send(job.Report{Kind: "ps_done", Worker: 0, Step: rec.Steps, Steps: rec.Steps, Metrics: metrics})
 	}
 	var dups int64
-	for _, t := range job.Tables {
+	for _, t := range rec.Tables {
 		dups += cl.Duplicates(t.Id)
 	}
-	w.rep.send(Report{Kind: "ps_share_done", Worker: w.index, Pid: os.Getpid(), Step: job.Steps, Steps: job.Steps,
-		PSShare: &PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo, Steps: job.Steps, Duplicates: dups}})
+	w.rep.Send(job.Report{Kind: "ps_share_done", Worker: w.index, Pid: os.Getpid(), Step: rec.Steps, Steps: rec.Steps,
+		PSShare: &job.PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo, Steps: rec.Steps, Duplicates: dups}})
 	return nil
 }
 

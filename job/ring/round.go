@@ -1,9 +1,10 @@
-package phalanx
+package ring
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/job"
 	"hash/crc32"
 	"time"
 
@@ -75,10 +76,10 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	world := 0
 	if r.Rank == 0 {
 		world = g.Size()
-		w.rep.send(Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root,
+		w.rep.Send(job.Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root,
 			DataPlane: g.DataPlane()})
-		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous reporter never saw it
-			w.rep.send(replayedStep(l, gen.Number))
+		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous job.Reporter never saw it
+			w.rep.Send(replayedStep(l, gen.Number))
 		}
 	}
 	w.generation.Store(gen.Number)
@@ -96,7 +97,7 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	case stopped:
 		w.stoppedAt.Store(t.State().Step)
 		if r.Rank == 0 {
-			w.rep.send(Report{Kind: "stopped", Step: t.State().Step, Generation: gen.Number, World: g.Size()})
+			w.rep.Send(job.Report{Kind: "stopped", Step: t.State().Step, Generation: gen.Number, World: g.Size()})
 		}
 		w.sys.Quiet()
 		return nil // every rank stops at this boundary: the job is over for now
@@ -110,7 +111,7 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	res2.Step, res2.Generation = t.State().Step, gen.Number
 	if r.Rank == 0 {
 		same := res2.ParametersIdentical
-		w.rep.send(Report{Kind: "done", Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
+		w.rep.Send(job.Report{Kind: "done", Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
 			Identical: &same, ParamsCRC: res2.ParametersCRC, RankCRCs: res2.RankCRCs})
 	}
 	w.mu.Lock()
@@ -156,7 +157,7 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 				if plant.On(plant.HybridUnrecorded) && n < g.Size() {
 					n++ // planted: a late rank's samples dropped without a record
 				}
-				w.rep.send(Report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
+				w.rep.Send(job.Report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
 					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
 					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds(),
 					Epoch: st.Position.Epoch, Offset: st.Position.Offset, Fingerprint: st.Fingerprint,
@@ -176,7 +177,7 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 		// This worker's own failure: say so now, before it leaves the ring
 		// (its lease revoked on the way out), so the launcher ends the job
 		// before the others can train on without it and report it done.
-		w.rep.send(Report{Kind: "failed", Reason: err.Error()})
+		w.rep.Send(job.Report{Kind: "failed", Reason: err.Error()})
 	case <-g.Failed():
 		err = g.Err()
 	case <-ctx.Done():
@@ -203,8 +204,8 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 
 // finish scores the model on the held-out data and checks that every rank
 // holds the same parameters.
-func (w *ringWorker) finish(ctx context.Context, g *collective.Group) (*Result, error) {
-	res := &Result{World: g.Size()}
+func (w *ringWorker) finish(ctx context.Context, g *collective.Group) (*job.Result, error) {
+	res := &job.Result{World: g.Size()}
 	if ev, ok := w.task.Model.(worker.Evaluator); ok && w.task.Test != nil {
 		var err error
 		if res.Loss, res.Accuracy, err = evaluate(ctx, g, ev, w.task.Test); err != nil {
@@ -257,9 +258,9 @@ func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
 		return nil, err
 	}
 	cfg := worker.Config{GlobalBatch: c.Batch, MicroBatches: c.MicroBatches, LocalSteps: c.LocalSteps, ClipNorm: c.ClipNorm,
-		CommitEvery: c.CommitEvery, BucketBytes: c.BucketBytes, Schedule: c.schedule(), Seed: c.Seed,
+		CommitEvery: c.CommitEvery, BucketBytes: c.BucketBytes, Schedule: c.LRSchedule(), Seed: c.Seed,
 		KeepRankBatch: c.Rescale == "lr", ReferenceWorld: c.ReferenceWorld, StaleDecay: c.Sync.StaleDecay,
-		Wire: wireDType(c.WireDType), ErrorFeedback: c.ErrorFeedback}
+		Wire: job.WireDType(c.WireDType), ErrorFeedback: c.ErrorFeedback}
 	if c.Sync.Stale == "decay" {
 		cfg.Stale = worker.StaleDecay
 	}
@@ -296,13 +297,13 @@ func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*che
 	slots := opt.Slots()
 	tensors := stateTensors(params, slots)
 	c := &w.cfg
-	configHash, stateHash := c.checkpointHashes(params, slots)
+	configHash, stateHash := checkpointHashes(c, params, slots)
 	k := c.Checkpoint
 	return checkpoint.New(checkpoint.Config{Store: w.store, Job: c.Job, ConfigHash: configHash, StateHash: stateHash,
 		Seed: c.Seed, EverySteps: k.EverySteps, Every: k.Every,
 		Retention: checkpoint.Retention{KeepLast: k.KeepLast, KeepEvery: k.KeepEvery}, Wait: k.Wait,
 		SingleWriter: c.LocalSteps > 1, Logger: w.log.Named("checkpoint"), Now: c.Now,
-		OnEvent: func(ev checkpoint.Event) { w.rep.send(Report{Kind: "checkpoint", Checkpoint: &ev}) }}, tensors)
+		OnEvent: func(ev checkpoint.Event) { w.rep.Send(job.Report{Kind: "checkpoint", Checkpoint: &ev}) }}, tensors)
 }
 
 // stateTensors is what a ring worker checkpoints, in order: the
@@ -394,9 +395,9 @@ func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Para
 // again by rank 0 of generation gen: its world, generation and
 // participants are the ring's that trained it (the sampler split its batch
 // that many ways), not the new ring's.
-func replayedStep(l worker.StepStats, gen uint64) Report {
+func replayedStep(l worker.StepStats, gen uint64) job.Report {
 	n := participants(l, l.World)
-	return Report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen, TrainedIn: l.Generation, World: l.World, Loss: l.Loss,
+	return job.Report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen, TrainedIn: l.Generation, World: l.World, Loss: l.Loss,
 		Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint,
 		Participants: n, Stale: l.World - n}
 }

@@ -1,10 +1,11 @@
-package phalanx
+package ring
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/job"
 
 	"github.com/phalanx-rt/phalanx/nn"
 )
@@ -13,9 +14,9 @@ import (
 // configuration without what each process may set for itself (etcd
 // endpoints and how long to wait for them, membership timing, injected
 // faults).
-func (c *Config) jobHash() string {
+func jobHash(c *job.Config) string {
 	s := *c
-	s.Etcd, s.EtcdDialTimeout, s.LeaseTTL, s.Unreachable, s.Faults = nil, 0, 0, 0, FaultConfig{}
+	s.Etcd, s.EtcdDialTimeout, s.LeaseTTL, s.Unreachable, s.Faults = nil, 0, 0, 0, job.FaultConfig{}
 	return hashOf(s)
 }
 
@@ -27,14 +28,14 @@ func (c *Config) jobHash() string {
 // what gives the saved tensors their meaning (the model and its options,
 // the optimizer's kind, the seed, every tensor's name and shape): a resume
 // under another is refused.
-func (c *Config) checkpointHashes(params []*nn.Param, slots []nn.Tensor) (config, state string) {
+func checkpointHashes(c *job.Config, params []*nn.Param, slots []nn.Tensor) (config, state string) {
 	config = hashOf(struct {
 		Batch, MicroBatches, LocalSteps int
 		ClipNorm                        float64
 		Optimizer                       nn.OptimizerConfig
 		Rescale                         string
 		ReferenceWorld                  int
-		Sync                            SyncConfig
+		Sync                            job.SyncConfig
 		WireDType                       string `json:",omitempty"`
 		ErrorFeedback                   bool   `json:",omitempty"`
 	}{c.Batch, c.MicroBatches, c.LocalSteps, c.ClipNorm, c.Optimizer, c.Rescale, c.ReferenceWorld, c.Sync, wire(c.WireDType), c.ErrorFeedback})

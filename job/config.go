@@ -1,4 +1,4 @@
-package phalanx
+package job
 
 import (
 	"fmt"
@@ -204,7 +204,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// ConfigError names a configuration field and its bad value.
+// ConfigError names a configuration field and its Invalid value.
 type ConfigError struct {
 	Field  string // as in Config, dotted: "Sync.Quorum"
 	Value  any    // the field's value, as set ("" for an empty string)
@@ -228,86 +228,86 @@ func (e *ConfigError) ValueText() string {
 // Unwrap is the cause.
 func (e *ConfigError) Unwrap() error { return e.Err }
 
-func bad(field string, value any, format string, args ...any) error {
+func Invalid(field string, value any, format string, args ...any) error {
 	return &ConfigError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
 }
 
 // Validate checks a ring job's configuration; the first problem is
 // returned as a *ConfigError.
 func (c *Config) Validate() error {
-	if err := c.validateCommon(); err != nil {
+	if err := c.ValidateCommon(); err != nil {
 		return err
 	}
 	switch {
 	case c.Batch < 1:
-		return bad("Batch", c.Batch, "want at least 1")
+		return Invalid("Batch", c.Batch, "want at least 1")
 	case c.MicroBatches < 1:
-		return bad("MicroBatches", c.MicroBatches, "want at least 1")
+		return Invalid("MicroBatches", c.MicroBatches, "want at least 1")
 	case c.LocalSteps < 1:
-		return bad("LocalSteps", c.LocalSteps, "want at least 1")
+		return Invalid("LocalSteps", c.LocalSteps, "want at least 1")
 	case c.CommitEvery < 1:
-		return bad("CommitEvery", c.CommitEvery, "want at least 1")
+		return Invalid("CommitEvery", c.CommitEvery, "want at least 1")
 	case c.BucketBytes < 1:
-		return bad("BucketBytes", c.BucketBytes, "want a positive size")
+		return Invalid("BucketBytes", c.BucketBytes, "want a positive size")
 	case c.ClipNorm < 0:
-		return bad("ClipNorm", c.ClipNorm, "must not be negative")
+		return Invalid("ClipNorm", c.ClipNorm, "must not be negative")
 	case c.OpTimeout <= 0:
-		return bad("OpTimeout", c.OpTimeout, "must be positive")
+		return Invalid("OpTimeout", c.OpTimeout, "must be positive")
 	case c.Transport != "auto" && c.Transport != "tcp" && c.Transport != "shm":
-		return bad("Transport", c.Transport, `want "auto", "tcp" or "shm"`)
+		return Invalid("Transport", c.Transport, `want "auto", "tcp" or "shm"`)
 	case c.WireDType != "float32" && c.WireDType != "fp16" && c.WireDType != "bf16":
-		return bad("WireDType", c.WireDType, `want "float32", "fp16" or "bf16"`)
+		return Invalid("WireDType", c.WireDType, `want "float32", "fp16" or "bf16"`)
 	case c.ErrorFeedback && c.WireDType == "float32":
-		return bad("ErrorFeedback", c.ErrorFeedback, `needs a compressed WireDType ("fp16" or "bf16")`)
+		return Invalid("ErrorFeedback", c.ErrorFeedback, `needs a compressed WireDType ("fp16" or "bf16")`)
 	case c.Rescale != "batch" && c.Rescale != "lr":
-		return bad("Rescale", c.Rescale, `want "batch" or "lr"`)
+		return Invalid("Rescale", c.Rescale, `want "batch" or "lr"`)
 	case c.ReferenceWorld < 0 || (c.Rescale == "lr" && c.ReferenceWorld > c.Batch):
-		return bad("ReferenceWorld", c.ReferenceWorld, "want 1..Batch")
+		return Invalid("ReferenceWorld", c.ReferenceWorld, "want 1..Batch")
 	case c.Restarts.MaxRestarts < 0:
-		return bad("Restarts.MaxRestarts", c.Restarts.MaxRestarts, "must not be negative")
+		return Invalid("Restarts.MaxRestarts", c.Restarts.MaxRestarts, "must not be negative")
 	case c.Restarts.Window <= 0:
-		return bad("Restarts.Window", c.Restarts.Window, "must be positive")
+		return Invalid("Restarts.Window", c.Restarts.Window, "must be positive")
 	case c.Faults.FailWorker >= 0 && c.Faults.FailStep < 1:
-		return bad("Faults.FailStep", c.Faults.FailStep, "want a step from 1")
+		return Invalid("Faults.FailStep", c.Faults.FailStep, "want a step from 1")
 	case c.Faults.FailTimes < 0:
-		return bad("Faults.FailTimes", c.Faults.FailTimes, "must not be negative")
+		return Invalid("Faults.FailTimes", c.Faults.FailTimes, "must not be negative")
 	}
-	if err := c.schedule().Validate(); err != nil {
-		return bad("Schedule", c.Schedule.Kind, "%v", err)
+	if err := c.LRSchedule().Validate(); err != nil {
+		return Invalid("Schedule", c.Schedule.Kind, "%v", err)
 	}
 	if _, err := nn.NewOptimizer(c.Optimizer, nil); err != nil {
-		return bad("Optimizer.Kind", c.Optimizer.Kind, "%v", err)
+		return Invalid("Optimizer.Kind", c.Optimizer.Kind, "%v", err)
 	}
 	if c.Sync.Mode != "bsp" && c.Sync.Mode != "hybrid" {
-		return bad("Sync.Mode", c.Sync.Mode, `want "bsp" or "hybrid" (asp and ssp are for parameter-server jobs)`)
+		return Invalid("Sync.Mode", c.Sync.Mode, `want "bsp" or "hybrid" (asp and ssp are for parameter-server jobs)`)
 	}
 	if c.Sync.Mode == "hybrid" {
-		if _, err := c.Sync.policy(); err != nil {
+		if _, err := c.Sync.Policy(); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// validateCommon checks what every job kind has.
-func (c *Config) validateCommon() error {
+// ValidateCommon checks what every job kind has.
+func (c *Config) ValidateCommon() error {
 	switch {
 	case c.Job != "" && strings.ContainsAny(c.Job, "/\x00"):
-		return bad("Job", c.Job, "want a name without '/'")
+		return Invalid("Job", c.Job, "want a name without '/'")
 	case c.Model == "":
-		return bad("Model", "", "name the model")
+		return Invalid("Model", "", "name the model")
 	case c.Steps < 1:
-		return bad("Steps", c.Steps, "want at least 1")
+		return Invalid("Steps", c.Steps, "want at least 1")
 	case c.LeaseTTL < time.Second:
-		return bad("LeaseTTL", c.LeaseTTL, "want at least 1s (etcd leases count whole seconds)")
+		return Invalid("LeaseTTL", c.LeaseTTL, "want at least 1s (etcd leases count whole seconds)")
 	case c.Unreachable <= 0:
-		return bad("Unreachable", c.Unreachable, "must be positive")
+		return Invalid("Unreachable", c.Unreachable, "must be positive")
 	case c.EtcdDialTimeout < 0:
-		return bad("EtcdDialTimeout", c.EtcdDialTimeout, "must not be negative (0: 30s)")
+		return Invalid("EtcdDialTimeout", c.EtcdDialTimeout, "must not be negative (0: 30s)")
 	}
 	for _, e := range c.Etcd {
 		if strings.TrimSpace(e) == "" || strings.ContainsAny(e, ", ") {
-			return bad("Etcd", c.Etcd, "want a list of host:port endpoints")
+			return Invalid("Etcd", c.Etcd, "want a list of host:port endpoints")
 		}
 	}
 	return c.Checkpoint.validate()
@@ -316,39 +316,39 @@ func (c *Config) validateCommon() error {
 func (k CheckpointConfig) validate() error {
 	switch {
 	case k.Location == "" && (k.EverySteps != 0 || k.Every != 0 || k.Resume):
-		return bad("Checkpoint.Location", "", "Checkpoint.EverySteps, Checkpoint.Every and Checkpoint.Resume need a location")
+		return Invalid("Checkpoint.Location", "", "Checkpoint.EverySteps, Checkpoint.Every and Checkpoint.Resume need a location")
 	case k.EverySteps < 0:
-		return bad("Checkpoint.EverySteps", k.EverySteps, "must not be negative")
+		return Invalid("Checkpoint.EverySteps", k.EverySteps, "must not be negative")
 	case k.Every < 0:
-		return bad("Checkpoint.Every", k.Every, "must not be negative")
+		return Invalid("Checkpoint.Every", k.Every, "must not be negative")
 	case k.KeepLast < 0:
-		return bad("Checkpoint.KeepLast", k.KeepLast, "must not be negative")
+		return Invalid("Checkpoint.KeepLast", k.KeepLast, "must not be negative")
 	case k.KeepEvery < 0:
-		return bad("Checkpoint.KeepEvery", k.KeepEvery, "must not be negative")
+		return Invalid("Checkpoint.KeepEvery", k.KeepEvery, "must not be negative")
 	case k.Wait <= 0:
-		return bad("Checkpoint.Wait", k.Wait, "must be positive")
+		return Invalid("Checkpoint.Wait", k.Wait, "must be positive")
 	}
 	if k.Location != "" {
 		l, err := checkpoint.ParseLocation(k.Location)
 		if err != nil {
-			return bad("Checkpoint.Location", k.Location, "%v", err)
+			return Invalid("Checkpoint.Location", k.Location, "%v", err)
 		}
 		if l.Dir != "" {
 			if fi, err := os.Stat(l.Dir); err == nil && !fi.IsDir() {
-				return bad("Checkpoint.Location", k.Location, "is a file, not a directory")
+				return Invalid("Checkpoint.Location", k.Location, "is a file, not a directory")
 			}
 		}
 	}
 	return nil
 }
 
-// policy is the hybrid decisions' configuration.
-func (s SyncConfig) policy() (hybrid.Policy, error) {
+// Policy is the hybrid decisions' configuration.
+func (s SyncConfig) Policy() (hybrid.Policy, error) {
 	p := hybrid.Policy{AutoFactor: s.DeadlineFactor, Quorum: s.Quorum, ReadmitAfter: s.ReadmitAfter, MinWorkers: 1,
 		ExcludeAfter: s.ExcludeAfter, Window: s.ExcludeWindow}
 	switch {
 	case s.Deadline < 0:
-		return p, bad("Sync.Deadline", s.Deadline, "want a positive duration, or 0 for an adaptive one")
+		return p, Invalid("Sync.Deadline", s.Deadline, "want a positive duration, or 0 for an adaptive one")
 	case s.Deadline == 0:
 		p.Auto, p.Deadline = true, 2*time.Second // until the first steps are timed
 	default:
@@ -356,21 +356,21 @@ func (s SyncConfig) policy() (hybrid.Policy, error) {
 	}
 	switch {
 	case s.ExcludeAfter < 0 || s.ExcludeWindow < s.ExcludeAfter || (s.ExcludeAfter == 0) != (s.ExcludeWindow == 0):
-		return p, bad("Sync.ExcludeAfter", fmt.Sprintf("%d/%d", s.ExcludeAfter, s.ExcludeWindow), "want X/W with 1 <= X <= W, or 0/0 for never")
+		return p, Invalid("Sync.ExcludeAfter", fmt.Sprintf("%d/%d", s.ExcludeAfter, s.ExcludeWindow), "want X/W with 1 <= X <= W, or 0/0 for never")
 	case s.Stale != "drop" && s.Stale != "decay":
-		return p, bad("Sync.Stale", s.Stale, `want "drop" or "decay"`)
+		return p, Invalid("Sync.Stale", s.Stale, `want "drop" or "decay"`)
 	case s.Stale == "decay" && !(s.StaleDecay > 0 && s.StaleDecay <= 1):
-		return p, bad("Sync.StaleDecay", s.StaleDecay, "want a factor in (0, 1]")
+		return p, Invalid("Sync.StaleDecay", s.StaleDecay, "want a factor in (0, 1]")
 	}
 	if err := p.Validate(); err != nil {
-		return p, bad("Sync", s.Mode, "%v", err)
+		return p, Invalid("Sync", s.Mode, "%v", err)
 	}
 	return p, nil
 }
 
-// wireDType is the collective type of a validated Config.WireDType: 0
+// WireDType is the collective type of a validated Config.WireDType: 0
 // for float32, the gradients' own type.
-func wireDType(s string) collective.DType {
+func WireDType(s string) collective.DType {
 	switch s {
 	case "fp16":
 		return collective.Float16
@@ -380,9 +380,9 @@ func wireDType(s string) collective.DType {
 	return 0
 }
 
-// schedule is the learning-rate schedule with a cosine's end at Steps when
+// LRSchedule is the learning-rate schedule with a cosine's end at Steps when
 // not given.
-func (c *Config) schedule() nn.Schedule {
+func (c *Config) LRSchedule() nn.Schedule {
 	s := c.Schedule
 	if s.Kind == "cosine" && s.Total == 0 {
 		s.Total = max(c.Steps, s.Warmup+1)

@@ -1,9 +1,10 @@
-package phalanx
+package ring
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/job"
 	"net"
 	"os"
 	"sync"
@@ -26,57 +27,6 @@ import (
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
-// ErrLeft is RunWorker's answer when its context was cancelled and the
-// worker left the job gracefully: the others go on without it.
-var ErrLeft = elastic.ErrLeft
-
-// StoppedError: the job stopped before its last step, and this worker with
-// it. Requested stops (Stop, or a signal to the launcher) come after a
-// final checkpoint at a step boundary, and the same configuration resumes
-// from it; a coordinator stops a job that stays below its minimum of
-// workers (Reason).
-type StoppedError struct {
-	Step      int64
-	Requested bool
-	Reason    string
-	// Checkpoint names the final checkpoint, found complete in the store
-	// (set by Launch).
-	Checkpoint string
-}
-
-// Error says why the job stopped.
-func (e *StoppedError) Error() string {
-	switch {
-	case e.Requested && e.Checkpoint != "":
-		return fmt.Sprintf("phalanx: stopped at step %d after a final checkpoint (%s); launch the same job again to resume", e.Step, e.Checkpoint)
-	case e.Requested:
-		return fmt.Sprintf("phalanx: stopped on request at step %d, after a final checkpoint", e.Step)
-	}
-	return fmt.Sprintf("phalanx: the coordinator stopped the job: %s", e.Reason)
-}
-
-// Result is how a job ended, as a worker saw it.
-type Result struct {
-	Step       int64
-	Generation uint64
-	World      int
-	// Loss and Accuracy are over Task.Test (when given and the model is a
-	// worker.Evaluator).
-	Loss, Accuracy float64
-	// ParametersIdentical: every rank ended with bitwise the same
-	// parameters.
-	ParametersIdentical bool
-	// ParametersCRC is the CRC32C (Castagnoli) of rank 0's parameters, in
-	// order, as float32 little-endian: two runs whose checksums match ended
-	// with the same model (chaos compares a run with its undisturbed twin).
-	ParametersCRC uint32
-	// RankCRCs are every rank's ParametersCRC, by rank: which rank
-	// differs, when they are not identical.
-	RankCRCs []uint32
-	// Metrics are a parameter-server model's held-out measures.
-	Metrics map[string]float64
-}
-
 // RunWorker runs one elastic worker of job cfg.Job, training task: it
 // registers in the job's etcd (cfg.Etcd), trains in every generation the
 // coordinator puts it in (BSP or hybrid steps, straggler exclusion and
@@ -84,19 +34,19 @@ type Result struct {
 // of others. It returns when the job is done. Cancelling ctx makes the
 // worker leave the job gracefully (ErrLeft): the ring shrinks and the
 // others go on. A stop of the whole job (Stop) is a *StoppedError.
-func RunWorker(ctx context.Context, cfg Config, task Task) (*Result, error) {
+func RunWorker(ctx context.Context, cfg job.Config, task job.Task) (*job.Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	switch {
 	case cfg.Job == "":
-		return nil, bad("Job", "", "a worker joins a named job")
+		return nil, job.Invalid("Job", "", "a worker joins a named job")
 	case len(cfg.Etcd) == 0:
-		return nil, bad("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
+		return nil, job.Invalid("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
 	case task.Model == nil || task.Train == nil:
 		return nil, errors.New("phalanx: the task needs a Model and Train data")
 	case cfg.Rescale == "lr" && cfg.ReferenceWorld < 1:
-		return nil, bad("ReferenceWorld", cfg.ReferenceWorld, `Rescale "lr" needs the world size Batch is meant for`)
+		return nil, job.Invalid("ReferenceWorld", cfg.ReferenceWorld, `Rescale "lr" needs the world size Batch is meant for`)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -107,7 +57,7 @@ func RunWorker(ctx context.Context, cfg Config, task Task) (*Result, error) {
 	if cfg.Bind == "" {
 		cfg.Bind = "127.0.0.1:0"
 	}
-	w := &ringWorker{cfg: cfg, log: cfg.Logger, task: task, rep: &reporter{f: cfg.Reports}, feeds: map[string]*phalanxpb.FeedRequest{}}
+	w := &ringWorker{cfg: cfg, log: cfg.Logger, task: task, rep: job.NewReporter(cfg.Reports), feeds: map[string]*phalanxpb.FeedRequest{}}
 	defer w.close()
 	if err := w.start(ctx); err != nil {
 		return nil, err
@@ -120,10 +70,10 @@ func RunWorker(ctx context.Context, cfg Config, task Task) (*Result, error) {
 // checkpointer) and the goroutines around the rounds (probation, feeding,
 // stop requests).
 type ringWorker struct {
-	cfg  Config
+	cfg  job.Config
 	log  *zap.Logger
-	task Task
-	rep  *reporter
+	task job.Task
+	rep  *job.Reporter
 
 	tr    *collective.TCPTransport
 	data  collective.Transport // the ring's: tr, or shared memory beside it
@@ -155,7 +105,7 @@ type ringWorker struct {
 	ckpt    *checkpoint.Checkpointer
 	trainer *worker.Trainer
 	params  []*nn.Param
-	result  *Result
+	result  *job.Result
 	undo    []func()
 }
 
@@ -174,7 +124,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	kind, err := collective.ParseTransportKind(c.Transport)
 	if err != nil {
-		return bad("Transport", c.Transport, "%v", err)
+		return job.Invalid("Transport", c.Transport, "%v", err)
 	}
 	if w.data, err = collective.NewTransport(kind, tr, collective.ShmOptions{Logger: w.log}); err != nil {
 		return fmt.Errorf("phalanx: data plane: %w", err)
@@ -200,7 +150,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	w.undo = append(w.undo, func() { w.cli.Close() })
 	if w.keys, err = coordinator.KeysFor(c.Job); err != nil {
-		return bad("Job", c.Job, "%v", err)
+		return job.Invalid("Job", c.Job, "%v", err)
 	}
 	if c.Checkpoint.Location != "" {
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -212,7 +162,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	var policy *hybrid.Policy
 	if c.Sync.Mode == "hybrid" {
-		p, _ := c.Sync.policy() // validated
+		p, _ := c.Sync.Policy() // validated
 		policy = &p
 	}
 	sup, pids, err := actors.Supervise(sys, "job", c.Restarts, w.log, actors.Child{Name: "group", Props: worker.NewGroupProps(worker.GroupConfig{
@@ -229,10 +179,10 @@ func (w *ringWorker) start(ctx context.Context) error {
 			for i, r := range f.Late {
 				late[i] = int(r)
 			}
-			w.rep.send(Report{Kind: "overlap_fallback", Step: f.Step, Late: late, DeadlineS: f.Deadline.Seconds()})
+			w.rep.Send(job.Report{Kind: "overlap_fallback", Step: f.Step, Late: late, DeadlineS: f.Deadline.Seconds()})
 		},
 		OnRestart: func(r *phalanxpb.RankRestarted) {
-			w.rep.send(Report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
+			w.rep.Send(job.Report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
 		},
 	})})
 	if err != nil {
@@ -241,7 +191,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	w.sup, w.group = sup, pids[0]
 	w.agent, err = elastic.New(elastic.Config{Client: w.cli, Keys: w.keys, Job: c.Job, Transport: w.data,
 		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
-		DataAddr: tr.Addr(), ControlAddr: sys.Address(), RankHint: c.RankHint, ConfigHash: c.jobHash(),
+		DataAddr: tr.Addr(), ControlAddr: sys.Address(), RankHint: c.RankHint, ConfigHash: jobHash(c),
 		Capabilities: []string{"allreduce", "model:" + c.Model},
 		LeaseTTL:     c.LeaseTTL, Unreachable: c.Unreachable, Logger: w.log, Now: c.Now})
 	if err != nil {
@@ -254,7 +204,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 // run is the worker's life in the job: the elastic agent's rounds, and
 // beside them the goroutines that watch for stop requests, probation and
 // feeds, and for ctx's end (leave).
-func (w *ringWorker) run(ctx context.Context) (*Result, error) {
+func (w *ringWorker) run(ctx context.Context) (*job.Result, error) {
 	c := &w.cfg
 	// ctx's end is a request to leave, not an abort: the rounds run on.
 	runCtx, abort := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -274,16 +224,16 @@ func (w *ringWorker) run(ctx context.Context) (*Result, error) {
 		goAux(w.probation)
 		goAux(w.watchFeeds)
 	}
-	w.rep.send(Report{Kind: "registered", ID: w.id, Pid: os.Getpid()})
+	w.rep.Send(job.Report{Kind: "registered", ID: w.id, Pid: os.Getpid()})
 	err := w.agent.Run(runCtx, w.round)
 	var stopped *elastic.StoppedError
 	switch {
 	case errors.As(err, &stopped):
 		w.finalCheckpoint(runCtx, stopped)
-		return nil, &StoppedError{Reason: stopped.Reason}
+		return nil, &job.StoppedError{Reason: stopped.Reason}
 	case errors.Is(err, elastic.ErrLeft):
-		w.rep.send(Report{Kind: "left", ID: w.id, Pid: os.Getpid()})
-		return nil, ErrLeft
+		w.rep.Send(job.Report{Kind: "left", ID: w.id, Pid: os.Getpid()})
+		return nil, job.ErrLeft
 	case err != nil:
 		if cause := context.Cause(runCtx); cause != nil && !errors.Is(err, cause) {
 			err = fmt.Errorf("%w (%v)", err, cause)
@@ -291,7 +241,7 @@ func (w *ringWorker) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	if s := w.stoppedAt.Load(); s > 0 {
-		return nil, &StoppedError{Step: s, Requested: true}
+		return nil, &job.StoppedError{Step: s, Requested: true}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

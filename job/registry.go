@@ -1,4 +1,4 @@
-package phalanx
+package job
 
 import (
 	"context"
@@ -25,7 +25,8 @@ type Task struct {
 
 // ModelSpec is a model that jobs can train by name: the launcher, the
 // command and every worker process build it from the same options. A ring
-// model has New; a parameter-server model has PS.
+// model has New; a parameter-server model has PS; a model of another kind
+// names it (Kind) and carries what that kind reads (Impl).
 type ModelSpec struct {
 	Name    string
 	Summary string
@@ -37,6 +38,11 @@ type ModelSpec struct {
 	New func(o Options, seed uint64) (Task, error)
 	// PS is a parameter-server model's worker.
 	PS *PSModel
+	// Kind names the model's job kind when it is neither a ring model
+	// (New) nor a parameter-server one (PS): a kind added to the Registry
+	// (Registry.AddKind), which reads the model from Impl.
+	Kind string
+	Impl any
 }
 
 // Option is one option of a model: its name, default and meaning.
@@ -113,17 +119,24 @@ func (o Options) Ints(name string) ([]int, error) {
 // only afterwards; there is no global one.
 type Registry struct {
 	specs []ModelSpec
+	kinds []Kind
 }
 
-// NewRegistry holds specs. A spec without a name, with both or neither of
-// New and PS, or a name given twice is a programming error: it panics.
-func NewRegistry(specs ...ModelSpec) *Registry {
+// NewRegistry holds specs, of kinds. A spec without a name, with both or
+// neither of New and PS (unless it names its Kind), or a name given twice
+// is a programming error: it panics.
+func NewRegistry(kinds []Kind, specs ...ModelSpec) *Registry {
 	r := &Registry{}
+	for _, k := range kinds {
+		if err := r.AddKind(k); err != nil {
+			panic(err.Error())
+		}
+	}
 	for _, s := range specs {
 		switch {
 		case s.Name == "":
 			panic("phalanx: a ModelSpec without a name")
-		case (s.New == nil) == (s.PS == nil):
+		case s.Kind == "" && (s.New == nil) == (s.PS == nil):
 			panic(fmt.Sprintf("phalanx: model %q: want exactly one of New and PS", s.Name))
 		case slices.ContainsFunc(r.specs, func(o ModelSpec) bool { return o.Name == s.Name }):
 			panic(fmt.Sprintf("phalanx: model %q registered twice", s.Name))
@@ -154,7 +167,7 @@ func (r *Registry) Lookup(name string) (ModelSpec, error) {
 			}
 		}
 	}
-	return ModelSpec{}, bad("Model", name, "not a registered model; the models are: %s", strings.Join(r.Names(), ", "))
+	return ModelSpec{}, Invalid("Model", name, "not a registered model; the models are: %s", strings.Join(r.Names(), ", "))
 }
 
 // Resolve is spec's options: its defaults overridden by given. An option
@@ -166,15 +179,15 @@ func (s ModelSpec) Resolve(given map[string]string) (Options, error) {
 	}
 	for k, v := range given {
 		if _, ok := o[k]; !ok {
-			return nil, bad("ModelOptions", k, "model %s has no such option", s.Name)
+			return nil, Invalid("ModelOptions", k, "model %s has no such option", s.Name)
 		}
 		o[k] = v
 	}
 	return o, nil
 }
 
-// check resolves and checks cfg's model options against the registry.
-func (r *Registry) check(cfg *Config) (ModelSpec, Options, error) {
+// Check resolves and checks cfg's model options against the registry.
+func (r *Registry) Check(cfg *Config) (ModelSpec, Options, error) {
 	spec, err := r.Lookup(cfg.Model)
 	if err != nil {
 		return spec, nil, err

@@ -1,4 +1,4 @@
-package phalanx
+package job
 
 import (
 	"cmp"
@@ -78,13 +78,17 @@ type ShardAccount struct {
 	Pushes []uint64 `json:"pushes"`
 }
 
-// reporter hands reports to Config.Reports, one at a time.
-type reporter struct {
+// Reporter hands reports to Config.Reports, one at a time.
+type Reporter struct {
 	mu sync.Mutex
 	f  func(Report)
 }
 
-func (r *reporter) send(rep Report) {
+// NewReporter hands reports to f (nil: none).
+func NewReporter(f func(Report)) *Reporter { return &Reporter{f: f} }
+
+// Send hands rep over.
+func (r *Reporter) Send(rep Report) {
 	if r.f == nil {
 		return
 	}
@@ -136,7 +140,7 @@ func ReportText(w io.Writer, steps, every int64) func(Report) {
 			fmt.Fprintf(w, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
 		case "checkpoint":
 			if r.Checkpoint != nil {
-				fmt.Fprint(w, checkpointText(r.Checkpoint))
+				fmt.Fprint(w, CheckpointText(r.Checkpoint))
 			}
 		case "stopped":
 			fmt.Fprintf(w, "the job stopped at step %d\n", r.Step)
@@ -154,4 +158,22 @@ func ReportText(w io.Writer, steps, every int64) func(Report) {
 			fmt.Fprintf(w, "failed: %s\n", r.Reason)
 		}
 	}
+}
+
+// PSShareReport is a worker's report of a share it claimed (ps_share) or
+// finished (ps_share_done).
+type PSShareReport struct {
+	Share int `json:"share"`
+	// Reason is own (the worker's own share) or adopted (a share whose
+	// worker died).
+	Reason string `json:"reason"`
+	// From is the step the share resumes after; ReplayedTo the last step
+	// some shard already applied (steps From+1..ReplayedTo are pushed
+	// again, as duplicates where applied).
+	From       int64 `json:"from"`
+	ReplayedTo int64 `json:"replayed_to"`
+	// Steps (done) is the share's last step; Duplicates how many pushes
+	// the shards answered as applied already.
+	Steps      int64 `json:"steps,omitempty"`
+	Duplicates int64 `json:"duplicates,omitempty"`
 }

@@ -1,7 +1,8 @@
-package phalanx
+package ring
 
 import (
 	"errors"
+	"github.com/phalanx-rt/phalanx/job"
 	"io"
 	"os/exec"
 	"strings"
@@ -50,9 +51,9 @@ func TestTerminalNoise(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var out, evs strings.Builder
-			r := newRingJob(&jobEnv{out: &out, ev: events.New(&evs, time.Now), lc: &LaunchConfig{}}, nil)
+			r := newRingJob(&job.Env{Out: &out, Events: events.New(&evs, time.Now), LC: &job.LaunchConfig{}}, nil)
 			if c.stop {
-				r.stop = &Report{Kind: "stopped", Step: 7}
+				r.stop = &job.Report{Kind: "stopped", Step: 7}
 			}
 			for i, err := range c.exits {
 				r.exited(launch.Exit{Role: "worker", Index: i, Pid: 100 + i, Err: err})
@@ -98,15 +99,15 @@ func TestProgressLines(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			clock := time.Unix(1000, 0)
 			var out strings.Builder
-			lc := &LaunchConfig{Config: Config{Steps: 100, Now: func() time.Time { return clock }}, LogEvery: c.every}
-			r := newRingJob(&jobEnv{out: &out, ev: events.New(io.Discard, nil), lc: lc}, nil)
+			lc := &job.LaunchConfig{Config: job.Config{Steps: 100, Now: func() time.Time { return clock }}, LogEvery: c.every}
+			r := newRingJob(&job.Env{Out: &out, Events: events.New(io.Discard, nil), LC: lc}, nil)
 			for step := int64(41); step <= 100; step++ {
 				clock = clock.Add(time.Second)
 				secs := 0.005
 				if step%5 == 0 {
 					secs = 0.045
 				}
-				r.progress(Report{Kind: "step", Step: step, World: 4, Loss: 0.5, Accuracy: 0.9, SamplesPS: 256 / secs, StepS: secs})
+				r.progress(job.Report{Kind: "step", Step: step, World: 4, Loss: 0.5, Accuracy: 0.9, SamplesPS: 256 / secs, StepS: secs})
 			}
 			if n := strings.Count(out.String(), "step "); n != c.lines {
 				t.Errorf("%d progress lines, want %d:\n%s", n, c.lines, out.String())
@@ -116,7 +117,7 @@ func TestProgressLines(t *testing.T) {
 					t.Errorf("progress lacks %q:\n%s", w, out.String())
 				}
 			}
-			if got := r.doneLine(&Report{Step: 100, Loss: 0.25, Accuracy: 0.91}); !strings.HasPrefix(got, c.doneWant) {
+			if got := r.doneLine(&job.Report{Step: 100, Loss: 0.25, Accuracy: 0.91}); !strings.HasPrefix(got, c.doneWant) {
 				t.Errorf("done line %q, want it to begin %q", got, c.doneWant)
 			}
 		})
@@ -129,18 +130,18 @@ func TestProgressLines(t *testing.T) {
 // previous line), a checkpoint, and its end. Nothing is JSON.
 func TestReportText(t *testing.T) {
 	var out strings.Builder
-	say := ReportText(&out, 10, 5)
-	say(Report{Kind: "registered", ID: "w-1", Pid: 42})
-	say(Report{Kind: "restored", Generation: 1, World: 2, DataPlane: "shm"})
+	say := job.ReportText(&out, 10, 5)
+	say(job.Report{Kind: "registered", ID: "w-1", Pid: 42})
+	say(job.Report{Kind: "restored", Generation: 1, World: 2, DataPlane: "shm"})
 	for step := int64(1); step <= 10; step++ {
 		secs := 0.01
 		if step%5 == 0 {
 			secs = 0.03
 		}
-		say(Report{Kind: "step", Step: step, World: 2, Loss: 0.5, Accuracy: 0.75, SamplesPS: 256 / secs, StepS: secs})
+		say(job.Report{Kind: "step", Step: step, World: 2, Loss: 0.5, Accuracy: 0.75, SamplesPS: 256 / secs, StepS: secs})
 	}
-	say(Report{Kind: "checkpoint", Checkpoint: &checkpoint.Event{Kind: "saved", Step: 10, URL: "/c/step-10", Bytes: 2048, Seconds: 0.5}})
-	say(Report{Kind: "done", Step: 10, World: 2, Loss: 0.25, Accuracy: 0.9})
+	say(job.Report{Kind: "checkpoint", Checkpoint: &checkpoint.Event{Kind: "saved", Step: 10, URL: "/c/step-10", Bytes: 2048, Seconds: 0.5}})
+	say(job.Report{Kind: "done", Step: 10, World: 2, Loss: 0.25, Accuracy: 0.9})
 	want := `registered as w-1 (pid 42); waiting for a ring
 generation 1: rank 0 of 2 workers, at step 0 (0 redone), over shm
 step 5/10  loss 0.5000  acc  75.0%  2 workers  18286 samples/s
@@ -159,15 +160,15 @@ done: step 10 on 2 workers; held-out loss 0.2500, accuracy 90.00%
 func TestOpenStoreSaysWhere(t *testing.T) {
 	dir := t.TempDir()
 	var out strings.Builder
-	c := DefaultConfig()
+	c := job.DefaultConfig()
 	c.Checkpoint.Location = dir
-	if _, err := openStore(t.Context(), &c, &out); err != nil || out.String() != "checkpoints: "+dir+"\n" {
-		t.Fatalf("openStore(%s): %v, said %q", dir, err, out.String())
+	if _, err := job.OpenStore(t.Context(), &c, &out); err != nil || out.String() != "checkpoints: "+dir+"\n" {
+		t.Fatalf("job.OpenStore(%s): %v, said %q", dir, err, out.String())
 	}
 	out.Reset()
 	c.Checkpoint.Location = "s3://bucket?endpoint=a:b:c"
-	if _, err := openStore(t.Context(), &c, &out); err == nil || out.Len() != 0 {
-		t.Fatalf("openStore(%s): %v, said %q; want a refusal and nothing said", c.Checkpoint.Location, err, out.String())
+	if _, err := job.OpenStore(t.Context(), &c, &out); err == nil || out.Len() != 0 {
+		t.Fatalf("job.OpenStore(%s): %v, said %q; want a refusal and nothing said", c.Checkpoint.Location, err, out.String())
 	}
 	l, err := checkpoint.ParseLocation("s3://bucket/run1")
 	if err != nil || l.String() != "s3://bucket/run1?endpoint=s3.amazonaws.com" || !l.S3.TLS {

@@ -1,8 +1,9 @@
-package phalanx
+package ring
 
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/phalanx-rt/phalanx/job"
 	"io"
 	"testing"
 	"time"
@@ -23,10 +24,10 @@ func TestReplayedStepKeepsItsRing(t *testing.T) {
 		Position: worker.Position{Epoch: 1, Offset: 512}}
 	tests := []struct {
 		name  string
-		lines []Report
+		lines []job.Report
 		want  []map[string]any // the step events' checked fields
 	}{
-		{"never seen", []Report{
+		{"never seen", []job.Report{
 			{Kind: "step", Step: 146, Generation: 1, World: 4, Participants: 3, Stale: 1},
 			replayedStep(trained, 2),
 			{Kind: "step", Step: 148, Generation: 2, World: 3},
@@ -35,13 +36,13 @@ func TestReplayedStepKeepsItsRing(t *testing.T) {
 			{"step": 147.0, "generation": 1.0, "world": 4.0, "participants": 3.0, "stale": 1.0, "fingerprint": []any{96.0, 12473.0, 1051.0, 0.0, 11598.0}},
 			{"step": 148.0, "generation": 2.0, "world": 3.0, "participants": 3.0},
 		}},
-		{"seen already", []Report{
+		{"seen already", []job.Report{
 			{Kind: "step", Step: 147, Generation: 1, World: 4, Participants: 3, Stale: 1},
 			replayedStep(trained, 2),
 		}, []map[string]any{
 			{"step": 147.0, "generation": 1.0, "world": 4.0, "participants": 3.0, "stale": 1.0},
 		}},
-		{"a synchronous step", []Report{
+		{"a synchronous step", []job.Report{
 			replayedStep(worker.StepStats{Step: 9, World: 4, Generation: 3}, 4),
 		}, []map[string]any{
 			{"step": 9.0, "generation": 3.0, "world": 4.0, "participants": 4.0, "stale": 0.0},
@@ -50,7 +51,7 @@ func TestReplayedStepKeepsItsRing(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			r := newRingJob(&jobEnv{lc: &LaunchConfig{Config: Config{Steps: 300}, LogEvery: 1000}, ev: events.New(&buf, func() time.Time { return time.Unix(0, 0) }), out: io.Discard}, nil)
+			r := newRingJob(&job.Env{LC: &job.LaunchConfig{Config: job.Config{Steps: 300}, LogEvery: 1000}, Events: events.New(&buf, func() time.Time { return time.Unix(0, 0) }), Out: io.Discard}, nil)
 			for _, rep := range tc.lines {
 				b, err := json.Marshal(rep)
 				if err != nil {

@@ -1,10 +1,11 @@
-package phalanx
+package psjob
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/job"
 	"os"
 	"sort"
 	"strings"
@@ -22,32 +23,32 @@ import (
 	"github.com/phalanx-rt/phalanx/ps/cluster"
 )
 
-// validatePS checks a parameter-server job's configuration.
-func (c *Config) validatePS() error {
-	if err := c.validateCommon(); err != nil {
+// validate checks a parameter-server job's configuration.
+func validate(c *job.Config) error {
+	if err := c.ValidateCommon(); err != nil {
 		return err
 	}
 	p := c.PS
 	switch {
 	case p.Servers < 1 || p.Servers > 64:
-		return bad("PS.Servers", p.Servers, "want 1..64")
+		return job.Invalid("PS.Servers", p.Servers, "want 1..64")
 	case p.Shards < 0 || p.Shards > 4096:
-		return bad("PS.Shards", p.Shards, "want 1..4096, or 0 for one per server")
+		return job.Invalid("PS.Shards", p.Shards, "want 1..4096, or 0 for one per server")
 	case p.Replicas >= p.Servers:
-		return bad("PS.Replicas", p.Replicas, "a shard's copies need as many servers; want below PS.Servers %d", p.Servers)
+		return job.Invalid("PS.Replicas", p.Replicas, "a shard's copies need as many servers; want below PS.Servers %d", p.Servers)
 	case p.CacheRows < 0:
-		return bad("PS.CacheRows", p.CacheRows, "must not be negative")
+		return job.Invalid("PS.CacheRows", p.CacheRows, "must not be negative")
 	case p.CacheStaleness < 0:
-		return bad("PS.CacheStaleness", p.CacheStaleness, "must not be negative")
+		return job.Invalid("PS.CacheStaleness", p.CacheStaleness, "must not be negative")
 	case p.ReportEvery < 0:
-		return bad("PS.ReportEvery", p.ReportEvery, "must not be negative")
+		return job.Invalid("PS.ReportEvery", p.ReportEvery, "must not be negative")
 	case c.Checkpoint.Every != 0:
-		return bad("Checkpoint.Every", c.Checkpoint.Every, "a parameter-server job checkpoints by steps (Checkpoint.EverySteps) and at the end")
+		return job.Invalid("Checkpoint.Every", c.Checkpoint.Every, "a parameter-server job checkpoints by steps (Checkpoint.EverySteps) and at the end")
 	case c.Batch < 1:
-		return bad("Batch", c.Batch, "want at least 1")
+		return job.Invalid("Batch", c.Batch, "want at least 1")
 	}
 	if _, err := ps.ParseMode(psMode(c.Sync.Mode)); err != nil {
-		return bad("Sync.Mode", c.Sync.Mode, "want bsp, asp (async), ssp or hybrid for a parameter-server job")
+		return job.Invalid("Sync.Mode", c.Sync.Mode, "want bsp, asp (async), ssp or hybrid for a parameter-server job")
 	}
 	return nil
 }
@@ -61,7 +62,7 @@ func psMode(m string) string {
 
 // psJobRecord is the job record a parameter-server launch writes in etcd
 // for its servers and workers.
-func psJobRecord(lc *LaunchConfig, spec ModelSpec, opts Options) (*phalanxpb.PSJob, error) {
+func psJobRecord(lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (*phalanxpb.PSJob, error) {
 	c, p := &lc.Config, lc.PS
 	if p.Shards == 0 {
 		p.Shards = p.Servers
@@ -70,7 +71,7 @@ func psJobRecord(lc *LaunchConfig, spec ModelSpec, opts Options) (*phalanxpb.PSJ
 		p.Replicas = min(1, p.Servers-1)
 	}
 	if c.Batch < lc.Workers {
-		return nil, bad("Batch", c.Batch, "each of the %d workers needs at least one example per step", lc.Workers)
+		return nil, job.Invalid("Batch", c.Batch, "each of the %d workers needs at least one example per step", lc.Workers)
 	}
 	batch := c.Batch / lc.Workers
 	steps, err := spec.PS.Steps(opts, lc.Workers, batch)
@@ -94,42 +95,71 @@ func psJobRecord(lc *LaunchConfig, spec ModelSpec, opts Options) (*phalanxpb.PSJ
 		Staleness: int32(c.Sync.Staleness), Quorum: c.Sync.Quorum, DeadlineNanos: int64(deadline), Decay: decay, Tables: tables,
 		Model: spec.Name, Options: opts, Seed: c.Seed, Batch: uint32(batch), Steps: steps, ReportEvery: uint32(p.ReportEvery)}
 	if _, err := cluster.SpecOf(j); err != nil {
-		return nil, bad("PS", p.Partition, "%v", err)
+		return nil, job.Invalid("PS", p.Partition, "%v", err)
 	}
 	return j, nil
 }
 
-// launchPS runs a parameter-server job: etcd, the shard-map writer, the
-// server processes and the worker processes, until every worker is done.
-func launchPS(ctx context.Context, lc *LaunchConfig, spec ModelSpec) (*Result, error) {
-	opts, err := spec.Resolve(lc.ModelOptions)
-	if err != nil {
+// Kind is the parameter-server job: a model's tables sharded over
+// PSConfig.Servers server processes (replicated, with failover), and
+// Workers worker processes that push gradients and pull parameters, each
+// training its share of the data (a dead worker's share is taken over).
+type Kind struct{}
+
+// Name is "ps".
+func (Kind) Name() string { return "ps" }
+
+// Owns a model with PS.
+func (Kind) Owns(spec job.ModelSpec) bool { return spec.PS != nil }
+
+// Worker is the role of a parameter-server worker.
+func (Kind) Worker() string { return "ps-worker" }
+
+// Roles are the servers and the workers.
+func (Kind) Roles() map[string]job.Role {
+	return map[string]job.Role{
+		"ps-server": func(ctx context.Context, cfg job.Config, _ *job.Registry) (*job.Result, error) {
+			return nil, RunServer(ctx, cfg, fmt.Sprintf("ps-%d", cfg.Index), nil)
+		},
+		"ps-worker": func(ctx context.Context, cfg job.Config, reg *job.Registry) (*job.Result, error) {
+			return runPSWorkerProcess(ctx, cfg, reg, cfg.Index)
+		},
+	}
+}
+
+// Prepare checks a parameter-server launch and makes its job record.
+func (Kind) Prepare(_ context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
+	if err := validate(&lc.Config); err != nil {
 		return nil, err
 	}
 	rec, err := psJobRecord(lc, spec, opts)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	return prepared{rec}, nil
+}
+
+// prepared is a checked parameter-server launch: its job record.
+type prepared struct{ rec *phalanxpb.PSJob }
+
+// Run runs the job: etcd, the shard-map writer, the server processes and
+// the worker processes, until every worker is done. The caller's context
+// ending ends it at once.
+func (p prepared) Run(outer, _ context.Context, _ context.CancelFunc, env *job.Env) (*job.Result, error) {
+	ctx, cancel := context.WithCancel(outer)
 	defer cancel()
-	j, err := openJob(context.WithoutCancel(ctx), ctx, lc)
-	if err != nil {
-		return nil, err
-	}
-	res, err := (&psLaunch{jobEnv: j, rec: rec}).run(ctx, cancel)
-	j.close(err)
-	return res, err
+	return (&psLaunch{Env: env, rec: p.rec}).run(ctx, cancel)
 }
 
 type psLaunch struct {
-	*jobEnv
+	*job.Env
 	rec *phalanxpb.PSJob
 }
 
 // restore points the job at the newest checkpoint that verifies, if any.
 func (p *psLaunch) restore(ctx context.Context) error {
-	c := &p.lc.Config
-	store, err := openStore(ctx, c, p.lc.Output)
+	c := &p.LC.Config
+	store, err := job.OpenStore(ctx, c, p.LC.Output)
 	if store == nil || err != nil {
 		return err
 	}
@@ -148,26 +178,26 @@ func (p *psLaunch) restore(ctx context.Context) error {
 		return fmt.Errorf("phalanx: the newest checkpoint is of step %d, beyond the job's %d steps (fewer epochs or examples than it was trained with?)", m.Step, p.rec.Steps)
 	}
 	p.rec.RestoreFrom, p.rec.RestoreStep = cluster.Prefix(m.Step), m.Step
-	p.ev.Emit("restored", events.F("step", m.Step), events.F("from_shards", m.Shards), events.F("shards", p.rec.Shards), events.F("checkpoint", p.rec.RestoreFrom))
-	fmt.Fprintf(p.out, "resuming from the checkpoint of step %d (%d shards) in %s, into %d shards\n", m.Step, m.Shards, store.Location(), p.rec.Shards)
+	p.Events.Emit("restored", events.F("step", m.Step), events.F("from_shards", m.Shards), events.F("shards", p.rec.Shards), events.F("checkpoint", p.rec.RestoreFrom))
+	fmt.Fprintf(p.Out, "resuming from the checkpoint of step %d (%d shards) in %s, into %d shards\n", m.Step, m.Shards, store.Location(), p.rec.Shards)
 	return nil
 }
 
-func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result, error) {
-	lc, rec := p.lc, p.rec
+func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Result, error) {
+	lc, rec := p.LC, p.rec
 	if err := p.restore(ctx); err != nil {
 		return nil, err
 	}
-	if err := cluster.WriteJob(ctx, p.cli, p.keys, rec); err != nil {
+	if err := cluster.WriteJob(ctx, p.Client, p.Keys, rec); err != nil {
 		return nil, err
 	}
 	maps := make(chan *phalanxpb.ShardMap, 16)
 	mapDone := make(chan error, 1)
 	host, _ := os.Hostname()
 	go func() {
-		mapDone <- coordinator.RunShardMap(ctx, p.cli, p.keys, coordinator.ShardMapConfig{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+		mapDone <- coordinator.RunShardMap(ctx, p.Client, p.Keys, coordinator.ShardMapConfig{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
 			Shards: int(rec.Shards), Replicas: int(rec.Replicas), Servers: int(rec.Servers), SessionTTL: lc.LeaseTTL,
-			Logger: p.log.Named("shardmap"), OnMap: func(m *phalanxpb.ShardMap) {
+			Logger: p.Log.Named("shardmap"), OnMap: func(m *phalanxpb.ShardMap) {
 				select {
 				case maps <- m:
 				case <-ctx.Done():
@@ -180,48 +210,48 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 			<-mapDone
 		}
 	}()
-	if err := coordinator.ClearPSShares(ctx, p.cli, p.keys); err != nil {
+	if err := coordinator.ClearPSShares(ctx, p.Client, p.Keys); err != nil {
 		return nil, err
 	}
 	for i := range int(rec.Servers) {
-		if err := p.spawn(ctx, processSpec{Role: "ps-server", Config: lc.Config, Index: i}); err != nil {
+		if err := p.Spawn(ctx, job.ProcessSpec{Role: "ps-server", Config: lc.Config, Index: i}); err != nil {
 			return nil, err
 		}
 	}
 	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers+int(rec.Servers))
 	for i := range lc.Workers {
-		if err := p.spawn(ctx, processSpec{Role: "ps-worker", Config: lc.Config, Index: i, Threads: threads}); err != nil {
+		if err := p.Spawn(ctx, job.ProcessSpec{Role: "ps-worker", Config: lc.Config, Index: i, Threads: threads}); err != nil {
 			return nil, err
 		}
 	}
-	p.ev.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", joinEndpoints(p.endpoints)),
+	p.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(p.Endpoints)),
 		events.F("workers", lc.Workers), events.F("ps_servers", rec.Servers), events.F("ps_shards", rec.Shards), events.F("ps_replicas", rec.Replicas),
 		events.F("consistency", rec.Consistency), events.F("model", rec.Model))
-	fmt.Fprintf(p.out, "phalanx: %s on %d workers and %d parameter servers (%d shards, %d backups each, %s, %s); job %s, etcd %s\n",
-		rec.Model, lc.Workers, rec.Servers, rec.Shards, rec.Replicas, rec.Partition, rec.Consistency, lc.Job, joinEndpoints(p.endpoints))
+	fmt.Fprintf(p.Out, "phalanx: %s on %d workers and %d parameter servers (%d shards, %d backups each, %s, %s); job %s, etcd %s\n",
+		rec.Model, lc.Workers, rec.Servers, rec.Shards, rec.Replicas, rec.Partition, rec.Consistency, lc.Job, job.JoinEndpoints(p.Endpoints))
 	start := time.Now()
 	running := lc.Workers
-	var done *Report
+	var done *job.Report
 	var failed error // the first worker's failure: the job's, if no worker is left to finish it
 	failures := map[int]string{}
 	take := func(l launch.Line) {
 		if l.Role != "ps-worker" {
 			return
 		}
-		var r Report
+		var r job.Report
 		if err := json.Unmarshal(l.Text, &r); err != nil {
-			fmt.Fprintf(p.out, "worker %d: %s\n", l.Index, l.Text)
+			fmt.Fprintf(p.Out, "worker %d: %s\n", l.Index, l.Text)
 			return
 		}
 		switch r.Kind {
 		case "ps_step":
-			p.ev.Emit("step", events.F("step", r.Step), events.F("worker", r.Worker), events.F("epoch", r.Epoch), events.F("loss", r.Loss),
+			p.Events.Emit("step", events.F("step", r.Step), events.F("worker", r.Worker), events.F("epoch", r.Epoch), events.F("loss", r.Loss),
 				events.F("samples_per_s", r.SamplesPS), events.F("stale", r.Stale))
 			eta := time.Duration(float64(time.Since(start)) * float64(r.Steps-r.Step) / float64(max(r.Step, 1)))
-			fmt.Fprintf(p.out, "step %6d/%d  epoch %d  loss %.4f  %8.0f examples/s  ETA %s\n", r.Step, r.Steps, r.Epoch, r.Loss, r.SamplesPS, eta.Round(time.Second))
+			fmt.Fprintf(p.Out, "step %6d/%d  epoch %d  loss %.4f  %8.0f examples/s  ETA %s\n", r.Step, r.Steps, r.Epoch, r.Loss, r.SamplesPS, eta.Round(time.Second))
 		case "ps_checkpoint":
-			p.ev.Emit("checkpoint_saved", events.F("step", r.Step), events.F("shards", len(r.Shards)))
-			fmt.Fprintf(p.out, "checkpoint of step %d saved (%d shards)\n", r.Step, len(r.Shards))
+			p.Events.Emit("checkpoint_saved", events.F("step", r.Step), events.F("shards", len(r.Shards)))
+			fmt.Fprintf(p.Out, "checkpoint of step %d saved (%d shards)\n", r.Step, len(r.Shards))
 		case "ps_done":
 			done = &r
 		case "ps_share", "ps_share_done":
@@ -231,9 +261,9 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 				if r.Kind == "ps_share_done" {
 					fields = append(fields, events.F("steps", sh.Steps), events.F("duplicates", sh.Duplicates))
 				} else if sh.Reason != "own" {
-					fmt.Fprintf(p.out, "worker %d took over share %d at step %d\n", r.Worker, sh.Share, sh.From)
+					fmt.Fprintf(p.Out, "worker %d took over share %d at step %d\n", r.Worker, sh.Share, sh.From)
 				}
-				p.ev.Emit(r.Kind, fields...)
+				p.Events.Emit(r.Kind, fields...)
 			}
 		case "failed":
 			failures[l.Index] = r.Reason
@@ -248,14 +278,14 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 				return nil, fmt.Errorf("phalanx: shard map: %w", err)
 			}
 			mapDone = nil
-		case l := <-p.procs.Lines():
+		case l := <-p.Procs.Lines():
 			take(l)
-		case x := <-p.procs.Exits():
+		case x := <-p.Procs.Exits():
 			role := "worker"
 			if x.Role == "ps-server" {
 				role = "ps"
 				if running > 0 && !launch.Signalled(x.Err) {
-					p.log.Warn("a parameter server ended", zap.Int("server", x.Index), zap.Int("pid", x.Pid), zap.Error(x.Err))
+					p.Log.Warn("a parameter server ended", zap.Int("server", x.Index), zap.Int("pid", x.Pid), zap.Error(x.Err))
 				}
 			} else {
 				running--
@@ -269,19 +299,19 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 					if failed == nil {
 						failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, why)
 					}
-					p.ev.Emit("ps_worker_lost", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", exitText(x.Err)),
+					p.Events.Emit("ps_worker_lost", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)),
 						events.F("reason", why), events.F("workers_left", running))
-					fmt.Fprintf(p.out, "worker %d (pid %d) lost: %s; %d workers left\n", x.Index, x.Pid, why, running)
+					fmt.Fprintf(p.Out, "worker %d (pid %d) lost: %s; %d workers left\n", x.Index, x.Pid, why, running)
 				}
 			}
-			p.ev.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("role", role), events.F("status", exitText(x.Err)))
+			p.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("role", role), events.F("status", job.ExitText(x.Err)))
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
 		}
 	}
 	for drained := false; !drained; {
 		select {
-		case l := <-p.procs.Lines():
+		case l := <-p.Procs.Lines():
 			take(l)
 		default:
 			drained = true
@@ -305,28 +335,28 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*Result,
 		fields = append(fields, events.F(k, done.Metrics[k]))
 		parts = append(parts, fmt.Sprintf("%s %.4f", k, done.Metrics[k]))
 	}
-	p.ev.Emit("done", fields...)
-	fmt.Fprintf(p.out, "done: %d steps in %s; held-out %s\n", done.Steps, time.Since(start).Round(time.Millisecond), strings.Join(parts, ", "))
-	return &Result{Step: done.Steps, World: lc.Workers, Metrics: done.Metrics}, nil
+	p.Events.Emit("done", fields...)
+	fmt.Fprintf(p.Out, "done: %d steps in %s; held-out %s\n", done.Steps, time.Since(start).Round(time.Millisecond), strings.Join(parts, ", "))
+	return &job.Result{Step: done.Steps, World: lc.Workers, Metrics: done.Metrics}, nil
 }
 
 // pushAccounts reads every shard's account of the pushes once the workers
 // are done, reports it (ps_pushes, one event a shard and table) and puts
 // the first table's in done.Shards.
-func (p *psLaunch) pushAccounts(ctx context.Context, done *Report) {
+func (p *psLaunch) pushAccounts(ctx context.Context, done *job.Report) {
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	accounts, err := psAccounts(actx, p.cli, p.keys, p.rec, p.log.Named("accounts"))
+	accounts, err := psAccounts(actx, p.Client, p.Keys, p.rec, p.Log.Named("accounts"))
 	if err != nil {
-		p.log.Warn("the shards' accounts of the pushes", zap.Error(err))
-		fmt.Fprintf(p.out, "the shards' accounts of the pushes: %v\n", err)
+		p.Log.Warn("the shards' accounts of the pushes", zap.Error(err))
+		fmt.Fprintf(p.Out, "the shards' accounts of the pushes: %v\n", err)
 		return
 	}
 	mode, _ := ps.ParseMode(p.rec.Consistency)
 	done.Shards = nil
 	for _, a := range accounts {
 		if a.Table == p.rec.Tables[0].Id {
-			done.Shards = append(done.Shards, ShardAccount{Shard: a.Shard, Clock: a.Info.Clock, Rows: a.Info.Rows, Pushes: a.Info.LastIDs})
+			done.Shards = append(done.Shards, job.ShardAccount{Shard: a.Shard, Clock: a.Info.Clock, Rows: a.Info.Rows, Pushes: a.Info.LastIDs})
 		}
 		var pushes []map[string]any
 		for share, c := range a.Info.Pushes {
@@ -337,7 +367,7 @@ func (p *psLaunch) pushAccounts(ctx context.Context, done *Report) {
 		if mode != ps.ASP {
 			fields = append(fields, events.F("exactly_once", a.exactlyOnce(mode, done.Steps)))
 		}
-		p.ev.Emit("ps_pushes", fields...)
+		p.Events.Emit("ps_pushes", fields...)
 	}
 }
 
@@ -351,18 +381,18 @@ func (p *psLaunch) shardMap(m *phalanxpb.ShardMap) {
 	for _, s := range m.Servers {
 		srv = append(srv, map[string]any{"id": s.Id, "pid": s.Pid, "addr": s.Addr})
 	}
-	p.ev.Emit("ps_shard_map", events.F("generation", m.Generation), events.F("shards", shards), events.F("servers", srv), events.F("reason", m.Reason))
-	fmt.Fprintf(p.out, "shard map %d: %s\n", m.Generation, m.Reason)
+	p.Events.Emit("ps_shard_map", events.F("generation", m.Generation), events.F("shards", shards), events.F("servers", srv), events.F("reason", m.Reason))
+	fmt.Fprintf(p.Out, "shard map %d: %s\n", m.Generation, m.Reason)
 	for _, f := range m.Failovers {
-		p.ev.Emit("ps_failover", events.F("generation", m.Generation), events.F("shard", f.Shard), events.F("old", f.Old), events.F("new", f.New))
-		fmt.Fprintf(p.out, "  shard %d: %s took over from %s\n", f.Shard, f.New, f.Old)
+		p.Events.Emit("ps_failover", events.F("generation", m.Generation), events.F("shard", f.Shard), events.F("old", f.Old), events.F("new", f.New))
+		fmt.Fprintf(p.Out, "  shard %d: %s took over from %s\n", f.Shard, f.New, f.Old)
 	}
 }
 
-// RunPSServer runs one parameter server of a job (cfg.Job on cfg.Etcd)
+// RunServer runs one parameter server of a job (cfg.Job on cfg.Etcd)
 // until ctx ends: it reads the job's record, hosts every shard and serves
 // the role the shard map gives it. onReady, when set, is told its address.
-func RunPSServer(ctx context.Context, cfg Config, id string, onReady func(addr string)) error {
+func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr string)) error {
 	log, cli, keys, done, err := psProcess(ctx, &cfg)
 	if err != nil {
 		return err
@@ -385,54 +415,54 @@ func RunPSServer(ctx context.Context, cfg Config, id string, onReady func(addr s
 // data and trains it, then takes over the shares of workers that died,
 // until every share is done (ps_workers.go). Whoever trains share 0
 // reports progress and takes the checkpoints.
-func runPSWorkerProcess(ctx context.Context, cfg Config, reg *Registry, index int) (*Result, error) {
+func runPSWorkerProcess(ctx context.Context, cfg job.Config, reg *job.Registry, index int) (*job.Result, error) {
 	log, cli, keys, done, err := psProcess(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	job, err := cluster.ReadJob(ctx, cli, keys)
+	rec, err := cluster.ReadJob(ctx, cli, keys)
 	if err != nil {
 		return nil, err
 	}
-	spec, err := cluster.SpecOf(job)
+	spec, err := cluster.SpecOf(rec)
 	if err != nil {
 		return nil, err
 	}
-	model, err := reg.Lookup(job.Model)
+	model, err := reg.Lookup(rec.Model)
 	if err != nil || model.PS == nil {
-		return nil, fmt.Errorf("phalanx: the job's model %q is not a parameter-server model here (%v)", job.Model, err)
+		return nil, fmt.Errorf("phalanx: the job's model %q is not a parameter-server model here (%v)", rec.Model, err)
 	}
-	if index < 0 || index >= int(job.Workers) {
-		return nil, bad("Index", index, "worker of a job of %d workers", job.Workers)
+	if index < 0 || index >= int(rec.Workers) {
+		return nil, job.Invalid("Index", index, "worker of a job of %d workers", rec.Workers)
 	}
-	if job.RestoreStep < 0 || job.RestoreStep > job.Steps {
-		return nil, fmt.Errorf("phalanx: the checkpoint's step %d is not within the job's %d steps", job.RestoreStep, job.Steps)
+	if rec.RestoreStep < 0 || rec.RestoreStep > rec.Steps {
+		return nil, fmt.Errorf("phalanx: the checkpoint's step %d is not within the job's %d steps", rec.RestoreStep, rec.Steps)
 	}
 	dir, err := cluster.NewDirectory(ctx, cli, keys)
 	if err != nil {
 		return nil, err
 	}
 	host, _ := os.Hostname()
-	w := &psWorkerProc{cfg: cfg, log: log, cli: cli, keys: keys, job: job, spec: spec, model: model, dir: dir,
-		rep: &reporter{f: cfg.Reports}, index: index, id: fmt.Sprintf("%s-%d-w%d", host, os.Getpid(), index)}
+	w := &psWorkerProc{cfg: cfg, log: log, cli: cli, keys: keys, job: rec, spec: spec, model: model, dir: dir,
+		rep: job.NewReporter(cfg.Reports), index: index, id: fmt.Sprintf("%s-%d-w%d", host, os.Getpid(), index)}
 	if err := w.run(ctx); err != nil {
 		return nil, err
 	}
-	return &Result{Step: job.Steps}, nil
+	return &job.Result{Step: rec.Steps}, nil
 }
 
 // psProcess is the common start of a parameter-server job's processes: a
 // logger and a client of the job's etcd; done closes them.
-func psProcess(ctx context.Context, cfg *Config) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
+func psProcess(ctx context.Context, cfg *job.Config) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
 	switch {
 	case cfg.Job == "":
-		return nil, nil, keys, nil, bad("Job", "", "a parameter-server process joins a named job")
+		return nil, nil, keys, nil, job.Invalid("Job", "", "a parameter-server process joins a named job")
 	case len(cfg.Etcd) == 0:
-		return nil, nil, keys, nil, bad("Etcd", cfg.Etcd, "a parameter-server process needs the job's etcd endpoints")
+		return nil, nil, keys, nil, job.Invalid("Etcd", cfg.Etcd, "a parameter-server process needs the job's etcd endpoints")
 	}
 	if keys, err = coordinator.KeysFor(cfg.Job); err != nil {
-		return nil, nil, keys, nil, bad("Job", cfg.Job, "%v", err)
+		return nil, nil, keys, nil, job.Invalid("Job", cfg.Job, "%v", err)
 	}
 	log = cfg.Logger
 	if log == nil {

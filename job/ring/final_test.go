@@ -1,4 +1,4 @@
-package phalanx
+package ring
 
 import (
 	"context"

@@ -1,9 +1,10 @@
-package phalanx
+package ring
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/job"
 	"time"
 
 	"go.uber.org/zap"
@@ -42,7 +43,7 @@ func (w *ringWorker) probation(ctx context.Context) {
 				if step, err := w.requestFeed(ctx); err != nil {
 					w.log.Warn("receiving the ring's parameters", zap.Error(err))
 				} else {
-					w.rep.send(Report{Kind: "fed", ID: w.id, Step: step})
+					w.rep.Send(job.Report{Kind: "fed", ID: w.id, Step: step})
 				}
 			}
 			d, err := w.probe(ctx, &pr)

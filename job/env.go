@@ -1,4 +1,4 @@
-package phalanx
+package job
 
 import (
 	"context"
@@ -73,13 +73,13 @@ func DefaultLaunchConfig() LaunchConfig {
 		JoinWindow: time.Second, LogLevel: "warn"}
 }
 
-// workerEnv carries a launched process's spec: its presence makes Main run
+// WorkerEnv carries a launched process's spec: its presence makes Main run
 // the process as one of the job's.
-const workerEnv = "PHALANX_WORKER"
+const WorkerEnv = "PHALANX_WORKER"
 
-// processSpec is what a launched process is told: its role, the job's
+// ProcessSpec is what a launched process is told: its role, the job's
 // configuration and its own place.
-type processSpec struct {
+type ProcessSpec struct {
 	Role     string `json:"role"` // worker, ps-server or ps-worker
 	Config   Config `json:"config"`
 	Index    int    `json:"index"`
@@ -88,14 +88,45 @@ type processSpec struct {
 	LogLevel string `json:"log_level"`
 }
 
-// validate checks the launch and fills in its defaults.
-func (lc *LaunchConfig) validate() (ModelSpec, Options, error) {
-	if lc.Registry == nil {
-		return ModelSpec{}, nil, errors.New("phalanx: LaunchConfig.Registry is needed to resolve the model")
-	}
-	spec, opts, err := lc.Registry.check(&lc.Config)
+// Launch runs a local job to its end: the job's etcd (embedded unless
+// Config.Etcd names a cluster), and the processes its kind starts
+// (re-executions of this program, which must call Main first thing). A
+// ring model trains data-parallel over elastic workers; a parameter-server
+// model over PSConfig.Servers servers and Workers workers. Progress goes to
+// Output, events to Events. Cancelling ctx stops the job: with
+// checkpoints, at the next step boundary after a final one (a
+// *StoppedError: the same launch resumes), otherwise at once.
+func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
+	j, err := lc.prepare(ctx)
 	if err != nil {
-		return spec, nil, err
+		return nil, err
+	}
+	// The caller's ctx ending does not end the job's own: with checkpoints
+	// it first asks the workers for a final one.
+	jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	env, err := OpenEnv(jctx, ctx, &lc)
+	if err != nil {
+		return nil, err
+	}
+	res, err := j.Run(ctx, jctx, cancel, env)
+	env.Close(err)
+	return res, err
+}
+
+// prepare checks the launch, fills in its defaults and finds its model and
+// kind; the kind checks what is its own and prepares the job.
+func (lc *LaunchConfig) prepare(ctx context.Context) (Job, error) {
+	if lc.Registry == nil {
+		return nil, errors.New("phalanx: LaunchConfig.Registry is needed to resolve the model")
+	}
+	spec, opts, err := lc.Registry.Check(&lc.Config)
+	if err != nil {
+		return nil, err
+	}
+	kind, err := lc.Registry.KindOf(spec)
+	if err != nil {
+		return nil, err
 	}
 	if lc.MaxWorkers == 0 {
 		lc.MaxWorkers = lc.Workers
@@ -106,193 +137,174 @@ func (lc *LaunchConfig) validate() (ModelSpec, Options, error) {
 	var lvl zapcore.Level
 	switch {
 	case lc.Workers < 1 || lc.Workers > 64:
-		return spec, nil, bad("Workers", lc.Workers, "want 1..64")
+		return nil, Invalid("Workers", lc.Workers, "want 1..64")
 	case lc.Threads < 0:
-		return spec, nil, bad("Threads", lc.Threads, "must not be negative")
+		return nil, Invalid("Threads", lc.Threads, "must not be negative")
 	case lc.LogEvery < 0:
-		return spec, nil, bad("LogEvery", lc.LogEvery, "must not be negative")
+		return nil, Invalid("LogEvery", lc.LogEvery, "must not be negative")
 	case lvl.UnmarshalText([]byte(lc.LogLevel)) != nil:
-		return spec, nil, bad("LogLevel", lc.LogLevel, "want debug, info, warn or error")
+		return nil, Invalid("LogLevel", lc.LogLevel, "want debug, info, warn or error")
 	}
-	if spec.PS != nil {
-		return spec, opts, lc.Config.validatePS()
-	}
-	if err := lc.Config.Validate(); err != nil {
-		return spec, nil, err
-	}
-	switch {
-	case lc.MinWorkers < 1 || lc.MaxWorkers < lc.MinWorkers:
-		return spec, nil, bad("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
-	case lc.MinWorkersTimeout <= 0:
-		return spec, nil, bad("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
-	case lc.JoinWindow < 0:
-		return spec, nil, bad("JoinWindow", lc.JoinWindow, "must not be negative")
-	case lc.Faults.FailWorker >= lc.Workers:
-		return spec, nil, bad("Faults.FailWorker", lc.Faults.FailWorker, "not below Workers %d", lc.Workers)
-	}
-	if lc.Rescale == "lr" && lc.ReferenceWorld == 0 {
-		lc.ReferenceWorld = lc.Workers
-	}
-	return spec, opts, nil
+	return kind.Prepare(ctx, lc, spec, opts)
 }
 
-// jobEnv is what a launcher runs a job in: the job's etcd (embedded or
+// Env is what a launcher runs a job in: the job's etcd (embedded or
 // external), a client of it, its keys, its directory and logs.
-type jobEnv struct {
-	lc        *LaunchConfig
-	endpoints []string
-	cli       *clientv3.Client
-	keys      coordinator.Keys
-	dir       string
-	log       *zap.Logger
-	ev        events.Sink
-	out       io.Writer
-	procs     *launch.Group
+type Env struct {
+	LC        *LaunchConfig
+	Endpoints []string
+	Client    *clientv3.Client
+	Keys      coordinator.Keys
+	Dir       string      // the job's directory: its embedded etcd's data
+	LogDir    string      // every process's log
+	Log       *zap.Logger // the launcher's
+	Events    events.Sink // never nil
+	Out       io.Writer   // progress in plain words; never nil
+	Procs     *launch.Group
 	undo      []func()
 	tempDir   bool
-	logDir    string
 	teeMu     sync.Mutex // the debug lines of every process, one at a time
 }
 
-// openJob starts the job's environment; close undoes it. What it starts
+// OpenEnv starts the job's environment; close undoes it. What it starts
 // lives in ctx; startup bounds the waits of the start itself (an
 // operator's signal ends them).
-func openJob(ctx, startup context.Context, lc *LaunchConfig) (_ *jobEnv, err error) {
-	j := &jobEnv{lc: lc, ev: lc.Events, out: lc.Output, procs: launch.NewGroup()}
-	if j.out == nil {
-		j.out = io.Discard
+func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error) {
+	j := &Env{LC: lc, Events: lc.Events, Out: lc.Output, Procs: launch.NewGroup()}
+	if j.Out == nil {
+		j.Out = io.Discard
 	}
-	if j.ev == nil {
-		j.ev = (*events.Log)(nil)
+	if j.Events == nil {
+		j.Events = (*events.Log)(nil)
 	}
 	defer func() {
 		if err != nil {
-			j.close(err)
+			j.Close(err)
 		}
 	}()
 	if lc.Job == "" {
 		lc.Job = fmt.Sprintf("job-%d-%d", os.Getpid(), time.Now().Unix())
 	}
-	if j.keys, err = coordinator.KeysFor(lc.Job); err != nil {
-		return nil, bad("Job", lc.Job, "%v", err)
+	if j.Keys, err = coordinator.KeysFor(lc.Job); err != nil {
+		return nil, Invalid("Job", lc.Job, "%v", err)
 	}
-	j.dir = lc.JobDir
-	if j.dir == "" {
-		if j.dir, err = os.MkdirTemp("", "phalanx-job-"); err != nil {
+	j.Dir = lc.JobDir
+	if j.Dir == "" {
+		if j.Dir, err = os.MkdirTemp("", "phalanx-job-"); err != nil {
 			return nil, err
 		}
 		j.tempDir = true
 	}
-	j.logDir = lc.LogDir
+	j.LogDir = lc.LogDir
 	switch {
-	case j.logDir != "":
+	case j.LogDir != "":
 	case lc.JobDir != "":
-		j.logDir = filepath.Join(lc.JobDir, "logs")
+		j.LogDir = filepath.Join(lc.JobDir, "logs")
 	default:
-		j.logDir = filepath.Join(os.TempDir(), "phalanx-logs", lc.Job)
+		j.LogDir = filepath.Join(os.TempDir(), "phalanx-logs", lc.Job)
 	}
-	if err := os.MkdirAll(j.logDir, 0o755); err != nil {
+	if err := os.MkdirAll(j.LogDir, 0o755); err != nil {
 		return nil, fmt.Errorf("phalanx: the log directory: %w", err)
 	}
-	fmt.Fprintf(j.out, "logs: %s\n", j.logDir)
-	j.log = lc.Logger
-	if j.log == nil {
-		if j.log, err = j.fileLogger("launcher"); err != nil {
+	fmt.Fprintf(j.Out, "logs: %s\n", j.LogDir)
+	j.Log = lc.Logger
+	if j.Log == nil {
+		if j.Log, err = j.FileLogger("launcher"); err != nil {
 			return nil, err
 		}
 	}
-	j.endpoints = lc.Etcd
-	if len(j.endpoints) == 0 {
-		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(j.dir, "etcd"), Logger: j.log.Named("etcd")})
+	j.Endpoints = lc.Etcd
+	if len(j.Endpoints) == 0 {
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(j.Dir, "etcd"), Logger: j.Log.Named("etcd")})
 		if err != nil {
 			return nil, err
 		}
 		j.undo = append(j.undo, e.Close)
-		j.endpoints = e.Endpoints()
+		j.Endpoints = e.Endpoints()
 	}
-	if j.cli, err = coordinator.Dial(startup, j.endpoints, coordinator.DialOptions{Logger: j.log, Wait: lc.EtcdDialTimeout,
-		Say: func(line string) { fmt.Fprintf(j.out, "phalanx: %s\n", line) }}); err != nil {
+	if j.Client, err = coordinator.Dial(startup, j.Endpoints, coordinator.DialOptions{Logger: j.Log, Wait: lc.EtcdDialTimeout,
+		Say: func(line string) { fmt.Fprintf(j.Out, "phalanx: %s\n", line) }}); err != nil {
 		return nil, err
 	}
-	j.undo = append(j.undo, func() { j.cli.Close() })
+	j.undo = append(j.undo, func() { j.Client.Close() })
 	return j, nil
 }
 
-// fileLogger logs at the launch's level to JobDir/logs/<name>.log, and at
+// FileLogger logs at the launch's level to JobDir/logs/<name>.log, and at
 // debug to Stderr as well.
-func (j *jobEnv) fileLogger(name string) (*zap.Logger, error) {
-	w, err := j.logFile(name)
+func (j *Env) FileLogger(name string) (*zap.Logger, error) {
+	w, err := j.LogFile(name)
 	if err != nil {
 		return nil, err
 	}
 	var lvl zapcore.Level
-	lvl.UnmarshalText([]byte(j.lc.LogLevel))
+	lvl.UnmarshalText([]byte(j.LC.LogLevel))
 	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(w), lvl)), nil
 }
 
-// logFile is where a process's logs go.
-func (j *jobEnv) logFile(name string) (io.Writer, error) {
-	f, err := os.OpenFile(filepath.Join(j.logDir, name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+// LogFile is where a process's logs go.
+func (j *Env) LogFile(name string) (io.Writer, error) {
+	f, err := os.OpenFile(filepath.Join(j.LogDir, name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("phalanx: a log file: %w", err)
 	}
 	j.undo = append(j.undo, func() { f.Close() })
-	if j.lc.LogLevel == "debug" && j.lc.Stderr != nil {
-		return io.MultiWriter(f, &teeLines{name: name, w: j.lc.Stderr, mu: &j.teeMu}), nil
+	if j.LC.LogLevel == "debug" && j.LC.Stderr != nil {
+		return io.MultiWriter(f, &teeLines{name: name, w: j.LC.Stderr, mu: &j.teeMu}), nil
 	}
 	return f, nil
 }
 
 // close kills what still runs and undoes the environment; a failed job
 // (err) keeps its directory and says where its logs are.
-func (j *jobEnv) close(err error) {
-	j.procs.Kill()
+func (j *Env) Close(err error) {
+	j.Procs.Kill()
 	for i := len(j.undo) - 1; i >= 0; i-- {
 		j.undo[i]()
 	}
-	if j.log != nil {
-		j.log.Sync()
+	if j.Log != nil {
+		j.Log.Sync()
 	}
 	var stopped *StoppedError
-	if failed := err != nil && !errors.As(err, &stopped); failed && j.logDir != "" {
-		fmt.Fprintf(j.out, "the job's logs are in %s\n", j.logDir)
+	if failed := err != nil && !errors.As(err, &stopped); failed && j.LogDir != "" {
+		fmt.Fprintf(j.Out, "the job's logs are in %s\n", j.LogDir)
 	}
 	if j.tempDir { // its etcd data: the logs are elsewhere
-		os.RemoveAll(j.dir)
+		os.RemoveAll(j.Dir)
 	}
 }
 
 // spawn starts process index of role with spec.
-func (j *jobEnv) spawn(ctx context.Context, spec processSpec) error {
-	spec.LogLevel = j.lc.LogLevel
-	spec.Config.Etcd, spec.Config.Job = j.endpoints, j.lc.Job
+func (j *Env) Spawn(ctx context.Context, spec ProcessSpec) error {
+	spec.LogLevel = j.LC.LogLevel
+	spec.Config.Etcd, spec.Config.Job = j.Endpoints, j.LC.Job
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return err
 	}
-	mk := j.lc.Command
+	mk := j.LC.Command
 	if mk == nil {
-		mk = selfCommand
+		mk = SelfCommand
 	}
 	cmd, err := mk()
 	if err != nil {
 		return err
 	}
-	cmd.Env = append(append(append(os.Environ(), cmd.Env...), credentialsEnv(j.lc.Credentials)...), workerEnv+"="+string(b))
+	cmd.Env = append(append(append(os.Environ(), cmd.Env...), credentialsEnv(j.LC.Credentials)...), WorkerEnv+"="+string(b))
 	name := fmt.Sprintf("%s-%d", spec.Role, spec.Index)
-	if cmd.Stderr, err = j.logFile(name); err != nil {
+	if cmd.Stderr, err = j.LogFile(name); err != nil {
 		return err
 	}
-	p, err := j.procs.Start(cmd, spec.Role, spec.Index)
+	p, err := j.Procs.Start(cmd, spec.Role, spec.Index)
 	if err != nil {
 		return err
 	}
-	j.ev.Emit("worker_started", events.F("worker", spec.Index), events.F("pid", p.Pid()), events.F("role", spec.Role))
+	j.Events.Emit("worker_started", events.F("worker", spec.Index), events.F("pid", p.Pid()), events.F("role", spec.Role))
 	return nil
 }
 
-// selfCommand re-executes this program.
-func selfCommand() (*exec.Cmd, error) {
+// SelfCommand re-executes this program.
+func SelfCommand() (*exec.Cmd, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("phalanx: this program's path, to start workers: %w", err)
@@ -313,19 +325,19 @@ func credentialsEnv(c checkpoint.Credentials) []string {
 	return env
 }
 
-// workerSpecEnv is the environment variable (name=value) that makes this
+// WorkerSpecEnv is the environment variable (name=value) that makes this
 // program, started with it, one more worker of a running local job: the
 // job_started event carries it, so that a test or an operator can add a
 // worker by hand. index names the worker (for fault injection).
-func workerSpecEnv(cfg Config, index int, logLevel string) string {
-	b, _ := json.Marshal(processSpec{Role: "worker", Config: cfg, Index: index, RankHint: -1, LogLevel: logLevel})
-	return workerEnv + "=" + string(b)
+func WorkerSpecEnv(cfg Config, index int, logLevel string) string {
+	b, _ := json.Marshal(ProcessSpec{Role: "worker", Config: cfg, Index: index, RankHint: -1, LogLevel: logLevel})
+	return WorkerEnv + "=" + string(b)
 }
 
-// openStore fails a launch before anything starts when its checkpoint
+// OpenStore fails a launch before anything starts when its checkpoint
 // store is unusable. It says first, on out, which store it opens: an S3
 // endpoint named by default (s3.amazonaws.com) is then no surprise.
-func openStore(ctx context.Context, c *Config, out io.Writer) (checkpoint.Store, error) {
+func OpenStore(ctx context.Context, c *Config, out io.Writer) (checkpoint.Store, error) {
 	if c.Checkpoint.Location == "" {
 		return nil, nil
 	}
@@ -349,12 +361,12 @@ func openStore(ctx context.Context, c *Config, out io.Writer) (checkpoint.Store,
 	return store, nil
 }
 
-func exitText(err error) string {
+func ExitText(err error) string {
 	if err == nil {
 		return "exit 0"
 	}
 	return err.Error()
 }
 
-// joinEndpoints is for messages.
-func joinEndpoints(e []string) string { return strings.Join(e, ",") }
+// JoinEndpoints is for messages.
+func JoinEndpoints(e []string) string { return strings.Join(e, ",") }

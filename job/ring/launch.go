@@ -1,4 +1,4 @@
-package phalanx
+package ring
 
 import (
 	"cmp"
@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/job"
 	"os"
 	"slices"
 	"strconv"
@@ -19,52 +20,82 @@ import (
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
-	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
-// Launch runs a local job to its end: the job's etcd (embedded unless
-// Config.Etcd names a cluster), a coordinator, and Workers processes of
-// this program, which must call Main first thing. A ring model trains
-// data-parallel over elastic workers; a parameter-server model over
-// PSConfig.Servers servers and Workers workers. Progress goes to Output,
-// events to Events. Cancelling ctx stops the job: with checkpoints, at the
-// next step boundary after a final one (a *StoppedError: the same launch
-// resumes), otherwise at once.
-func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
-	spec, opts, err := lc.validate()
+// Kind is the data-parallel ring job: elastic workers (a ring model's
+// New) under a coordinator, each training the whole model on its share of
+// every step's batch and averaging gradients over the ring.
+type Kind struct{}
+
+// Name is "ring".
+func (Kind) Name() string { return "ring" }
+
+// Owns a model with New.
+func (Kind) Owns(spec job.ModelSpec) bool { return spec.New != nil }
+
+// Worker is the role of a ring worker.
+func (Kind) Worker() string { return "worker" }
+
+// Roles: every process of a ring job is a worker.
+func (Kind) Roles() map[string]job.Role {
+	return map[string]job.Role{"worker": runModel}
+}
+
+// runModel runs a ring worker of a registered model.
+func runModel(ctx context.Context, cfg job.Config, reg *job.Registry) (*job.Result, error) {
+	spec, opts, err := reg.Check(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	if spec.PS != nil {
-		return launchPS(ctx, &lc, spec)
+	task, err := spec.New(opts, cfg.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("phalanx: building model %s: %w", spec.Name, err)
 	}
-	store, err := openStore(ctx, &lc.Config, lc.Output)
+	return RunWorker(ctx, cfg, task)
+}
+
+// Prepare checks a ring launch, opens its checkpoint store and refuses
+// one whose workers would refuse to resume.
+func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
+	if err := lc.Config.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case lc.MinWorkers < 1 || lc.MaxWorkers < lc.MinWorkers:
+		return nil, job.Invalid("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
+	case lc.MinWorkersTimeout <= 0:
+		return nil, job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
+	case lc.JoinWindow < 0:
+		return nil, job.Invalid("JoinWindow", lc.JoinWindow, "must not be negative")
+	case lc.Faults.FailWorker >= lc.Workers:
+		return nil, job.Invalid("Faults.FailWorker", lc.Faults.FailWorker, "not below Workers %d", lc.Workers)
+	}
+	if lc.Rescale == "lr" && lc.ReferenceWorld == 0 {
+		lc.ReferenceWorld = lc.Workers
+	}
+	store, err := job.OpenStore(ctx, &lc.Config, lc.Output)
 	if err != nil {
 		return nil, err
 	}
 	if err := resumable(ctx, &lc.Config, store, spec, opts); err != nil {
 		return nil, fmt.Errorf("phalanx: %w", err)
 	}
-	// The caller's ctx ending does not end the job's own: with checkpoints
-	// it first asks the workers for a final one.
-	jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	j, err := openJob(jctx, ctx, &lc)
-	if err != nil {
-		return nil, err
-	}
-	r := newRingJob(j, store)
-	res, err := r.run(ctx, jctx, cancel)
-	j.close(err)
-	return res, err
+	return prepared{store}, nil
+}
+
+// prepared is a checked ring launch and its store.
+type prepared struct{ store checkpoint.Store }
+
+func (p prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *job.Env) (*job.Result, error) {
+	return newRingJob(env, p.store).run(outer, ctx, cancel)
 }
 
 // ringJob is a running ring job as its launcher sees it.
 type ringJob struct {
-	*jobEnv
+	*job.Env
 	store checkpoint.Store // the job's checkpoints (nil: none)
 	now   func() time.Time
 	start time.Time
@@ -78,9 +109,9 @@ type ringJob struct {
 	winSamples, winSecs float64
 	first               uint64 // the first generation's number
 	byPid               map[int64]int
-	done                *Report
+	done                *job.Report
 	stopped             string // the coordinator's reason
-	stop                *Report
+	stop                *job.Report
 	stepGen             uint64 // the generation of the latest step report
 	lastStep            int64
 	said                map[string]bool // checkpoints whose skip the terminal was told of
@@ -95,29 +126,29 @@ type ringJob struct {
 
 // newRingJob is the launcher's side of a ring job in environment j, its
 // clock the launch's.
-func newRingJob(j *jobEnv, store checkpoint.Store) *ringJob {
-	now := j.lc.Now
+func newRingJob(j *job.Env, store checkpoint.Store) *ringJob {
+	now := j.LC.Now
 	if now == nil {
 		now = time.Now
 	}
-	return &ringJob{jobEnv: j, store: store, now: now, start: now(), every: cmp.Or(j.lc.LogEvery, max(1, j.lc.Steps/20)), byPid: map[int64]int{}}
+	return &ringJob{Env: j, store: store, now: now, start: now(), every: cmp.Or(j.LC.LogEvery, max(1, j.LC.Steps/20)), byPid: map[int64]int{}}
 }
 
-func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*Result, error) {
-	lc := r.lc
+func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*job.Result, error) {
+	lc := r.LC
 	r.cancel = cancel
-	if err := coordinator.Retry(ctx, etcdRetryBudget, func(err error) {
-		r.log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
-	}, func(ctx context.Context) error { return coordinator.ClearEnd(ctx, r.cli, r.keys) }); err != nil {
+	if err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
+		r.Log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
+	}, func(ctx context.Context) error { return coordinator.ClearEnd(ctx, r.Client, r.Keys) }); err != nil {
 		return nil, err
 	}
 	var co *coordinator.Coordinator
 	if !lc.NoCoordinator {
 		host, _ := os.Hostname()
 		var err error
-		co, err = coordinator.New(r.cli, r.keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+		co, err = coordinator.New(r.Client, r.Keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
 			Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
-			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.log.Named("coordinator"),
+			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.Log.Named("coordinator"),
 			FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout})
 		if err != nil {
 			return nil, err
@@ -139,7 +170,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 	gens := make(chan *phalanxpb.Generation, 16)
 	go func() {
 		defer close(followDone)
-		elastic.Follow(ctx, r.cli, r.keys, r.log, func(g *phalanxpb.Generation) {
+		elastic.Follow(ctx, r.Client, r.Keys, r.Log, func(g *phalanxpb.Generation) {
 			select {
 			case gens <- g:
 			case <-ctx.Done():
@@ -148,17 +179,17 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 	}()
 	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers)
 	for i := range lc.Workers {
-		if err := r.spawn(ctx, processSpec{Role: "worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
+		if err := r.Spawn(ctx, job.ProcessSpec{Role: "worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
 			return nil, err
 		}
 	}
 	spec := lc.Config
-	spec.Etcd, spec.Job = r.endpoints, lc.Job
-	r.ev.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", joinEndpoints(r.endpoints)),
-		events.F("workers", lc.Workers), events.F("model", lc.Model), events.F("worker_env", workerSpecEnv(spec, lc.Workers, lc.LogLevel)))
-	fmt.Fprintf(r.out, "phalanx: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
-		lc.Model, lc.Workers, lc.MinWorkers, lc.MaxWorkers, lc.Steps, lc.Batch, lc.Job, joinEndpoints(r.endpoints))
-	fmt.Fprintf(r.out, "data plane %s, gradients as %s; matrix products on %s\n", lc.Transport, lc.WireDType, nn.BLAS())
+	spec.Etcd, spec.Job = r.Endpoints, lc.Job
+	r.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(r.Endpoints)),
+		events.F("workers", lc.Workers), events.F("model", lc.Model), events.F("worker_env", job.WorkerSpecEnv(spec, lc.Workers, lc.LogLevel)))
+	fmt.Fprintf(r.Out, "phalanx: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
+		lc.Model, lc.Workers, lc.MinWorkers, lc.MaxWorkers, lc.Steps, lc.Batch, lc.Job, job.JoinEndpoints(r.Endpoints))
+	fmt.Fprintf(r.Out, "data plane %s, gradients as %s; matrix products on %s\n", lc.Transport, lc.WireDType, nn.BLAS())
 
 	running := lc.Workers
 	stopAsked := outer.Done()
@@ -170,10 +201,10 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			if lc.Checkpoint.Location == "" {
 				return nil, context.Cause(outer)
 			}
-			fmt.Fprintln(r.out, "stopping: the workers take a final checkpoint at the next step boundary")
-			r.ev.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
+			fmt.Fprintln(r.Out, "stopping: the workers take a final checkpoint at the next step boundary")
+			r.Events.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
 			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-			err := coordinator.RequestStop(sctx, r.cli, r.keys, context.Cause(outer).Error())
+			err := coordinator.RequestStop(sctx, r.Client, r.Keys, context.Cause(outer).Error())
 			scancel()
 			if err != nil {
 				return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)
@@ -181,7 +212,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			grace = time.After(lc.Checkpoint.Wait + time.Minute)
 		case <-grace:
 			return nil, fmt.Errorf("asked to stop, the workers did not within %v; killed", lc.Checkpoint.Wait+time.Minute)
-		case l := <-r.procs.Lines():
+		case l := <-r.Procs.Lines():
 			if err := r.handle(l); err != nil {
 				return nil, err
 			}
@@ -190,7 +221,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			r.endFailed()
 		case g := <-gens:
 			r.generation(g)
-		case x := <-r.procs.Exits():
+		case x := <-r.Procs.Exits():
 			// A child's lines all come before its exit: its last word (a
 			// failure's reason) is read before its exit is judged.
 			if err := r.drainLines(); err != nil {
@@ -198,7 +229,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 			}
 			running--
 			r.exited(x)
-			if r.failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != exitStopped {
+			if r.failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != job.ExitStopped {
 				// One worker's own failure (not a kill) ends the job.
 				r.failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, x.Err)
 				r.endFailed()
@@ -227,24 +258,24 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*R
 		id, err := finalCheckpoint(sctx, r.store, r.stop.Step)
 		scancel()
 		if err != nil {
-			fmt.Fprintf(r.out, "stopped at step %d WITHOUT a final checkpoint: %v\n", r.stop.Step, err)
+			fmt.Fprintf(r.Out, "stopped at step %d WITHOUT a final checkpoint: %v\n", r.stop.Step, err)
 			return nil, fmt.Errorf("phalanx: stopped at step %d without a final checkpoint: %w", r.stop.Step, err)
 		}
-		return nil, &StoppedError{Step: r.stop.Step, Requested: true, Checkpoint: id}
+		return nil, &job.StoppedError{Step: r.stop.Step, Requested: true, Checkpoint: id}
 	case r.done == nil && r.stopped != "":
-		return nil, &StoppedError{Reason: r.stopped}
+		return nil, &job.StoppedError{Reason: r.stopped}
 	case r.done == nil:
 		return nil, errors.New("phalanx: every worker ended and none reported the job done")
 	}
 	d := r.done
-	fmt.Fprintln(r.out, r.doneLine(d))
-	return &Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
+	fmt.Fprintln(r.Out, r.doneLine(d))
+	return &job.Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
 		ParametersIdentical: d.Identical != nil && *d.Identical, ParametersCRC: d.ParamsCRC, RankCRCs: d.RankCRCs}, nil
 }
 
 // doneLine says how the job ended: the steps this run trained (and, for a
 // resumed job, which), in how long, and the held-out figures.
-func (r *ringJob) doneLine(d *Report) string {
+func (r *ringJob) doneLine(d *job.Report) string {
 	took := r.now().Sub(r.start).Round(time.Millisecond)
 	steps := fmt.Sprintf("%d steps", d.Step)
 	if r.from > 0 {
@@ -256,7 +287,7 @@ func (r *ringJob) doneLine(d *Report) string {
 // progress prints a progress line every r.every steps and at the last: the
 // samples/s trained since the previous line, and an ETA from this run's own
 // pace (a resumed job's earlier steps took no time of this run's).
-func (r *ringJob) progress(rep Report) {
+func (r *ringJob) progress(rep job.Report) {
 	now := r.now()
 	if r.fromAt.IsZero() {
 		r.from, r.fromAt = rep.Step-1, now
@@ -265,7 +296,7 @@ func (r *ringJob) progress(rep Report) {
 		r.winSamples += rep.SamplesPS * rep.StepS // the step's samples
 		r.winSecs += rep.StepS
 	}
-	steps := r.lc.Steps
+	steps := r.LC.Steps
 	if rep.Step%r.every != 0 && rep.Step != steps {
 		return
 	}
@@ -278,7 +309,7 @@ func (r *ringJob) progress(rep Report) {
 	if n := rep.Step - r.from - 1; n > 0 { // steps since the first one's report
 		eta = (now.Sub(r.fromAt) / time.Duration(n) * time.Duration(steps-rep.Step)).Round(time.Second).String()
 	}
-	fmt.Fprintf(r.out, "step %*d/%d  loss %.4f  acc %5.1f%%  %s samples/s  %d workers  ETA %s\n",
+	fmt.Fprintf(r.Out, "step %*d/%d  loss %.4f  acc %5.1f%%  %s samples/s  %d workers  ETA %s\n",
 		len(strconv.FormatInt(steps, 10)), rep.Step, steps, rep.Loss, 100*rep.Accuracy, rate, rep.World, eta)
 }
 
@@ -289,7 +320,7 @@ func (r *ringJob) progress(rep Report) {
 // workers and a generation were spent). It builds the model once to learn
 // its layout. A newest checkpoint whose manifest does not read is left to
 // the workers, which skip it for an older one and say so.
-func resumable(ctx context.Context, c *Config, store checkpoint.Store, spec ModelSpec, opts Options) error {
+func resumable(ctx context.Context, c *job.Config, store checkpoint.Store, spec job.ModelSpec, opts job.Options) error {
 	if store == nil {
 		return nil
 	}
@@ -322,16 +353,11 @@ func resumable(ctx context.Context, c *Config, store checkpoint.Store, spec Mode
 	if err := checkpoint.Compatible(m, stateTensors(params, opt.Slots())); err != nil {
 		return &checkpoint.IncompatibleError{ID: m.Id, Reason: err.Error()}
 	}
-	if _, state := c.checkpointHashes(params, opt.Slots()); m.StateHash != state {
+	if _, state := checkpointHashes(c, params, opt.Slots()); m.StateHash != state {
 		return &checkpoint.IncompatibleError{ID: m.Id, Reason: fmt.Sprintf("it was written with model, optimizer or data flags of hash %s; this job's are %s", m.StateHash, state)}
 	}
 	return nil
 }
-
-// exitStopped is a worker's exit status when the job stopped (below its
-// minimum of workers, or on request after a final checkpoint): not a
-// failure of its own.
-const exitStopped = 4
 
 // checkpointEvent logs a worker's checkpoint event.
 func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
@@ -340,12 +366,12 @@ func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
 	}
 	switch e.Kind {
 	case "saved":
-		r.ev.Emit("checkpoint_saved", events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
+		r.Events.Emit("checkpoint_saved", events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
 			events.F("url", e.URL), events.F("world", e.WorldAfter), events.F("checkpoint", e.ID), events.F("manifest_crc32c", e.ManifestCRC))
 	case "failed":
-		r.ev.Emit("checkpoint_failed", events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err))
+		r.Events.Emit("checkpoint_failed", events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err))
 	case "skipped":
-		r.ev.Emit("checkpoint_skipped", events.F("checkpoint", e.ID), events.F("error", e.Err))
+		r.Events.Emit("checkpoint_skipped", events.F("checkpoint", e.ID), events.F("error", e.Err))
 		if r.said[e.ID] { // every rank that found it damaged says so: the terminal hears it once
 			return
 		}
@@ -354,37 +380,17 @@ func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
 		}
 		r.said[e.ID] = true
 	case "restored":
-		r.ev.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
+		r.Events.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
 			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes), events.F("config_changed", e.ConfigChanged))
 	}
-	fmt.Fprint(r.out, checkpointText(e))
-}
-
-// checkpointText is a checkpoint event in plain lines, for a terminal (""
-// for a kind it does not know).
-func checkpointText(e *checkpoint.Event) string {
-	switch e.Kind {
-	case "saved":
-		return fmt.Sprintf("checkpoint of step %d saved: %s (%s in %.2fs)\n", e.Step, e.URL, bytesize.Format(e.Bytes), e.Seconds)
-	case "failed":
-		return fmt.Sprintf("checkpoint of step %d FAILED: %s\n", e.Step, e.Err)
-	case "skipped":
-		return fmt.Sprintf("checkpoint %s skipped: %s\n", e.ID, e.Err)
-	case "restored":
-		s := fmt.Sprintf("resumed from %s: step %d, written by %d workers, now %d\n", e.URL, e.Step, e.WorldBefore, e.WorldAfter)
-		if e.ConfigChanged {
-			s += "warning: that checkpoint was written with other training settings (batch, optimizer, clipping or synchronisation)\n"
-		}
-		return s
-	}
-	return ""
+	fmt.Fprint(r.Out, job.CheckpointText(e))
 }
 
 func (r *ringJob) exited(x launch.Exit) {
-	r.ev.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", exitText(x.Err)))
+	r.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)))
 	stopping := r.stop != nil || r.stopped != ""
-	if x.Err != nil && r.done == nil && !(stopping && launch.ExitStatus(x.Err) == exitStopped) { // a stopped job's workers exit so
-		fmt.Fprintf(r.out, "worker %d (pid %d) ended: %s\n", x.Index, x.Pid, exitText(x.Err))
+	if x.Err != nil && r.done == nil && !(stopping && launch.ExitStatus(x.Err) == job.ExitStopped) { // a stopped job's workers exit so
+		fmt.Fprintf(r.Out, "worker %d (pid %d) ended: %s\n", x.Index, x.Pid, job.ExitText(x.Err))
 	}
 }
 
@@ -396,8 +402,8 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 	}
 	if g.Stopped {
 		r.stopped = g.Reason
-		r.ev.Emit("generation", events.F("generation", g.Number), events.F("members", []any{}), events.F("world", 0), events.F("reason", g.Reason))
-		fmt.Fprintf(r.out, "generation %d: job stopped: %s\n", g.Number, g.Reason)
+		r.Events.Emit("generation", events.F("generation", g.Number), events.F("members", []any{}), events.F("world", 0), events.F("reason", g.Reason))
+		fmt.Fprintf(r.Out, "generation %d: job stopped: %s\n", g.Number, g.Reason)
 		return
 	}
 	members := make([]map[string]any, len(g.Members))
@@ -406,31 +412,31 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 		members[i] = map[string]any{"rank": i, "id": m.Id, "pid": m.Pid}
 		pos[m.Id] = i
 	}
-	r.ev.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)),
+	r.Events.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)),
 		events.F("reason", g.Reason), events.F("decided_by", g.DecidedBy))
 	for _, l := range g.Lost {
 		kind := "worker_lost"
 		if l.Left {
 			kind = "worker_left"
 		}
-		r.ev.Emit(kind, events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
+		r.Events.Emit(kind, events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
 	}
 	for _, x := range g.Excluded {
-		r.ev.Emit("straggler_excluded", events.F("generation", g.Number), events.F("rank", x.Rank), events.F("pid", x.Pid), events.F("id", x.Id),
+		r.Events.Emit("straggler_excluded", events.F("generation", g.Number), events.F("rank", x.Rank), events.F("pid", x.Pid), events.F("id", x.Id),
 			events.F("late_in", x.LateIn), events.F("window", x.Window), events.F("step", x.Step))
 	}
 	for _, id := range g.Readmitted {
 		i := pos[id]
-		r.ev.Emit("straggler_readmitted", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+		r.Events.Emit("straggler_readmitted", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
 	}
 	for _, id := range g.Joined {
 		if g.Number == r.first {
 			break
 		}
 		i := pos[id]
-		r.ev.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+		r.Events.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
 	}
-	fmt.Fprintf(r.out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
+	fmt.Fprintf(r.Out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
 }
 
 // finalCheckpoint returns the name of the complete checkpoint of step in
@@ -471,7 +477,7 @@ func joinBad(bad []string) string {
 
 // handle takes one report line of a worker.
 func (r *ringJob) handle(l launch.Line) error {
-	var rep Report
+	var rep job.Report
 	if err := json.Unmarshal(l.Text, &rep); err != nil {
 		return fmt.Errorf("phalanx: worker %d printed %q, not a report: %w", l.Index, l.Text, err)
 	}
@@ -479,37 +485,37 @@ func (r *ringJob) handle(l launch.Line) error {
 	case "registered":
 		r.byPid[int64(rep.Pid)] = l.Index
 	case "restored":
-		r.ev.Emit("data_plane", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("plane", rep.DataPlane))
+		r.Events.Emit("data_plane", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("plane", rep.DataPlane))
 		if r.first != 0 && rep.Generation > r.first {
-			r.ev.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
+			r.Events.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
 				events.F("steps_redone", rep.Redone), events.F("root", rep.Root))
-			fmt.Fprintf(r.out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", rep.Generation, rep.Step, rep.World, rep.Redone)
+			fmt.Fprintf(r.Out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", rep.Generation, rep.Step, rep.World, rep.Redone)
 		}
 	case "step":
 		if rep.Generation < r.stepGen || (rep.Replayed && rep.Step <= r.lastStep) {
 			return nil // from a rank 0 of a ring that steps no more, or already reported
 		}
 		r.stepGen, r.lastStep = rep.Generation, rep.Step
-		r.ev.Emit("step", events.F("step", rep.Step), events.F("generation", cmp.Or(rep.TrainedIn, rep.Generation)), events.F("world", rep.World),
+		r.Events.Emit("step", events.F("step", rep.Step), events.F("generation", cmp.Or(rep.TrainedIn, rep.Generation)), events.F("world", rep.World),
 			events.F("loss", rep.Loss), events.F("samples_per_s", rep.SamplesPS),
 			events.F("step_s", rep.StepS), events.F("compute_s", rep.ComputeS), events.F("comm_s", rep.CommS),
 			events.F("epoch", rep.Epoch), events.F("offset", rep.Offset), events.F("fingerprint", rep.Fingerprint),
 			events.F("participants", cmp.Or(rep.Participants, rep.World)), events.F("stale", rep.Stale))
 		r.progress(rep)
 	case "restart":
-		r.ev.Emit("rank_restarted", events.F("rank", rep.Rank), events.F("committed_step", rep.Step),
+		r.Events.Emit("rank_restarted", events.F("rank", rep.Rank), events.F("committed_step", rep.Step),
 			events.F("reason", rep.Reason), events.F("restarts", rep.Restarts))
-		fmt.Fprintf(r.out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", rep.Rank, rep.Reason, rep.Step)
+		fmt.Fprintf(r.Out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", rep.Rank, rep.Reason, rep.Step)
 	case "checkpoint":
 		r.checkpointEvent(rep.Checkpoint)
 	case "overlap_fallback":
-		r.ev.Emit("hybrid_overlap_fallback", events.F("step", rep.Step), events.F("late", rep.Late), events.F("deadline_s", rep.DeadlineS))
+		r.Events.Emit("hybrid_overlap_fallback", events.F("step", rep.Step), events.F("late", rep.Late), events.F("deadline_s", rep.DeadlineS))
 	case "fed":
-		r.ev.Emit("straggler_fed", events.F("id", rep.ID), events.F("step", rep.Step))
+		r.Events.Emit("straggler_fed", events.F("id", rep.ID), events.F("step", rep.Step))
 	case "left":
-		fmt.Fprintf(r.out, "worker %d (pid %d) left the job on request\n", l.Index, rep.Pid)
+		fmt.Fprintf(r.Out, "worker %d (pid %d) left the job on request\n", l.Index, rep.Pid)
 	case "failed":
-		r.ev.Emit("worker_failed", events.F("worker", l.Index), events.F("reason", rep.Reason), events.F("non_finite", rep.NonFinite))
+		r.Events.Emit("worker_failed", events.F("worker", l.Index), events.F("reason", rep.Reason), events.F("non_finite", rep.NonFinite))
 		if r.failed != nil || r.done != nil {
 			return nil
 		}
@@ -525,12 +531,12 @@ func (r *ringJob) handle(l launch.Line) error {
 	case "stopped":
 		if r.stop == nil {
 			r.stop = &rep
-			r.ev.Emit("stopped", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
+			r.Events.Emit("stopped", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
 		}
 	case "done":
 		if r.done == nil && r.failed == nil { // a failed job is not done: its result and its error agree
 			r.done = &rep
-			r.ev.Emit("done", events.F("step", rep.Step), events.F("accuracy", rep.Accuracy), events.F("loss", rep.Loss),
+			r.Events.Emit("done", events.F("step", rep.Step), events.F("accuracy", rep.Accuracy), events.F("loss", rep.Loss),
 				events.F("generation", rep.Generation), events.F("world", rep.World), events.F("parameters_identical", rep.Identical != nil && *rep.Identical),
 				events.F("parameters_crc32c", rep.ParamsCRC), events.F("parameters_crc32c_by_rank", rep.RankCRCs))
 		}
@@ -546,7 +552,7 @@ const nonFiniteGrace = time.Minute
 func (r *ringJob) drainLines() error {
 	for {
 		select {
-		case l := <-r.procs.Lines():
+		case l := <-r.Procs.Lines():
 			if err := r.handle(l); err != nil {
 				return err
 			}
@@ -560,5 +566,5 @@ func (r *ringJob) drainLines() error {
 // would wait for a coordinator that is gone.
 func (r *ringJob) endFailed() {
 	r.cancel()
-	r.procs.Signal("", syscall.SIGKILL)
+	r.Procs.Signal("", syscall.SIGKILL)
 }

@@ -1,0 +1,155 @@
+package phalanx
+
+import (
+	"context"
+	"io"
+	"os"
+
+	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/psjob"
+	"github.com/phalanx-rt/phalanx/job/ring"
+)
+
+// The configuration of a job and of its processes (package job defines
+// them; these are the same types).
+type (
+	// Config is a job's configuration, shared by every process of it.
+	Config = job.Config
+	// SyncConfig: how ranks synchronise (bsp, hybrid, and for parameter
+	// servers asp and ssp).
+	SyncConfig = job.SyncConfig
+	// CheckpointConfig: where and when checkpoints are taken.
+	CheckpointConfig = job.CheckpointConfig
+	// FaultConfig: faults injected on purpose (tests, demonstrations).
+	FaultConfig = job.FaultConfig
+	// PSConfig: a parameter-server job's servers and shards.
+	PSConfig = job.PSConfig
+	// LaunchConfig is a local job: its Config, its processes and where
+	// its progress, logs and events go.
+	LaunchConfig = job.LaunchConfig
+	// ConfigError names a configuration field and its bad value.
+	ConfigError = job.ConfigError
+)
+
+// Models and what a job ends with.
+type (
+	// Registry resolves models by name, and their job kinds.
+	Registry = job.Registry
+	// ModelSpec is a model that jobs can train by name.
+	ModelSpec = job.ModelSpec
+	// Option is one option of a model.
+	Option = job.Option
+	// Options are a model's options by name, its defaults filled in.
+	Options = job.Options
+	// Task is what a ring worker trains: the user's model and data.
+	Task = job.Task
+	// PSModel is a parameter-server model.
+	PSModel = job.PSModel
+	// PSWorker is what a parameter-server model's loop works with.
+	PSWorker = job.PSWorker
+	// Result is how a job ended, as a worker saw it.
+	Result = job.Result
+	// StoppedError: the job stopped before its last step.
+	StoppedError = job.StoppedError
+	// Report is what a worker tells of itself.
+	Report = job.Report
+	// ShardAccount is a parameter-server shard's state at a job's end.
+	ShardAccount = job.ShardAccount
+	// PSShareReport is a parameter-server worker's report of a share.
+	PSShareReport = job.PSShareReport
+)
+
+// ErrLeft is RunWorker's answer when its context was cancelled and the
+// worker left the job gracefully: the others go on without it.
+var ErrLeft = job.ErrLeft
+
+// DefaultConfig is a job's configuration with every default set.
+func DefaultConfig() Config { return job.DefaultConfig() }
+
+// DefaultLaunchConfig is a job of two workers on DefaultConfig.
+func DefaultLaunchConfig() LaunchConfig { return job.DefaultLaunchConfig() }
+
+// NewRegistry holds specs, whose kinds are the built-in ones: a ring model
+// (New) and a parameter-server model (PS). Registry.AddKind adds others. A
+// spec without a name, with both or neither of New and PS (unless it names
+// its Kind), or a name given twice is a programming error: it panics.
+func NewRegistry(specs ...ModelSpec) *Registry {
+	return job.NewRegistry([]job.Kind{ring.Kind{}, psjob.Kind{}}, specs...)
+}
+
+// Launch runs a local job to its end: the job's etcd (embedded unless
+// Config.Etcd names a cluster), and the processes of its kind, each a
+// re-execution of this program, which must call Main first thing. A ring
+// model trains data-parallel over elastic workers; a parameter-server
+// model over PSConfig.Servers servers and Workers workers. Progress goes
+// to Output, events to Events. Cancelling ctx stops the job: with
+// checkpoints, at the next step boundary after a final one (a
+// *StoppedError: the same launch resumes), otherwise at once.
+func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) { return job.Launch(ctx, lc) }
+
+// RunWorker runs one elastic worker of job cfg.Job, training task: it
+// registers in the job's etcd (cfg.Etcd), trains in every generation the
+// coordinator puts it in (BSP or hybrid steps, straggler exclusion and
+// readmission, checkpoints and resume), and survives the loss or arrival
+// of others. It returns when the job is done. Cancelling ctx makes the
+// worker leave the job gracefully (ErrLeft): the ring shrinks and the
+// others go on. A stop of the whole job (Stop) is a *StoppedError.
+func RunWorker(ctx context.Context, cfg Config, task Task) (*Result, error) {
+	return ring.RunWorker(ctx, cfg, task)
+}
+
+// RunModel runs one worker of a job whose model is a registered one, in
+// its kind's worker role: a ring worker (RunWorker with the model's task)
+// or a parameter-server worker (cfg.Index names it).
+func RunModel(ctx context.Context, cfg Config, reg *Registry) (*Result, error) {
+	return job.RunModel(ctx, cfg, reg)
+}
+
+// RunPSServer runs one parameter server of a parameter-server job until
+// the job is done or ctx ends; onReady, when set, is told its data-plane
+// address once it serves.
+func RunPSServer(ctx context.Context, cfg Config, id string, onReady func(addr string)) error {
+	return psjob.RunServer(ctx, cfg, id, onReady)
+}
+
+// ReportLines writes reports as JSON lines to w: how a launched worker
+// tells its launcher (for Config.Reports).
+func ReportLines(w io.Writer) func(Report) { return job.ReportLines(w) }
+
+// ReportText writes reports as plain lines to w, for a person watching one
+// worker: what it registered as, its generations, a progress line every
+// every steps of the job's steps, its restarts, checkpoints and end.
+func ReportText(w io.Writer, steps, every int64) func(Report) { return job.ReportText(w, steps, every) }
+
+// Main makes this process one of a job's when a launcher started it as
+// one (Launch re-executes the program with the process's spec in its
+// environment): it runs the process's role with the models of reg and
+// exits with its status. Otherwise it returns at once. Call it first in
+// main, before anything else reads flags or starts work:
+//
+//	func main() {
+//		reg := phalanx.NewRegistry(myModel())
+//		phalanx.Main(reg)
+//		... // the program itself, which may call phalanx.Launch
+//	}
+//
+// In a worker, SIGTERM or SIGINT makes it leave the job gracefully (the
+// others go on); a second one ends it at once.
+func Main(reg *Registry) {
+	raw, ok := os.LookupEnv(job.WorkerEnv)
+	if !ok {
+		return
+	}
+	os.Unsetenv(job.WorkerEnv) // not inherited by what the process starts
+	services := map[string]job.Service{"etcd-member": runServiceProcess, "coordinator": runServiceProcess}
+	os.Exit(job.RunProcess(raw, reg, services, os.Stdout, os.Stderr))
+}
+
+// BindEnv and AdvertiseEnv, in a launched process's environment, set its
+// data-plane listen address and the address its peers dial (a worker in a
+// network namespace of its own, behind a proxy: see chaos); by default it
+// listens on a loopback port and advertises that.
+const (
+	BindEnv      = job.BindEnv
+	AdvertiseEnv = job.AdvertiseEnv
+)

@@ -1,0 +1,58 @@
+package job
+
+import (
+	"fmt"
+
+	"github.com/phalanx-rt/phalanx/elastic"
+)
+
+// ErrLeft is RunWorker's answer when its context was cancelled and the
+// worker left the job gracefully: the others go on without it.
+var ErrLeft = elastic.ErrLeft
+
+// StoppedError: the job stopped before its last step, and this worker with
+// it. Requested stops (Stop, or a signal to the launcher) come after a
+// final checkpoint at a step boundary, and the same configuration resumes
+// from it; a coordinator stops a job that stays below its minimum of
+// workers (Reason).
+type StoppedError struct {
+	Step      int64
+	Requested bool
+	Reason    string
+	// Checkpoint names the final checkpoint, found complete in the store
+	// (set by Launch).
+	Checkpoint string
+}
+
+// Error says why the job stopped.
+func (e *StoppedError) Error() string {
+	switch {
+	case e.Requested && e.Checkpoint != "":
+		return fmt.Sprintf("phalanx: stopped at step %d after a final checkpoint (%s); launch the same job again to resume", e.Step, e.Checkpoint)
+	case e.Requested:
+		return fmt.Sprintf("phalanx: stopped on request at step %d, after a final checkpoint", e.Step)
+	}
+	return fmt.Sprintf("phalanx: the coordinator stopped the job: %s", e.Reason)
+}
+
+// Result is how a job ended, as a worker saw it.
+type Result struct {
+	Step       int64
+	Generation uint64
+	World      int
+	// Loss and Accuracy are over Task.Test (when given and the model is a
+	// worker.Evaluator).
+	Loss, Accuracy float64
+	// ParametersIdentical: every rank ended with bitwise the same
+	// parameters.
+	ParametersIdentical bool
+	// ParametersCRC is the CRC32C (Castagnoli) of rank 0's parameters, in
+	// order, as float32 little-endian: two runs whose checksums match ended
+	// with the same model (chaos compares a run with its undisturbed twin).
+	ParametersCRC uint32
+	// RankCRCs are every rank's ParametersCRC, by rank: which rank
+	// differs, when they are not identical.
+	RankCRCs []uint32
+	// Metrics are a parameter-server model's held-out measures.
+	Metrics map[string]float64
+}
