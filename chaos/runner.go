@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,7 +33,8 @@ type Runner struct {
 	// Kinds are the fault kinds scenarios may name (default DefaultKinds).
 	Kinds Kinds
 	// Configure, if set, adjusts every launch after the scenario's job is
-	// applied: an embedder's own model, options or data.
+	// applied: an embedder's own model, options or data. Its ModelOptions
+	// is never nil, and a copy: writing to it leaves the scenario as it was.
 	Configure func(*phalanx.LaunchConfig)
 	// Dir holds the runs' checkpoints and job directories (default: a new
 	// temporary directory per run). A run whose invariants all hold is
@@ -189,7 +191,10 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 	if lc.Model == "" {
 		lc.Model = "mlp"
 	}
-	lc.ModelOptions = j.Options
+	// A fresh map: Configure may write to it (README: lc.ModelOptions["data"] = ...),
+	// and must not write into the scenario's.
+	lc.ModelOptions = make(map[string]string, len(j.Options))
+	maps.Copy(lc.ModelOptions, j.Options)
 	lc.Workers, lc.MaxWorkers = workers, max(workers, sc.Job.Workers)
 	lc.MinWorkers = min(max(j.MinWorkers, 1), workers)
 	lc.Steps = j.Steps
