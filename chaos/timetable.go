@@ -6,8 +6,8 @@ import "time"
 // launch's events say (observe) and asked, at a time, what is due (due);
 // like etcd's raft it has no I/O, clock or goroutines of its own: the
 // scheduler (run.schedule) reads the events, carries out what it is told,
-// stamps the faults' records (Injected, Healed, Error) and sleeps until the
-// wake-up time. Its decisions are in terms of the records alone, so a fault
+// stamps the faults' records (Injected, Healed, Error) and arms its one
+// timer for the wake-up time. Its decisions are in terms of the records alone, so a fault
 // fired or healed is never due again.
 type timetable struct {
 	faults  []*FaultRecord // the run's, in plan order
