@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,7 +33,8 @@ type Runner struct {
 	// Kinds are the fault kinds scenarios may name (default DefaultKinds).
 	Kinds Kinds
 	// Configure, if set, adjusts every launch after the scenario's job is
-	// applied: an embedder's own model, options or data.
+	// applied: an embedder's own model, options or data. Its ModelOptions
+	// is never nil, and a copy: writing to it leaves the scenario as it was.
 	Configure func(*phalanx.LaunchConfig)
 	// Dir holds the runs' checkpoints and job directories (default: a new
 	// temporary directory per run). A run whose invariants all hold is
@@ -189,7 +191,10 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 	if lc.Model == "" {
 		lc.Model = "mlp"
 	}
-	lc.ModelOptions = j.Options
+	// A fresh map: Configure may write to it (README: lc.ModelOptions["data"] = ...),
+	// and must not write into the scenario's.
+	lc.ModelOptions = make(map[string]string, len(j.Options))
+	maps.Copy(lc.ModelOptions, j.Options)
 	lc.Workers, lc.MaxWorkers = workers, max(workers, sc.Job.Workers)
 	lc.MinWorkers = min(max(j.MinWorkers, 1), workers)
 	lc.Steps = j.Steps
@@ -380,207 +385,6 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 		rep.Dir = ""
 	}
 	return rep, nil
-}
-
-// schedule reads a launch's events as they come and fires the plan's
-// faults when their triggers do, until the events end.
-func (ru *run) schedule(ctx context.Context, evs <-chan Event, attempt int) {
-	var (
-		members  []Member
-		gen      int64
-		firstAt  time.Time
-		timer    *time.Timer
-		timerC   <-chan time.Time
-		step     int64
-		endpoint string
-		started  []int64 // this launch's worker pids
-	)
-	log := ru.r.log()
-	// next returns the earliest pending time-triggered fault or heal.
-	arm := func() {
-		if timer != nil {
-			timer.Stop()
-		}
-		timerC = nil
-		var soonest time.Time
-		for _, f := range ru.faults {
-			var at time.Time
-			switch {
-			case f.Injected.IsZero() && f.On == "" && f.Step == 0 && !firstAt.IsZero() && f.Error == "":
-				at = firstAt.Add(time.Duration(f.After))
-			case !f.Injected.IsZero() && f.Healed.IsZero() && f.Duration > 0 && f.Error == "":
-				at = f.Injected.Add(time.Duration(f.Duration))
-			default:
-				continue
-			}
-			if soonest.IsZero() || at.Before(soonest) {
-				soonest = at
-			}
-		}
-		if !soonest.IsZero() {
-			timer = time.NewTimer(max(soonest.Sub(ru.r.now()), 0))
-			timerC = timer.C
-		}
-	}
-	var uploads <-chan *uploadHit
-	if g := ru.gate(); g != nil {
-		uploads = g.Hits()
-	}
-	var hit *uploadHit // the held upload that fires the faults now
-	fire := func(f *FaultRecord) {
-		env := &Env{Members: ru.ring(ctx, endpoint, members), Rank: f.Rank, Store: ru.store, Started: started, run: ru}
-		if f.RandomRank && len(env.Members) > 0 {
-			env.Rank = int(f.Pick % uint64(len(env.Members)))
-		}
-		if f.On == "upload" {
-			ru.gate().fired()
-		}
-		if f.Uploader {
-			env.Rank = -1
-			if pid := socketOwner(hit.client, ru.gate().ln.Addr().String(), started); pid != 0 {
-				for i, m := range env.Members {
-					if m.Pid == pid {
-						env.Rank = i
-					}
-				}
-			}
-			if env.Rank < 0 {
-				f.Attempt, f.Generation, f.AtStep, f.Injected = attempt, gen, step, ru.r.now()
-				f.Error = fmt.Sprintf("%v (%s, from %s)", errNoUploader, hit.object, hit.client)
-				ru.r.say("chaos:   fault %d (%s) FAILED to inject: %s", f.Index, f.Kind, f.Error)
-				return
-			}
-		}
-		f.Attempt, f.Generation, f.AtStep, f.TargetRank = attempt, gen, step, env.Rank
-		if m, err := env.target(); err == nil && ru.kinds[f.Kind].NeedsRank {
-			f.TargetID, f.TargetPid = m.ID, m.Pid
-		}
-		fault := ru.kinds[f.Kind].New(f.Planned)
-		f.fault, f.env = fault, env
-		// Stamped as it is sent: Inject returns only once the fault is seen
-		// to hold (a killed process dead), and the job may have closed
-		// ranks by then; what came after the fault must not read as before.
-		f.Injected = ru.r.now()
-		what, err := fault.Inject(ctx, env)
-		if err != nil {
-			f.Error = err.Error()
-			log.Warn("chaos: a fault could not be injected", zap.String("kind", f.Kind), zap.Error(err))
-			ru.r.say("chaos:   fault %d (%s) FAILED to inject: %v", f.Index, f.Kind, err)
-			return
-		}
-		if hit != nil {
-			what += fmt.Sprintf(", during the upload of %s (held at the gate)", hit.object)
-		}
-		f.What = what
-		ru.r.say("chaos:   fault %d at step %d: %s", f.Index, step, what)
-	}
-	heal := func(f *FaultRecord) {
-		what, err := f.fault.Heal(ctx, f.env)
-		f.Healed = ru.r.now()
-		if err != nil {
-			f.Error = "heal: " + err.Error()
-			return
-		}
-		f.HealWhat = what
-		if what != "" {
-			ru.r.say("chaos:   fault %d healed: %s", f.Index, what)
-		}
-	}
-	for {
-		select {
-		case e, ok := <-evs:
-			if !ok {
-				if timer != nil {
-					timer.Stop()
-				}
-				for _, f := range ru.faults { // a stopped process must not outlive its run
-					if !f.Injected.IsZero() && f.Healed.IsZero() && f.fault != nil {
-						heal(f)
-					}
-				}
-				return
-			}
-			switch e.Kind {
-			case "job_started":
-				endpoint, _ = e.Fields["etcd_endpoints"].(string)
-				ru.endpoint = endpoint
-				for _, f := range ru.faults {
-					if f.Injected.IsZero() && f.Error == "" && f.On == "launch" {
-						fire(f)
-					}
-				}
-			case "worker_started":
-				ru.pids[e.num("pid")] = true
-				started = append(started, e.num("pid"))
-			case "generation":
-				gen = e.num("generation")
-				members = members[:0]
-				ms, _ := e.Fields["members"].([]any)
-				for _, m := range ms {
-					mm, _ := m.(map[string]any)
-					ev := Event{Fields: mm}
-					id, _ := mm["id"].(string)
-					members = append(members, Member{Rank: int(ev.num("rank")), ID: id, Pid: ev.num("pid")})
-				}
-			case "checkpoint_saved":
-				if id, ok := e.Fields["checkpoint"].(string); ok {
-					ru.saved[id] = uint32(e.num("manifest_crc32c"))
-				}
-			case "step":
-				step = e.num("step")
-				if firstAt.IsZero() {
-					firstAt = e.At
-				}
-				for _, f := range ru.faults {
-					// Events queued before the injection are not its recovery.
-					if f.RecoveredAt.IsZero() && !f.Injected.IsZero() && f.Error == "" && e.At.After(f.Injected) && f.recovers(attempt, gen) {
-						f.RecoveredAt = e.At
-						f.RecoveryS = e.At.Sub(f.Injected).Seconds()
-					}
-				}
-				for _, f := range ru.faults {
-					// A parameter-server job has no ring: its steps alone trigger.
-					if f.Injected.IsZero() && f.Error == "" && f.On == "" && f.Step > 0 && step >= f.Step && (len(members) > 0 || ru.sc.Job.Kind == "ps") {
-						fire(f)
-					}
-				}
-			}
-			arm()
-		case hit = <-uploads:
-			for _, f := range ru.faults {
-				if f.Injected.IsZero() && f.Error == "" && f.On == "upload" && step >= f.Step {
-					fire(f)
-				}
-			}
-			close(hit.release)
-			hit = nil
-			arm()
-		case <-timerC:
-			now := ru.r.now()
-			for _, f := range ru.faults {
-				switch {
-				case f.Injected.IsZero() && f.On == "" && f.Step == 0 && f.Error == "" && !firstAt.IsZero() && !now.Before(firstAt.Add(time.Duration(f.After))):
-					fire(f)
-				case !f.Injected.IsZero() && f.Healed.IsZero() && f.Duration > 0 && f.Error == "" && !now.Before(f.Injected.Add(time.Duration(f.Duration))):
-					heal(f)
-				}
-			}
-			arm()
-		}
-	}
-}
-
-// recovers says whether a step of generation gen in launch attempt ends
-// the fault's recovery: the first step of a new ring (or of the next
-// launch, for a fault that kills the job).
-func (f *FaultRecord) recovers(attempt int, gen int64) bool {
-	switch f.Changes {
-	case "ring":
-		return attempt > f.Attempt || gen > f.Generation
-	case "resume":
-		return attempt > f.Attempt
-	}
-	return false
 }
 
 // ring is the current ring with data-plane addresses from the job's etcd,

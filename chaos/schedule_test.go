@@ -86,3 +86,55 @@ func TestInjectedWhenSent(t *testing.T) {
 		t.Errorf("recovery %.3fs (at %v), want the 40ms from the kill to the new ring's first step", f.RecoveryS, f.RecoveredAt)
 	}
 }
+
+// noted reports its injection and its heal on channels.
+type noted struct{ injected, healed chan string }
+
+func (f *noted) Inject(context.Context, *Env) (string, error) {
+	f.injected <- "in"
+	return "noted", nil
+}
+func (f *noted) Heal(context.Context, *Env) (string, error) { f.healed <- "out"; return "healed", nil }
+
+// TestScheduleTimers: the scheduler wakes for what its timetable says is
+// due in time (After the first step, a Duration's end) with no event to
+// wake it, and heals what is still in when the events end.
+func TestScheduleTimers(t *testing.T) {
+	timed := &noted{injected: make(chan string, 1), healed: make(chan string, 1)}
+	long := &noted{injected: make(chan string, 1), healed: make(chan string, 1)}
+	kinds := Kinds{
+		"timed": {Name: "timed", Changes: "ring", New: func(Planned) Fault { return timed }},
+		"long":  {Name: "long", Changes: "ring", New: func(Planned) Fault { return long }},
+	}
+	fTimed := &FaultRecord{Planned: Planned{Index: 0, Kind: "timed", After: Duration(20 * time.Millisecond), Duration: Duration(20 * time.Millisecond), Rank: -1}}
+	fLong := &FaultRecord{Planned: Planned{Index: 1, Kind: "long", Step: 1, Duration: Duration(time.Hour), Rank: -1}}
+	ru := &run{r: &Runner{}, sc: &Scenario{}, kinds: kinds, faults: []*FaultRecord{fTimed, fLong},
+		damaged: map[string]bool{}, saved: map[string]uint32{}, pids: map[int64]bool{}, addrs: map[string]bool{}}
+	evs := make(chan Event, 4)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ru.schedule(testwait.Context(t, time.Minute), evs, 1)
+	}()
+	evs <- Event{At: time.Now(), Kind: "job_started", Fields: map[string]any{}}
+	evs <- Event{At: time.Now(), Kind: "generation", Fields: map[string]any{"generation": float64(1), "members": []any{map[string]any{"rank": float64(0), "id": "w0", "pid": float64(100)}}}}
+	evs <- Event{At: time.Now(), Kind: "step", Fields: map[string]any{"step": float64(1)}}
+	testwait.Recv(t, long.injected, 10*time.Second, "the step-1 fault to be injected")
+	testwait.Recv(t, timed.injected, 10*time.Second, "the fault 20ms after the first step to be injected, with no event after it")
+	testwait.Recv(t, timed.healed, 10*time.Second, "the fault to be healed 20ms after its injection, with no event after it")
+	close(evs)
+	testwait.Recv(t, done, 10*time.Second, "the scheduler to end with its events")
+	select {
+	case <-long.healed:
+	default:
+		t.Error("the fault of an hour was not healed as the events ended")
+	}
+	for _, f := range ru.faults {
+		if f.Injected.IsZero() || f.Healed.IsZero() || f.Error != "" || f.What != "noted" || f.HealWhat != "healed" {
+			t.Errorf("fault %d: %+v", f.Index, f)
+		}
+	}
+	if d := fTimed.Healed.Sub(fTimed.Injected); d < 20*time.Millisecond {
+		t.Errorf("healed %v after its injection, want its Duration of 20ms", d)
+	}
+}
