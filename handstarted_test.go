@@ -1,6 +1,7 @@
 package phalanx_test
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -63,5 +64,55 @@ func TestHandStartedFirstRing(t *testing.T) {
 	defer mu.Unlock()
 	if len(rings) != 1 || rings[0] != fmt.Sprintf("generation 1 of %d workers", workers) {
 		t.Fatalf("rings %q; want one, the first, of all %d workers", rings, workers)
+	}
+}
+
+// TestStartWorker: a worker's handle. Ready closes once it trains in a
+// ring; Stop makes it leave gracefully (Wait: ErrLeft) while the other
+// trains on, until it leaves too.
+func TestStartWorker(t *testing.T) {
+	ctx := testwait.Context(t, 3*time.Minute)
+	const job = "handles"
+	endpoints := make(chan []string, 1)
+	go phalanx.RunCoordinator(ctx, phalanx.CoordinatorConfig{Job: job, JobDir: t.TempDir(), MinWorkers: 1, MaxWorkers: 2,
+		Workers: 2, OnEndpoints: func(e []string) { endpoints <- e }})
+	etcd := testwait.Recv(t, endpoints, time.Minute, "the coordinator's embedded etcd to serve")
+	spec, err := registry().Lookup("regression")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws []*phalanx.Worker
+	for i := range 2 {
+		cfg := phalanx.DefaultConfig()
+		cfg.Model, cfg.Job, cfg.Etcd, cfg.Index = "regression", job, etcd, i
+		cfg.Steps, cfg.Batch, cfg.Schedule.Base = 1000000, 64, 0.1
+		task, err := spec.New(phalanx.Options{"features": "4", "nan_at": "0"}, cfg.Seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := phalanx.StartWorker(ctx, cfg, task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	for i, w := range ws {
+		testwait.Recv(t, w.Ready(), 2*time.Minute, fmt.Sprintf("worker %d to train in a ring", i))
+	}
+	for i, w := range ws {
+		if err := w.Stop(testwait.Context(t, 2*time.Minute)); err != nil {
+			t.Fatalf("worker %d: Stop: %v", i, err)
+		}
+		if res, err := w.Wait(); !errors.Is(err, phalanx.ErrLeft) || res != nil {
+			t.Fatalf("worker %d after Stop: %+v, %v; want ErrLeft", i, res, err)
+		}
+		if i == 0 {
+			select {
+			case <-ws[1].Done():
+				res, err := ws[1].Wait()
+				t.Fatalf("worker 1 ended when worker 0 left: %+v, %v", res, err)
+			default:
+			}
+		}
 	}
 }

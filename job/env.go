@@ -97,19 +97,41 @@ type ProcessSpec struct {
 // checkpoints, at the next step boundary after a final one (a
 // *StoppedError: the same launch resumes), otherwise at once.
 func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) {
+	p, err := Prepare(ctx, lc)
+	if err != nil {
+		return nil, err
+	}
+	return p.Run(ctx)
+}
+
+// Prepared is a launch checked before anything starts (Prepare), ready to
+// run.
+type Prepared struct {
+	lc  LaunchConfig
+	job Job
+}
+
+// Prepare checks a launch, as Launch does first: a bad one is refused
+// before anything starts.
+func Prepare(ctx context.Context, lc LaunchConfig) (*Prepared, error) {
 	j, err := lc.prepare(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return &Prepared{lc: lc, job: j}, nil
+}
+
+// Run runs a prepared launch to its end (see Launch); once.
+func (p *Prepared) Run(ctx context.Context) (*Result, error) {
 	// The caller's ctx ending does not end the job's own: with checkpoints
 	// it first asks the workers for a final one.
 	jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	env, err := OpenEnv(jctx, ctx, &lc)
+	env, err := OpenEnv(jctx, ctx, &p.lc)
 	if err != nil {
 		return nil, err
 	}
-	res, err := j.Run(ctx, jctx, cancel, env)
+	res, err := p.job.Run(ctx, jctx, cancel, env)
 	env.Close(err)
 	return res, err
 }

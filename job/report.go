@@ -20,7 +20,8 @@ import (
 // for its launcher, which turns them into the job's events
 // (docs/events.md); RunWorker hands them to Config.Reports.
 type Report struct {
-	// Kind is registered, restored, step, restart, checkpoint, fed,
+	// Kind is registered, restored, training (every rank, as it starts
+	// training in a ring), step, restart, checkpoint, fed,
 	// overlap_fallback, stopped, left or done (ring workers), ps_step, ps_checkpoint or
 	// ps_done (parameter-server workers), or failed (any worker's last
 	// word: Reason).

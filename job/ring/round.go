@@ -78,10 +78,11 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 		world = g.Size()
 		w.rep.Send(job.Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root,
 			DataPlane: g.DataPlane()})
-		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous job.Reporter never saw it
+		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous rank 0 never reported it
 			w.rep.Send(replayedStep(l, gen.Number))
 		}
 	}
+	w.rep.Send(job.Report{Kind: "training", Generation: gen.Number, World: g.Size(), Rank: r.Rank, Step: res.Step})
 	w.generation.Store(gen.Number)
 	ids := make([]string, len(gen.Members))
 	for i, m := range gen.Members {

@@ -35,18 +35,8 @@ import (
 // worker leave the job gracefully (ErrLeft): the ring shrinks and the
 // others go on. A stop of the whole job (Stop) is a *StoppedError.
 func RunWorker(ctx context.Context, cfg job.Config, task job.Task) (*job.Result, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := CheckWorker(cfg, task); err != nil {
 		return nil, err
-	}
-	switch {
-	case cfg.Job == "":
-		return nil, job.Invalid("Job", "", "a worker joins a named job")
-	case len(cfg.Etcd) == 0:
-		return nil, job.Invalid("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
-	case task.Model == nil || task.Train == nil:
-		return nil, errors.New("phalanx: the task needs a Model and Train data")
-	case cfg.Rescale == "lr" && cfg.ReferenceWorld < 1:
-		return nil, job.Invalid("ReferenceWorld", cfg.ReferenceWorld, `Rescale "lr" needs the world size Batch is meant for`)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -63,6 +53,24 @@ func RunWorker(ctx context.Context, cfg job.Config, task job.Task) (*job.Result,
 		return nil, err
 	}
 	return w.run(ctx)
+}
+
+// CheckWorker refuses, before anything starts, a worker RunWorker would.
+func CheckWorker(cfg job.Config, task job.Task) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case cfg.Job == "":
+		return job.Invalid("Job", "", "a worker joins a named job")
+	case len(cfg.Etcd) == 0:
+		return job.Invalid("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
+	case task.Model == nil || task.Train == nil:
+		return errors.New("phalanx: the task needs a Model and Train data")
+	case cfg.Rescale == "lr" && cfg.ReferenceWorld < 1:
+		return job.Invalid("ReferenceWorld", cfg.ReferenceWorld, `Rescale "lr" needs the world size Batch is meant for`)
+	}
+	return nil
 }
 
 // ringWorker is one worker process's runtime: what outlives a round (the
