@@ -24,10 +24,13 @@ type Options struct {
 	// SegmentBytes is the unit in which large tensors are pipelined through the
 	// ring (default 1 MiB).
 	SegmentBytes int
-	// Algorithm picks the allreduce algorithm (default AlgoAuto).
+	// Algorithm is the allreduce algorithm AllReduce asks for (default
+	// AlgoAuto); the group's connections may replace it (see the package
+	// documentation).
 	Algorithm Algorithm
 	// SmallBytes is AlgoAuto's threshold: messages up to this size use
-	// recursive doubling, larger ones the ring (default 64 KiB).
+	// recursive doubling, larger ones the ring or what replaces it (default
+	// 64 KiB).
 	SmallBytes int
 	// CloseGrace bounds how long Close waits for peers to close their ends, so
 	// no data in flight is reset (default 2s).
@@ -89,9 +92,10 @@ type Group struct {
 	work    []byte
 	ords    []int // ring: ordinal of each step's first send
 
-	fast     *shmFast   // the shared-memory allreduce, when every peer is on shared memory
-	hier     *hierarchy // the hierarchical allreduce, when the group spans hosts of several ranks each
-	deadline time.Time  // the running operation's
+	fast     *shmFast      // the single-copy allreduce, when every peer is on shared memory
+	hier     *hierarchy    // the hierarchical allreduce, when the group spans hosts of several ranks each
+	lastAlgo atomic.Uint32 // the Algorithm the latest AllReduce ran
+	deadline time.Time     // the running operation's
 	// The fast path's watch of an operation's context (watchContext) stays
 	// registered while operations keep passing the same context, as a
 	// training loop does: registering one per operation allocated.
