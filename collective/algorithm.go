@@ -133,6 +133,41 @@ func chooseAllReduce(want Algorithm, bytes int, dt DType, p allreducePaths, o Op
 	return a, fmt.Errorf("unknown algorithm %s", a)
 }
 
+// allreducePlan says which algorithms chooseAllReduce picks for an
+// AllReduce that leaves the choice to the group (AlgoAuto), by dtype and
+// size: for DataPlane.
+func allreducePlan(p allreducePaths, o Options) string {
+	bySize := func(dt DType) string {
+		small, err := chooseAllReduce(AlgoAuto, o.SmallBytes, dt, p, o)
+		if err != nil {
+			return "none, " + err.Error()
+		}
+		large, _ := chooseAllReduce(AlgoAuto, o.SmallBytes+1, dt, p, o)
+		if small == large {
+			return small.String()
+		}
+		return fmt.Sprintf("%s up to %s, %s above", small, sizeText(o.SmallBytes), large)
+	}
+	// Float32 and Float64 are the dtypes the single-copy allreduce reduces,
+	// Float16 stands for the others.
+	wide, others := bySize(Float32), bySize(Float16)
+	if wide == others {
+		return wide
+	}
+	return "float32 and float64 " + wide + "; other dtypes " + others
+}
+
+// sizeText writes n bytes exactly, in the largest unit that divides it.
+func sizeText(n int) string {
+	switch {
+	case n > 0 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n > 0 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
 // allreduceArg packs what every rank of an allreduce must agree on: the
 // reduction (bits 0–7) and the algorithm that runs (bits 8–15).
 func allreduceArg(op ReduceOp, a Algorithm) uint32 { return uint32(op) | uint32(a)<<8 }

@@ -7,6 +7,12 @@ import (
 	"testing"
 )
 
+// planeOf is the first word of a DataPlane text: the plane itself.
+func planeOf(dataPlane string) string {
+	plane, _, _ := strings.Cut(dataPlane, " ")
+	return plane
+}
+
 // TestChooseAllReduce: the choice table, size × dtype × what the group's
 // connections allow × what is asked for and the options → algorithm.
 func TestChooseAllReduce(t *testing.T) {
@@ -252,5 +258,43 @@ func TestAllReduceRefusesWhatCannotRun(t *testing.T) {
 		if got := g.LastAlgorithm(); got != AlgoRecursiveDoubling {
 			t.Errorf("rank %d: LastAlgorithm %s, want rd", r, got)
 		}
+	}
+}
+
+// TestDataPlaneNamesAlgorithms: DataPlane's first word is the plane, as
+// before; the rest names the algorithms the group chooses.
+func TestDataPlaneNamesAlgorithms(t *testing.T) {
+	cases := []struct {
+		name string
+		join func(t *testing.T) []*Group
+		want string
+	}{
+		{"local", func(t *testing.T) []*Group { return inprocGroups(t, 1, 1, Options{}) }, "local"},
+		{"inproc", func(t *testing.T) []*Group { return inprocGroups(t, 3, 1, Options{}) },
+			"tcp (allreduce: rd up to 64 KiB, ring above)"},
+		{"inproc-ring", func(t *testing.T) []*Group { return inprocGroups(t, 3, 1, Options{Algorithm: AlgoRing}) },
+			"tcp (allreduce: ring)"},
+		{"inproc-hierarchical", func(t *testing.T) []*Group { return inprocGroups(t, 2, 1, Options{Algorithm: AlgoHierarchical}) },
+			"tcp (allreduce: none, the hierarchical allreduce needs several hosts of as many ranks each, on shared memory inside each)"},
+		{"tcp-threshold", func(t *testing.T) []*Group {
+			return newShmRanks(t, 2, TransportTCP, t.TempDir()).join(t, "plane", 1, []int{0, 1}, nil, Options{SmallBytes: 1000})
+		}, "tcp (allreduce: rd up to 1000 B, ring above)"},
+		{"shm", func(t *testing.T) []*Group {
+			return newShmRanks(t, 3, TransportShm, t.TempDir()).join(t, "plane", 1, []int{0, 1, 2}, nil, Options{})
+		}, "shm (allreduce: float32 and float64 single-copy; other dtypes rd up to 64 KiB, ring above)"},
+		{"hierarchical", func(t *testing.T) []*Group {
+			return newShmRanks(t, 4, TransportAuto, t.TempDir()).join(t, "plane", 1, []int{0, 1, 2, 3}, []string{"a", "a", "b", "b"}, Options{SmallBytes: 1 << 20})
+		}, "hierarchical (allreduce: rd up to 1 MiB, hierarchical above)"},
+		{"shm+tcp", func(t *testing.T) []*Group {
+			return newShmRanks(t, 3, TransportAuto, t.TempDir()).join(t, "plane", 1, []int{0, 1, 2}, []string{"a", "a", "b"}, Options{})
+		}, "shm+tcp (allreduce: rd up to 64 KiB, ring above)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.join(t)[0]
+			if got := g.DataPlane(); got != tc.want {
+				t.Errorf("DataPlane %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

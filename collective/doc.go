@@ -54,5 +54,5 @@
 // descriptor) of the allreduce, so ranks that would run different
 // algorithms fail with ErrMismatch, and an id this rank does not know is an
 // ErrProtocol. Group.LastAlgorithm says which algorithm the latest AllReduce
-// ran.
+// ran, and Group.DataPlane, after the plane, which ones the group chooses.
 package collective
