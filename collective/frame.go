@@ -66,8 +66,9 @@ func (o opCode) String() string {
 // index numbers the frames of one operation on one directed link; count is the
 // element count the sender was called with and arg an operation-specific value
 // (the reduction and the algorithm that runs, see allreduceArg; the broadcast
-// root), so calls that disagree across ranks are caught at the first frame. In an abort frame, op carries the
-// failure kind and index the rank the failure concerns.
+// root), so calls that disagree across ranks are caught at the first frame. In
+// an abort frame, op carries the failure kind and index the rank the failure
+// concerns.
 type header struct {
 	kind   frameKind
 	op     opCode

@@ -26,11 +26,12 @@ func (g *Group) AllReduce(ctx context.Context, b Buffer, op ReduceOp) error {
 }
 
 // AllReduceWith is AllReduce with an explicit algorithm, which the group's
-// connections may replace (see chooseAllReduce: the ring and recursive
-// doubling give way to the single-copy allreduce on shared memory, the ring
-// to the hierarchical allreduce across hosts). Every rank must end up
-// running the same one: a disagreement is an ErrMismatch. LastAlgorithm says
-// which ran.
+// connections may replace: on shared memory of one host the single-copy
+// allreduce replaces the ring and recursive doubling (float32 and float64),
+// across hosts of several ranks each the hierarchical allreduce replaces the
+// ring (see the package documentation). Every rank must end up running the
+// same algorithm: a disagreement is an ErrMismatch. LastAlgorithm says which
+// ran.
 func (g *Group) AllReduceWith(ctx context.Context, b Buffer, op ReduceOp, algo Algorithm) error {
 	if err := g.checkReducible("allreduce", b, op); err != nil {
 		return err
