@@ -63,7 +63,8 @@ type AllReduceResult struct {
 	Op        string  `json:"op"` // "allreduce"
 	Ranks     int     `json:"ranks"`
 	Bytes     int     `json:"bytes"`
-	Algo      string  `json:"algo"`
+	Algo      string  `json:"algo"`      // the algorithm asked for (--algo), "auto" by default
+	Algorithm string  `json:"algorithm"` // the one that ran (collective.Group.LastAlgorithm): rd, ring, single-copy or hierarchical
 	Transport string  `json:"transport"`
 	Iters     int     `json:"iters"`
 	MedianS   float64 `json:"median_s"`   // over the iterations, of the slowest rank's time
@@ -198,6 +199,7 @@ func measureRank(ctx context.Context, g *collective.Group, cfg AllReduceConfig, 
 			}
 			times[it] = time.Since(t0).Seconds()
 		}
+		ran := g.LastAlgorithm() // before the allreduce of the times below
 		// The slowest rank's time of each iteration, through the group itself.
 		if err := g.AllReduce(ctx, collective.Float64s(times), collective.Max); err != nil {
 			return err
@@ -205,7 +207,7 @@ func measureRank(ctx context.Context, g *collective.Group, cfg AllReduceConfig, 
 		if g.Rank() == 0 {
 			med := median(times)
 			algbw := float64(size) / med / 1e9
-			report(AllReduceResult{Op: "allreduce", Ranks: n, Bytes: size, Algo: cfg.Algorithm.String(), Transport: cfg.Transport,
+			report(AllReduceResult{Op: "allreduce", Ranks: n, Bytes: size, Algo: cfg.Algorithm.String(), Algorithm: ran.String(), Transport: cfg.Transport,
 				Iters: len(times), MedianS: med, AlgBW: algbw, BusBW: algbw * 2 * float64(n-1) / float64(n)})
 		}
 	}

@@ -63,18 +63,22 @@ func TestBenchAllReduce(t *testing.T) {
 	inproc := func(ranks int, algo collective.Algorithm) AllReduceConfig {
 		return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 1 << 20}, Transport: TransportInproc, Algorithm: algo, Iters: 3, Warmup: 1}
 	}
+	// ran is the algorithm each size runs: inproc's sizes are 4 KiB and 1 MiB,
+	// the process cases' 4 KiB, 256 KiB and 3 MiB; auto is recursive doubling
+	// up to 64 KiB and the ring above, single-copy on shared memory.
 	cases := []struct {
 		name string
 		cfg  AllReduceConfig
+		ran  []string
 	}{
-		{"inproc 1 rank", inproc(1, collective.AlgoAuto)},
-		{"inproc 3 ranks auto", inproc(3, collective.AlgoAuto)},
-		{"inproc 4 ranks ring", inproc(4, collective.AlgoRing)},
-		{"inproc 3 ranks rd", inproc(3, collective.AlgoRecursiveDoubling)},
-		{"tcp 2 rank processes", processConfig(2, TransportTCP)},
-		{"tcp 3 rank processes", processConfig(3, TransportTCP)},
-		{"shm 4 rank processes", processConfig(4, TransportShm)},
-		{"auto 3 rank processes", processConfig(3, TransportAuto)},
+		{"inproc 1 rank", inproc(1, collective.AlgoAuto), []string{"rd", "ring"}},
+		{"inproc 3 ranks auto", inproc(3, collective.AlgoAuto), []string{"rd", "ring"}},
+		{"inproc 4 ranks ring", inproc(4, collective.AlgoRing), []string{"ring", "ring"}},
+		{"inproc 3 ranks rd", inproc(3, collective.AlgoRecursiveDoubling), []string{"rd", "rd"}},
+		{"tcp 2 rank processes", processConfig(2, TransportTCP), []string{"rd", "ring", "ring"}},
+		{"tcp 3 rank processes", processConfig(3, TransportTCP), []string{"rd", "ring", "ring"}},
+		{"shm 4 rank processes", processConfig(4, TransportShm), []string{"single-copy", "single-copy", "single-copy"}},
+		{"auto 3 rank processes", processConfig(3, TransportAuto), []string{"single-copy", "single-copy", "single-copy"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,6 +98,9 @@ func TestBenchAllReduce(t *testing.T) {
 				if r.Op != "allreduce" || r.Ranks != tc.cfg.Ranks || r.Bytes != tc.cfg.Sizes[i] || r.Transport != tc.cfg.Transport ||
 					r.Algo != tc.cfg.Algorithm.String() || r.Iters != 3 || r.MedianS <= 0 || r.AlgBW <= 0 {
 					t.Errorf("result %d: %+v", i, r)
+				}
+				if r.Algorithm != tc.ran[i] {
+					t.Errorf("result %d (%d bytes): algorithm %q ran, want %q", i, r.Bytes, r.Algorithm, tc.ran[i])
 				}
 				if want := r.AlgBW * 2 * (n - 1) / n; r.BusBW < want*0.999 || r.BusBW > want*1.001 {
 					t.Errorf("busbw %v is not algbw·2(N−1)/N = %v", r.BusBW, want)

@@ -12,7 +12,7 @@ func TestBenchJSONFields(t *testing.T) {
 		v    any
 		want string
 	}{
-		{AllReduceResult{}, `{"op":"","ranks":0,"bytes":0,"algo":"","transport":"","iters":0,"median_s":0,"algbw_GBps":0,"busbw_GBps":0}`},
+		{AllReduceResult{}, `{"op":"","ranks":0,"bytes":0,"algo":"","algorithm":"","transport":"","iters":0,"median_s":0,"algbw_GBps":0,"busbw_GBps":0}`},
 		{TCPResult{}, `{"op":"","bytes":0,"seconds":0,"GBps":0}`},
 		{PSResult{}, `{"op":"","workers":0,"shards":0,"replicas":0,"keys_per_request":0,"dim":0,"row_bytes":0,"seconds":0,` +
 			`"GBps":0,"raw_tcp_GBps":0,"ratio":0,"requests":0,"median_pushpull_ms":0}`},

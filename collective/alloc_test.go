@@ -30,7 +30,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 		{"tcp", func(t *testing.T) []*Group {
 			s := newShmRanks(t, world, TransportTCP, t.TempDir())
 			groups := s.join(t, "allocs", 1, []int{0, 1, 2, 3}, nil, Options{})
-			if p := groups[0].DataPlane(); p != "tcp" {
+			if p := groups[0].DataPlane(); planeOf(p) != "tcp" {
 				t.Fatalf("data plane %q, want tcp", p)
 			}
 			return groups
@@ -38,7 +38,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 		{"shm", func(t *testing.T) []*Group {
 			s := newShmRanks(t, world, TransportShm, t.TempDir())
 			groups := s.join(t, "allocs", 1, []int{0, 1, 2, 3}, nil, Options{})
-			if p := groups[0].DataPlane(); p != "shm" {
+			if p := groups[0].DataPlane(); planeOf(p) != "shm" {
 				t.Fatalf("data plane %q, want shm", p)
 			}
 			return groups

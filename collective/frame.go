@@ -65,9 +65,10 @@ func (o opCode) String() string {
 //
 // index numbers the frames of one operation on one directed link; count is the
 // element count the sender was called with and arg an operation-specific value
-// (the reduction and algorithm, the broadcast root), so calls that disagree
-// across ranks are caught at the first frame. In an abort frame, op carries the
-// failure kind and index the rank the failure concerns.
+// (the reduction and the algorithm that runs, see allreduceArg; the broadcast
+// root), so calls that disagree across ranks are caught at the first frame. In
+// an abort frame, op carries the failure kind and index the rank the failure
+// concerns.
 type header struct {
 	kind   frameKind
 	op     opCode
@@ -145,6 +146,9 @@ func decodeHeader(b []byte) (header, error) {
 		}
 		if !h.dtype.valid() {
 			return h, fmt.Errorf("unknown dtype code %d", h.dtype)
+		}
+		if a := argAlgorithm(h.arg); (h.op == opAllReduce || h.op == opReduceScatter) && !a.onWire() {
+			return h, fmt.Errorf("%s frame: %s", h.op, unknownAlgorithm(a))
 		}
 	case kindHeartbeat, kindBye:
 		if h.length != 0 {

@@ -18,8 +18,17 @@ func seedFrames() [][]byte {
 		arg: allreduceArg(Sum, AlgoRecursiveDoubling)}
 	hb := header{kind: kindHeartbeat, src: 1, gen: 1, job: job}
 	abort := header{kind: kindAbort, op: opCode(kindCode(ErrTimeout)), src: 1, index: 0, gen: 1, job: job}
+	withAlgo := func(a Algorithm) []byte {
+		h := data
+		h.arg = allreduceArg(Sum, a)
+		return encoded(h, make([]byte, 8))
+	}
 	return [][]byte{
 		encoded(data, make([]byte, 8)),
+		withAlgo(AlgoRing),
+		withAlgo(AlgoSingleCopy),
+		withAlgo(AlgoHierarchical),
+		withAlgo(lastAlgorithm + 1), // an id this rank does not know
 		append(encoded(hb, nil), encoded(data, make([]byte, 8))...),
 		encoded(abort, []byte("boom")),
 		encoded(header{kind: kindBye, src: 1, gen: 1, job: job}, nil),
@@ -157,11 +166,18 @@ func firstDataPayload(stream []byte) (payload []byte, ok bool) {
 func FuzzShmControlWords(f *testing.F) {
 	job := JobHash("fuzz")
 	hdr := segHeader{kind: segKindRank, job: job, gen: 3, a: 1, world: 4, pid: 77, ring: 4096, slab: 8192, nonce: 5}
-	desc := opDesc{job: job, gen: 3, seq: 9, step: 12, count: 100, offset: 0, dtype: Float32, arg: allreduceArg(Sum, AlgoRing)}
+	desc := opDesc{job: job, gen: 3, seq: 9, step: 12, count: 100, offset: 0, dtype: Float32, arg: allreduceArg(Sum, AlgoSingleCopy)}
 	var a, b [ctrlSize]byte
 	hdr.encode(a[:], segMagic)
 	desc.encode(b[:])
 	f.Add(a[:], b[:], false)
+	for _, algo := range []Algorithm{AlgoRing, lastAlgorithm + 1} { // another algorithm, an unknown one
+		other := desc
+		other.arg = allreduceArg(Sum, algo)
+		var ob [ctrlSize]byte
+		other.encode(ob[:])
+		f.Add(a[:], ob[:], false)
+	}
 	f.Add(bytes.Repeat([]byte{0xff}, ctrlSize), make([]byte, ctrlSize), false)
 	f.Add(bytes.Repeat([]byte{0xff}, ctrlSize), make([]byte, ctrlSize), true)
 	f.Fuzz(func(t *testing.T, hb, db []byte, seal bool) {
@@ -212,6 +228,8 @@ func TestShmControlWordsRefused(t *testing.T) {
 		{"count", func(d *opDesc) { d.count++ }, ErrMismatch},
 		{"dtype", func(d *opDesc) { d.dtype = Float64 }, ErrMismatch},
 		{"step", func(d *opDesc) { d.step++ }, ErrProtocol},
+		{"algorithm", func(d *opDesc) { d.arg = allreduceArg(Sum, AlgoRing) }, ErrMismatch},
+		{"unknown-algorithm", func(d *opDesc) { d.arg = allreduceArg(Sum, lastAlgorithm+1) }, ErrProtocol},
 	} {
 		d := want
 		tc.edit(&d)

@@ -24,10 +24,13 @@ type Options struct {
 	// SegmentBytes is the unit in which large tensors are pipelined through the
 	// ring (default 1 MiB).
 	SegmentBytes int
-	// Algorithm picks the allreduce algorithm (default AlgoAuto).
+	// Algorithm is the allreduce algorithm AllReduce asks for (default
+	// AlgoAuto); the group's connections may replace it (see the package
+	// documentation).
 	Algorithm Algorithm
 	// SmallBytes is AlgoAuto's threshold: messages up to this size use
-	// recursive doubling, larger ones the ring (default 64 KiB).
+	// recursive doubling, larger ones the ring or what replaces it (default
+	// 64 KiB).
 	SmallBytes int
 	// CloseGrace bounds how long Close waits for peers to close their ends, so
 	// no data in flight is reset (default 2s).
@@ -89,9 +92,11 @@ type Group struct {
 	work    []byte
 	ords    []int // ring: ordinal of each step's first send
 
-	fast     *shmFast   // the shared-memory allreduce, when every peer is on shared memory
-	hier     *hierarchy // the hierarchical allreduce, when the group spans hosts of several ranks each
-	deadline time.Time  // the running operation's
+	fast     *shmFast      // the single-copy allreduce, when every peer is on shared memory
+	hier     *hierarchy    // the hierarchical allreduce, when the group spans hosts of several ranks each
+	plane    string        // DataPlane's text, fixed when the group is built
+	lastAlgo atomic.Uint32 // the Algorithm the latest AllReduce ran
+	deadline time.Time     // the running operation's
 	// The fast path's watch of an operation's context (watchContext) stays
 	// registered while operations keep passing the same context, as a
 	// training loop does: registering one per operation allocated.
@@ -143,6 +148,7 @@ func newGroup(conns []net.Conn, m Membership, opts Options) *Group {
 			g.links[j] = newLink(g, j, c)
 		}
 	}
+	g.plane = g.describePlane()
 	for _, l := range g.links {
 		if l != nil {
 			g.sendWG.Add(1)
@@ -161,11 +167,26 @@ func (g *Group) Rank() int { return g.rank }
 func (g *Group) Size() int { return g.world }
 
 // DataPlane says how this rank reaches its peers: "local" (a world of
-// one), "shm" (every peer through shared memory, with the single-copy
-// allreduce), "tcp" (every peer over TCP), "hierarchical" (shared memory
-// inside each host, TCP rings across hosts) or "shm+tcp" (a mixed group
-// running the flat algorithms over both).
-func (g *Group) DataPlane() string {
+// one), "shm" (every peer through shared memory), "tcp" (every peer over
+// TCP), "hierarchical" (shared memory inside each host, TCP across hosts) or
+// "shm+tcp" (a mixed group running the flat algorithms over both); then,
+// but for "local", in parentheses, the allreduce algorithms the group
+// chooses when the caller leaves the choice to it, by dtype and size, e.g.
+// "tcp (allreduce: rd up to 64 KiB, ring above)" or "shm (allreduce: float32
+// and float64 single-copy; other dtypes rd up to 64 KiB, ring above)". The
+// first word is the plane; LastAlgorithm says what an allreduce ran.
+func (g *Group) DataPlane() string { return g.plane }
+
+func (g *Group) describePlane() string {
+	plane := g.linkPlane()
+	if g.world == 1 {
+		return plane
+	}
+	return plane + " (allreduce: " + allreducePlan(g.allreducePaths(), g.opts) + ")"
+}
+
+// linkPlane is DataPlane's first word.
+func (g *Group) linkPlane() string {
 	switch {
 	case g.world == 1:
 		return "local"

@@ -25,22 +25,35 @@ func (g *Group) AllReduce(ctx context.Context, b Buffer, op ReduceOp) error {
 	return g.AllReduceWith(ctx, b, op, AlgoAuto)
 }
 
-// AllReduceWith is AllReduce with an explicit algorithm; every rank must pass
-// the same one (a disagreement is an ErrMismatch).
+// AllReduceWith is AllReduce with an explicit algorithm, which the group's
+// connections may replace: on shared memory of one host the single-copy
+// allreduce replaces the ring and recursive doubling (float32 and float64),
+// across hosts of several ranks each the hierarchical allreduce replaces the
+// ring (see the package documentation). Every rank must end up running the
+// same algorithm: a disagreement is an ErrMismatch. LastAlgorithm says which
+// ran.
 func (g *Group) AllReduceWith(ctx context.Context, b Buffer, op ReduceOp, algo Algorithm) error {
 	if err := g.checkReducible("allreduce", b, op); err != nil {
 		return err
 	}
-	algo = g.choose(algo, len(b.b))
+	algo, err := chooseAllReduce(algo, len(b.b), b.dt, g.allreducePaths(), g.opts)
+	if err != nil {
+		return fmt.Errorf("collective allreduce: %w", err)
+	}
 	if err := g.begin(ctx, opAllReduce, b.dt, b.Len(), allreduceArg(op, algo)); err != nil {
 		return err
 	}
-	var err error
+	g.lastAlgo.Store(uint32(algo))
 	if g.world > 1 {
-		if algo == AlgoRing {
+		switch algo {
+		case AlgoRing:
 			err = g.ringSteps(b.b, b.dt, op, chunking{count: b.Len(), world: g.world}, 0, 2*(g.world-1))
-		} else {
+		case AlgoRecursiveDoubling:
 			err = g.recursiveDoubling(b.b, b.dt, op)
+		case AlgoSingleCopy:
+			err = g.fast.allReduce(b.b, b.dt, op)
+		case AlgoHierarchical:
+			err = g.hierAllReduce(b.b, b.dt, op)
 		}
 	}
 	if err = g.end(err); err == nil && op == Avg {
@@ -48,6 +61,11 @@ func (g *Group) AllReduceWith(ctx context.Context, b Buffer, op ReduceOp, algo A
 	}
 	return err
 }
+
+// LastAlgorithm is the algorithm the group's latest AllReduce ran, or began
+// to run if it failed; AlgoAuto before the first. In a world of one it is
+// the algorithm chosen, which had nothing to move.
+func (g *Group) LastAlgorithm() Algorithm { return Algorithm(g.lastAlgo.Load()) }
 
 // ReduceScatter combines in element-wise across ranks and leaves this rank's
 // share, elements ShardRange(in.Len(), Size(), Rank()), in out. in is not

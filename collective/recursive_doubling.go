@@ -8,9 +8,6 @@ package collective
 // Each round both partners compute mine⊕theirs; every kernel is commutative to
 // the bit, so partners hold identical vectors after every round.
 func (g *Group) recursiveDoubling(data []byte, dt DType, op ReduceOp) error {
-	if g.cur.op == opAllReduce && g.fast != nil && g.fast.handles(dt) {
-		return g.fast.allReduce(data, dt, op)
-	}
 	N, r := g.world, g.rank
 	p := 1
 	for p*2 <= N {

@@ -64,12 +64,6 @@ func nsegs(n, seg int) int { return max(1, (n+seg-1)/seg) }
 // Every chunk is reduced by walking the ring in one fixed order and then copied
 // verbatim, so all ranks end with the same bits.
 func (g *Group) ringSteps(data []byte, dt DType, op ReduceOp, ck chunking, from, to int) error {
-	if g.cur.op == opAllReduce && g.fast != nil && g.fast.handles(dt) {
-		return g.fast.allReduce(data, dt, op)
-	}
-	if g.cur.op == opAllReduce && g.hier != nil {
-		return g.hierAllReduce(data, dt, op)
-	}
 	return g.ringOn(nil, g.rank, data, dt, op, ck, from, to)
 }
 

@@ -108,10 +108,6 @@ func newShmFast(g *Group, conns []net.Conn) *shmFast {
 	return f
 }
 
-// handles reports whether the fast path reduces dt; other dtypes take the
-// links.
-func (f *shmFast) handles(dt DType) bool { return dt == Float32 || dt == Float64 }
-
 // interrupt wakes this rank's waiter so it re-checks the group's state.
 func (f *shmFast) interrupt() { f.bells[f.g.rank].force() }
 

@@ -206,9 +206,10 @@ func decodeOpDesc(b []byte) (opDesc, error) {
 	return d, nil
 }
 
-// check compares a peer's descriptor with ours: a foreign job, generation,
-// sequence or step is a protocol error, a different call a mismatch. It
-// returns a description and the failure kind, or a nil kind.
+// check compares a peer's descriptor with ours: a foreign job or
+// generation, another step, or an algorithm id this rank does not know is a
+// protocol error; another operation or call a mismatch. It returns a
+// description and the failure kind, or a nil kind.
 func (d opDesc) check(want opDesc) (string, error) {
 	switch {
 	case d.job != want.job:
@@ -219,6 +220,8 @@ func (d opDesc) check(want opDesc) (string, error) {
 		return fmt.Sprintf("slab of operation #%d while this rank runs #%d", d.seq, want.seq), ErrMismatch
 	case d.count != want.count || d.dtype != want.dtype:
 		return fmt.Sprintf("called with %d %s elements, this rank with %d %s", d.count, d.dtype, want.count, want.dtype), ErrMismatch
+	case d.arg != want.arg && !argAlgorithm(d.arg).onWire():
+		return "slab of an allreduce via " + unknownAlgorithm(argAlgorithm(d.arg)), ErrProtocol
 	case d.arg != want.arg:
 		return fmt.Sprintf("called with %s, this rank with %s", describeArg(opAllReduce, d.arg), describeArg(opAllReduce, want.arg)), ErrMismatch
 	case d.step != want.step || d.offset != want.offset:

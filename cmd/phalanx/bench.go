@@ -30,13 +30,14 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 	cmd := leaf("allreduce", "allreduce figures over N local processes (nccl-tests style)",
 		"Measures float32 sum-allreduce over --ranks ranks: with --transport tcp, shm or auto, one OS process per\n"+
 			"rank (on 127.0.0.1, or through shared memory); with inproc, goroutines in this process. For every size it prints the median over the\n"+
-			"iterations of the slowest rank's time, algbw = bytes/time and busbw = algbw·2(N−1)/N.")
+			"iterations of the slowest rank's time, algbw = bytes/time and busbw = algbw·2(N−1)/N; with --json also\n"+
+			"the algorithm asked for (algo) and the one that ran (algorithm).")
 	fs := cmd.Flags()
 	cfg := bench.AllReduceConfig{Stderr: stderr}
 	fs.IntVar(&cfg.Ranks, "ranks", 4, "number of ranks (1..64)")
 	sizes := fs.String("sizes", "4KiB,64KiB,1MiB,16MiB,64MiB", "comma-separated message sizes in bytes (units B, KiB, MiB, GiB)")
 	fs.StringVar(&cfg.Transport, "transport", "tcp", "data plane: tcp, shm (shared memory) or auto (shared memory here: every rank is on this host),\none process per rank each; or inproc (goroutines)")
-	algo := fs.String("algo", "auto", "allreduce algorithm: ring, tree (recursive doubling, alias rd) or auto (by size)")
+	algo := fs.String("algo", "auto", "allreduce algorithm: ring, tree (recursive doubling, alias rd), single-copy or auto (by size);\nover shm, and auto's shared memory, single-copy replaces ring and rd: --json's algorithm says what ran")
 	fs.IntVar(&cfg.Iters, "iters", 0, "timed iterations per size; 0 picks by size (at least 20, about 256 MiB moved)")
 	fs.IntVar(&cfg.Warmup, "warmup", 5, "untimed iterations per size")
 	fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "per-operation timeout")
@@ -50,7 +51,7 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 		panic(err)
 	}
 	completeValues(cmd, "transport", "tcp", "shm", "auto", "inproc")
-	completeValues(cmd, "algo", "auto", "ring", "tree")
+	completeValues(cmd, "algo", "auto", "ring", "tree", "single-copy")
 	return withRun(cmd, func(ctx context.Context, _ []string) error {
 		var err error
 		if cfg.Ranks < 1 || cfg.Ranks > 64 {

@@ -78,6 +78,12 @@ func TestBenchAllReduceJSON(t *testing.T) {
 	if len(lines) != 2 {
 		t.Fatalf("got %d lines, want 2:\n%s", len(lines), out.String())
 	}
+	// The algorithm that ran: recursive doubling up to 64 KiB, the ring above.
+	for i, ran := range []string{"rd", "ring"} {
+		if field := `"algorithm":"` + ran + `"`; !strings.Contains(lines[i], field) {
+			t.Errorf("line %d does not name the algorithm that ran (%s): %s", i, field, lines[i])
+		}
+	}
 	for i, want := range []int{4096, 1 << 20} {
 		var r bench.AllReduceResult
 		if err := json.Unmarshal([]byte(lines[i]), &r); err != nil {
