@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/phalanx-rt/phalanx/internal/services"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/job/psjob"
 	"github.com/phalanx-rt/phalanx/job/ring"
@@ -141,15 +142,24 @@ func Main(reg *Registry) {
 		return
 	}
 	os.Unsetenv(job.WorkerEnv) // not inherited by what the process starts
-	services := map[string]job.Service{"etcd-member": runServiceProcess, "coordinator": runServiceProcess}
-	os.Exit(job.RunProcess(raw, reg, services, os.Stdout, os.Stderr))
+	roles := map[string]job.Service{"etcd-member": services.Run, "coordinator": services.Run}
+	os.Exit(job.RunProcess(raw, reg, roles, os.Stdout, os.Stderr))
 }
 
-// BindEnv and AdvertiseEnv, in a launched process's environment, set its
-// data-plane listen address and the address its peers dial (a worker in a
-// network namespace of its own, behind a proxy: see chaos); by default it
-// listens on a loopback port and advertises that.
-const (
-	BindEnv      = job.BindEnv
-	AdvertiseEnv = job.AdvertiseEnv
-)
+// CoordinatorConfig configures a standalone coordinator of a job.
+type CoordinatorConfig = job.CoordinatorConfig
+
+// RunCoordinator runs a coordinator until the job is done or ctx ends: it
+// campaigns in an etcd election and, while it leads, decides the job's
+// generations. Run several for standbys.
+func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
+	return job.RunCoordinator(ctx, cfg)
+}
+
+// Stop asks every worker of a running job to stop at the next step
+// boundary after a final checkpoint (a job without checkpoints ignores
+// it). Each worker then ends with a *StoppedError; the same configuration
+// resumes the job.
+func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
+	return job.Stop(ctx, etcd, jobName, reason)
+}

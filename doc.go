@@ -20,6 +20,16 @@
 // worker's context makes it leave the job gracefully; Stop, or cancelling
 // Launch's context, stops the whole job after a final checkpoint.
 //
+// A Go service that wants a handle rather than a blocking call uses Start
+// (or StartWorker): Ready closes once the job trains, Wait returns how it
+// ended, Stop stops it.
+//
+// Each kind of job is a package of its own under job/ (job/ring: the
+// data-parallel ring; job/psjob: parameter servers), plugged into one
+// launcher and one role dispatch (package job) through the job.Kind
+// interface; NewRegistry knows the built-in kinds, Registry.AddKind adds
+// others. The configuration types here are package job's.
+//
 // A complete program, its own model included, training on two worker
 // processes of itself:
 //

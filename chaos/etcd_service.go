@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	svcproc "github.com/phalanx-rt/phalanx/internal/services"
 	"io"
 	"net"
 	"os"
@@ -51,7 +52,7 @@ type serviceProc struct {
 	pid     int
 	done    chan struct{} // closed once reaped
 	dir     string        // an etcd member's data directory
-	member  phalanx.EtcdMember
+	member  svcproc.EtcdMember
 	client  string // an etcd member's client endpoint
 	id      uint64 // an etcd member's id
 	stopped bool   // SIGSTOPped by a fault, not continued yet
@@ -120,7 +121,7 @@ func (c *etcdCluster) Start(ctx context.Context, dir string, log *zap.Logger) er
 	}
 	var endpoints []string
 	for i := range etcdMembers {
-		m := phalanx.EtcdMember{Name: fmt.Sprintf("m%d", i), Dir: filepath.Join(dir, fmt.Sprintf("etcd-m%d", i)),
+		m := svcproc.EtcdMember{Name: fmt.Sprintf("m%d", i), Dir: filepath.Join(dir, fmt.Sprintf("etcd-m%d", i)),
 			ClientPort: ports[2*i], PeerPort: ports[2*i+1], InitialCluster: strings.Join(peers, ",")}
 		c.members = append(c.members, &serviceProc{name: m.Name, dir: m.Dir, member: m,
 			client: fmt.Sprintf("http://127.0.0.1:%d", m.ClientPort)})
@@ -163,7 +164,7 @@ func (c *etcdCluster) Start(ctx context.Context, dir string, log *zap.Logger) er
 // startMember starts (or restarts, on its data) an etcd member and waits
 // for its line saying it serves.
 func (c *etcdCluster) startMember(ctx context.Context, m *serviceProc) error {
-	cmd, err := phalanx.EtcdMemberCommand(m.member, "warn")
+	cmd, err := svcproc.EtcdMemberCommand(m.member, "warn")
 	if err != nil {
 		return err
 	}
@@ -179,7 +180,7 @@ func (c *etcdCluster) startMember(ctx context.Context, m *serviceProc) error {
 		sc := bufio.NewScanner(out)
 		said := false
 		for sc.Scan() {
-			if !said && strings.HasPrefix(sc.Text(), phalanx.EtcdMemberServing) {
+			if !said && strings.HasPrefix(sc.Text(), svcproc.EtcdMemberServing) {
 				said = true
 				close(ready)
 			}
@@ -251,7 +252,7 @@ func (c *etcdCluster) Configure(lc *phalanx.LaunchConfig) {
 	}
 	for i := range c.coordinators {
 		id := fmt.Sprintf("coordinator-%d", i)
-		cmd, err := phalanx.CoordinatorCommand(phalanx.CoordinatorProcess{Job: lc.Job, Etcd: lc.Etcd, ID: id,
+		cmd, err := svcproc.CoordinatorCommand(svcproc.CoordinatorProcess{Job: lc.Job, Etcd: lc.Etcd, ID: id,
 			MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers, MinWorkersTimeout: lc.MinWorkersTimeout,
 			JoinWindow: lc.JoinWindow, LeaseTTL: lc.LeaseTTL}, "info")
 		p := &serviceProc{name: id}

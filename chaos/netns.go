@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/internal/procenv"
 	"net"
 	"net/netip"
 	"os"
@@ -50,8 +51,8 @@ const (
 // The variables a launched worker reads for its data plane's bind and
 // advertised addresses.
 const (
-	bindEnv      = phalanx.BindEnv
-	advertiseEnv = phalanx.AdvertiseEnv
+	bindEnv      = procenv.Bind
+	advertiseEnv = procenv.Advertise
 )
 
 // ErrNeedsRoot is wrapped by the error of a run whose job needs network

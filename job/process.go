@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/phalanx-rt/phalanx/internal/procenv"
 	"io"
 	"os"
 	"os/signal"
@@ -13,15 +14,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-)
-
-// BindEnv and AdvertiseEnv, in a launched process's environment, set its
-// data-plane listen address and the address its peers dial (a worker in a
-// network namespace of its own, behind a proxy: see chaos); by default it
-// listens on a loopback port and advertises that.
-const (
-	BindEnv      = "PHALANX_BIND"
-	AdvertiseEnv = "PHALANX_ADVERTISE"
 )
 
 // Service runs a launched process that is not one of a job's kinds' (an
@@ -50,10 +42,10 @@ func RunProcess(raw string, reg *Registry, services map[string]Service, stdout, 
 	defer stop()
 	cfg := spec.Config
 	cfg.Index, cfg.RankHint, cfg.Logger, cfg.Bind = spec.Index, spec.RankHint, log, "127.0.0.1:0"
-	if b := os.Getenv(BindEnv); b != "" {
+	if b := os.Getenv(procenv.Bind); b != "" {
 		cfg.Bind = b
 	}
-	cfg.Advertise = os.Getenv(AdvertiseEnv)
+	cfg.Advertise = os.Getenv(procenv.Advertise)
 	reports := ReportLines(stdout)
 	cfg.Reports = reports
 	if role, ok := reg.Role(spec.Role); ok {

@@ -1,4 +1,4 @@
-package phalanx
+package job
 
 import (
 	"cmp"
@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
-	"github.com/phalanx-rt/phalanx/job"
 )
 
 // CoordinatorConfig configures a standalone coordinator of a job (Launch
@@ -51,15 +50,15 @@ type CoordinatorConfig struct {
 func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	switch {
 	case cfg.Job == "":
-		return job.Invalid("Job", "", "name the job")
+		return Invalid("Job", "", "name the job")
 	case cfg.MinWorkers < 1 || cfg.MaxWorkers < cfg.MinWorkers:
-		return job.Invalid("MinWorkers", cfg.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", cfg.MaxWorkers)
+		return Invalid("MinWorkers", cfg.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", cfg.MaxWorkers)
 	case cfg.Workers != 0 && (cfg.Workers < cfg.MinWorkers || cfg.Workers > cfg.MaxWorkers):
-		return job.Invalid("Workers", cfg.Workers, "want 0 (not said) or MinWorkers..MaxWorkers (%d..%d)", cfg.MinWorkers, cfg.MaxWorkers)
+		return Invalid("Workers", cfg.Workers, "want 0 (not said) or MinWorkers..MaxWorkers (%d..%d)", cfg.MinWorkers, cfg.MaxWorkers)
 	case cfg.MinWorkersTimeout < 0:
-		return job.Invalid("MinWorkersTimeout", cfg.MinWorkersTimeout, "must not be negative (0: 60s)")
+		return Invalid("MinWorkersTimeout", cfg.MinWorkersTimeout, "must not be negative (0: 60s)")
 	case len(cfg.Etcd) == 0 && cfg.JobDir == "":
-		return job.Invalid("Etcd", cfg.Etcd, "give the endpoints, or a JobDir for an embedded etcd")
+		return Invalid("Etcd", cfg.Etcd, "give the endpoints, or a JobDir for an embedded etcd")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -67,7 +66,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	}
 	keys, err := coordinator.KeysFor(cfg.Job)
 	if err != nil {
-		return job.Invalid("Job", cfg.Job, "%v", err)
+		return Invalid("Job", cfg.Job, "%v", err)
 	}
 	endpoints := cfg.Etcd
 	if len(endpoints) == 0 {
@@ -106,7 +105,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
 	keys, err := coordinator.KeysFor(jobName)
 	if err != nil {
-		return job.Invalid("Job", jobName, "%v", err)
+		return Invalid("Job", jobName, "%v", err)
 	}
 	cli, err := coordinator.Connect(etcd, nil)
 	if err != nil {

@@ -1,4 +1,8 @@
-package phalanx
+// Package services runs the processes of a job that are no job kind's, as
+// the chaos harness starts them: an etcd member and a standby-capable
+// coordinator, each a re-execution of the program (which calls
+// phalanx.Main, which dispatches them here).
+package services
 
 import (
 	"context"
@@ -88,8 +92,8 @@ func serviceCommand(s serviceSpec) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
-// runServiceProcess runs a service process's role from its raw spec.
-func runServiceProcess(ctx context.Context, raw string, log *zap.Logger, stdout io.Writer) error {
+// Run runs a service process's role from its raw spec.
+func Run(ctx context.Context, raw string, log *zap.Logger, stdout io.Writer) error {
 	var s serviceSpec
 	if err := json.Unmarshal([]byte(raw), &s); err != nil {
 		return fmt.Errorf("phalanx: a service process spec: %w", err)
@@ -108,7 +112,7 @@ func runServiceProcess(ctx context.Context, raw string, log *zap.Logger, stdout 
 		return nil
 	case s.Role == "coordinator" && s.Coordinator != nil:
 		c := s.Coordinator
-		return RunCoordinator(ctx, CoordinatorConfig{Job: c.Job, Etcd: c.Etcd, ID: c.ID, MinWorkers: c.MinWorkers, MaxWorkers: c.MaxWorkers, Workers: c.Workers,
+		return job.RunCoordinator(ctx, job.CoordinatorConfig{Job: c.Job, Etcd: c.Etcd, ID: c.ID, MinWorkers: c.MinWorkers, MaxWorkers: c.MaxWorkers, Workers: c.Workers,
 			MinWorkersTimeout: c.MinWorkersTimeout, JoinWindow: c.JoinWindow, LeaseTTL: c.LeaseTTL, Logger: log})
 	}
 	return fmt.Errorf("phalanx: a %s process without its spec", s.Role)
