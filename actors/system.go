@@ -1,8 +1,10 @@
 package actors
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 
@@ -56,7 +58,7 @@ func NewSystem(opts Options) (sys *System, err error) {
 		}
 	}
 	as := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(zapslog.NewHandler(core))
+		return slog.New(protoactorHandler(core))
 	}))
 	s := &System{ActorSystem: as, log: log, level: level}
 	if !opts.Remote {
@@ -115,4 +117,42 @@ func (s *System) Shutdown() {
 		s.remote.Shutdown(false)
 	}
 	s.ActorSystem.Shutdown()
+}
+
+// protoactorHandler routes protoactor's log/slog lines into core: without
+// stack traces (the process's logger decides those for its own lines), and
+// with a peer's connection ending told at info, not as an error: a worker
+// that leaves the job, gracefully or killed, ends its connections, and
+// whether that is a loss is the membership layer's to say.
+func protoactorHandler(core zapcore.Core) slog.Handler {
+	return peerEndsAtInfo{zapslog.NewHandler(core, zapslog.AddStacktraceAt(slog.Level(math.MaxInt32)))}
+}
+
+// peerEnded reports whether msg is one of protoactor's error lines that
+// only say a peer's connection ended.
+func peerEnded(msg string) bool { return msg == "EndpointWriter lost connection" }
+
+// peerEndsAtInfo logs peerEnded lines at info.
+type peerEndsAtInfo struct{ slog.Handler }
+
+func (h peerEndsAtInfo) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.Handler.Enabled(ctx, l) || (l >= slog.LevelError && h.Handler.Enabled(ctx, slog.LevelInfo))
+}
+
+func (h peerEndsAtInfo) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError && peerEnded(r.Message) {
+		r.Level = slog.LevelInfo
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h peerEndsAtInfo) WithAttrs(as []slog.Attr) slog.Handler {
+	return peerEndsAtInfo{h.Handler.WithAttrs(as)}
+}
+
+func (h peerEndsAtInfo) WithGroup(name string) slog.Handler {
+	return peerEndsAtInfo{h.Handler.WithGroup(name)}
 }
