@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/phalanx-rt/phalanx/internal/procenv"
 	"io"
 	"os"
 	"os/signal"
@@ -14,6 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/phalanx-rt/phalanx/internal/procenv"
 )
 
 // Service runs a launched process that is not one of a job's kinds' (an

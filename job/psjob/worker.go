@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/phalanx-rt/phalanx/job"
 	"maps"
 	"os"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/ps"
 	"github.com/phalanx-rt/phalanx/ps/cluster"

@@ -1,9 +1,10 @@
 package ring
 
 import (
-	"github.com/phalanx-rt/phalanx/job"
 	"testing"
 	"time"
+
+	"github.com/phalanx-rt/phalanx/job"
 )
 
 // TestJobHash: what each process sets for itself (etcd endpoints and how

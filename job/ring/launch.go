@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/phalanx-rt/phalanx/job"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -21,6 +21,7 @@ import (
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -122,6 +123,10 @@ type ringJob struct {
 	failed error
 	killAt <-chan time.Time
 	cancel context.CancelFunc // ends the job's own context
+	// seen is the newest generation read from etcd; pending the rings'
+	// resumptions reported for a newer one, told once it is read.
+	seen    uint64
+	pending []job.Report
 }
 
 // newRingJob is the launcher's side of a ring job in environment j, its
@@ -249,6 +254,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 	if err := r.drainLines(); err != nil {
 		return nil, err
 	}
+	r.resumed(math.MaxUint64)
 	switch {
 	case r.failed != nil:
 		return nil, r.failed
@@ -400,6 +406,7 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 	if r.first == 0 {
 		r.first = g.Number
 	}
+	defer r.resumed(g.Number)
 	if g.Stopped {
 		r.stopped = g.Reason
 		r.Events.Emit("generation", events.F("generation", g.Number), events.F("members", []any{}), events.F("world", 0), events.F("reason", g.Reason))
@@ -437,6 +444,26 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 		r.Events.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
 	}
 	fmt.Fprintf(r.Out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
+}
+
+// resumed tells of the rings resumed in generations up to seen (the
+// newest read from etcd; every one, at the job's end), in order.
+func (r *ringJob) resumed(seen uint64) {
+	r.seen = max(r.seen, seen)
+	n := 0
+	for _, rep := range r.pending {
+		if rep.Generation > r.seen {
+			r.pending[n] = rep
+			n++
+			continue
+		}
+		if r.first != 0 && rep.Generation > r.first {
+			r.Events.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
+				events.F("steps_redone", rep.Redone), events.F("root", rep.Root))
+			fmt.Fprintf(r.Out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", rep.Generation, rep.Step, rep.World, rep.Redone)
+		}
+	}
+	r.pending = r.pending[:n]
 }
 
 // finalCheckpoint returns the name of the complete checkpoint of step in
@@ -486,11 +513,10 @@ func (r *ringJob) handle(l launch.Line) error {
 		r.byPid[int64(rep.Pid)] = l.Index
 	case "restored":
 		r.Events.Emit("data_plane", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("plane", rep.DataPlane))
-		if r.first != 0 && rep.Generation > r.first {
-			r.Events.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
-				events.F("steps_redone", rep.Redone), events.F("root", rep.Root))
-			fmt.Fprintf(r.Out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", rep.Generation, rep.Step, rep.World, rep.Redone)
-		}
+		// Told after its generation: a worker's report may come before the
+		// launcher has read the generation from etcd.
+		r.pending = append(r.pending, rep)
+		r.resumed(r.seen)
 	case "step":
 		if rep.Generation < r.stepGen || (rep.Replayed && rep.Step <= r.lastStep) {
 			return nil // from a rank 0 of a ring that steps no more, or already reported

@@ -3,13 +3,13 @@ package ring
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/phalanx-rt/phalanx/job"
 	"io"
 	"testing"
 	"time"
 
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 

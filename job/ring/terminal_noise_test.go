@@ -1,8 +1,9 @@
 package ring
 
 import (
+	"encoding/json"
 	"errors"
-	"github.com/phalanx-rt/phalanx/job"
+	"fmt"
 	"io"
 	"os/exec"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // exitErr is a real child's exit with status code.
@@ -173,5 +176,36 @@ func TestOpenStoreSaysWhere(t *testing.T) {
 	l, err := checkpoint.ParseLocation("s3://bucket/run1")
 	if err != nil || l.String() != "s3://bucket/run1?endpoint=s3.amazonaws.com" || !l.S3.TLS {
 		t.Fatalf("s3://bucket/run1 parses to %v (TLS %v), %v: want the default endpoint named, with TLS", l, l.S3 != nil && l.S3.TLS, err)
+	}
+}
+
+// TestResumedAfterItsGeneration: a ring's resumption, reported by its rank
+// 0 before the launcher has read its generation from etcd, is told after
+// the generation's line, not before it.
+func TestResumedAfterItsGeneration(t *testing.T) {
+	var out strings.Builder
+	r := newRingJob(&job.Env{Out: &out, Events: events.New(io.Discard, nil), LC: &job.LaunchConfig{}}, nil)
+	gen := func(n uint64, ids ...string) *phalanxpb.Generation {
+		g := &phalanxpb.Generation{Number: n, Reason: fmt.Sprintf("reason %d", n)}
+		for _, id := range ids {
+			g.Members = append(g.Members, &phalanxpb.Member{Id: id})
+		}
+		return g
+	}
+	restored := func(n uint64) launch.Line {
+		b, _ := json.Marshal(job.Report{Kind: "restored", Generation: n, World: 1, Step: 40, Redone: 2})
+		return launch.Line{Index: 0, Text: b}
+	}
+	r.generation(gen(1, "a", "b"))
+	if err := r.handle(restored(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.handle(restored(2)); err != nil { // before generation 2 is read
+		t.Fatal(err)
+	}
+	r.generation(gen(2, "a"))
+	want := "generation 1: 2 workers (reason 1)\ngeneration 2: 1 workers (reason 2)\ngeneration 2: resumed at step 40 on 1 workers, 2 steps redone\n"
+	if out.String() != want {
+		t.Fatalf("the terminal said\n%s\nwant\n%s", out.String(), want)
 	}
 }
