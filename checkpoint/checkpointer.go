@@ -61,21 +61,21 @@ type Config struct {
 
 // Event is a checkpoint event for the job's log.
 type Event struct {
-	Kind        string // "saved", "failed", "skipped" or "restored"
-	ID          string
-	URL         string
-	Step        int64
-	Bytes       int64
-	Seconds     float64
-	Err         string
-	WorldBefore int
-	WorldAfter  int
+	Kind        string  `json:"kind"` // "saved", "failed", "skipped" or "restored"
+	ID          string  `json:"id,omitempty"`
+	URL         string  `json:"url,omitempty"`
+	Step        int64   `json:"step"`
+	Bytes       int64   `json:"bytes,omitempty"`
+	Seconds     float64 `json:"seconds,omitempty"`
+	Err         string  `json:"error,omitempty"`
+	WorldBefore int     `json:"world_before,omitempty"`
+	WorldAfter  int     `json:"world_after,omitempty"`
 	// ManifestCRC (saved): the CRC32C of the manifest as written, so that
 	// whoever heard of the checkpoint can tell later that it is unchanged.
-	ManifestCRC uint32
+	ManifestCRC uint32 `json:"manifest_crc32c,omitempty"`
 	// ConfigChanged (restored): the checkpoint was written under other
 	// training settings (Config.ConfigHash): a warning, not a refusal.
-	ConfigChanged bool
+	ConfigChanged bool `json:"config_changed,omitempty"`
 }
 
 // Ring is the group a Checkpointer saves from: one generation's ring.

@@ -304,7 +304,7 @@ func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*che
 		Seed: c.Seed, EverySteps: k.EverySteps, Every: k.Every,
 		Retention: checkpoint.Retention{KeepLast: k.KeepLast, KeepEvery: k.KeepEvery}, Wait: k.Wait,
 		SingleWriter: c.LocalSteps > 1, Logger: w.log.Named("checkpoint"), Now: c.Now,
-		OnEvent: func(ev checkpoint.Event) { w.rep.Send(job.Report{Kind: "checkpoint", Checkpoint: &ev}) }}, tensors)
+		OnEvent: func(ev checkpoint.Event) { w.rep.Send(checkpointReport(ev)) }}, tensors)
 }
 
 // stateTensors is what a ring worker checkpoints, in order: the
@@ -418,4 +418,10 @@ func shape64(s []int) []int64 {
 		out[i] = int64(d)
 	}
 	return out
+}
+
+// checkpointReport tells of a checkpoint event, its step at the top level
+// as every report's.
+func checkpointReport(ev checkpoint.Event) job.Report {
+	return job.Report{Kind: "checkpoint", Step: ev.Step, Checkpoint: &ev}
 }
