@@ -104,7 +104,8 @@ func (r *rows) Fill(idx []int, b *worker.Batch) error {
 func registry() *phalanx.Registry {
 	return phalanx.NewRegistry(phalanx.ModelSpec{
 		Name:    "regression",
-		Options: []phalanx.Option{{Name: "features", Default: "4", Usage: "inputs"}, {Name: "nan_at", Default: "0", Usage: "the step whose loss and gradient are NaN (0: none)"}},
+		Options: []phalanx.Option{{Name: "features", Default: "4", Usage: "inputs"}, {Name: "nan_at", Default: "0", Usage: "the step whose loss and gradient are NaN (0: none)"},
+			{Name: "say", Usage: "a line the model writes to stderr as it is built"}},
 		Check: func(o phalanx.Options) error {
 			f, err := o.Int("features")
 			if err == nil && f < 1 {
@@ -120,6 +121,9 @@ func registry() *phalanx.Registry {
 			nanAt, err := o.Int("nan_at")
 			if err != nil {
 				return phalanx.Task{}, err
+			}
+			if say := o.String("say"); say != "" {
+				fmt.Fprintln(os.Stderr, say)
 			}
 			return phalanx.Task{Model: &regression{features: f, w: nn.NewParam("w", f+1), nanAt: nanAt}, Train: newRows(2000, f, seed), Test: newRows(200, f, seed+1)}, nil
 		},
@@ -225,7 +229,7 @@ func TestLaunchRefusesBadInput(t *testing.T) {
 		{"unknown model", func(lc *phalanx.LaunchConfig) { lc.Model = "gpt" }, "Model", nil, "gpt"},
 		{"unknown option", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"depth": "3"} }, "ModelOptions", nil, "depth"},
 		{"option its check refuses", func(lc *phalanx.LaunchConfig) { lc.ModelOptions = map[string]string{"features": "0"} },
-			"ModelOptions", phalanx.Options{"features": "0", "nan_at": "0"}, "model regression: option features 0: want at least 1"},
+			"ModelOptions", phalanx.Options{"features": "0", "nan_at": "0", "say": ""}, "model regression: option features 0: want at least 1"},
 		{"no workers", func(lc *phalanx.LaunchConfig) { lc.Workers = 0 }, "Workers", 0, "Workers 0"},
 		{"min above max", func(lc *phalanx.LaunchConfig) { lc.MinWorkers, lc.MaxWorkers = 3, 2 }, "MinWorkers", 3, "MinWorkers 3"},
 		{"log level", func(lc *phalanx.LaunchConfig) { lc.LogLevel = "loud" }, "LogLevel", "loud", "LogLevel loud"},
@@ -419,4 +423,45 @@ func launchContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TestPassStderr: what a worker's own code writes to stderr reaches the
+// launch's Stderr, prefixed with the worker, when asked; not otherwise
+// (it is in the log files).
+func TestPassStderr(t *testing.T) {
+	for _, pass := range []bool{false, true} {
+		t.Run(fmt.Sprint("pass ", pass), func(t *testing.T) {
+			lc := smallJob()
+			lc.Steps = 10
+			lc.ModelOptions = phalanx.Options{"say": "the model says hello"}
+			var errs syncBuffer
+			lc.Stderr, lc.PassStderr = &errs, pass
+			if _, err := phalanx.Launch(launchContext(t), lc); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range []string{"[worker-0] the model says hello", "[worker-1] the model says hello"} {
+				if got := strings.Contains(errs.String(), w); got != pass {
+					t.Errorf("stderr has %q: %v, want %v; it was:\n%s", w, got, pass, errs.String())
+				}
+			}
+		})
+	}
+}
+
+// syncBuffer is a strings.Builder safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

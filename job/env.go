@@ -60,6 +60,12 @@ type LaunchConfig struct {
 	// Output receives the job's progress, in plain words (nil: none);
 	// Stderr the debug logs. Events receives the job's event log.
 	Output, Stderr io.Writer
+	// PassStderr passes every process's stderr on to Stderr, each line
+	// prefixed with its process ([worker-2]) and a log line rendered for
+	// people: the library's logs at LogLevel and whatever the program
+	// itself writes there (at debug, it always does). It is kept in the
+	// log files all the same.
+	PassStderr bool
 	Events         events.Sink
 	// Command makes the command of a worker process; its environment is
 	// added to. Default: this program (os.Executable), which must call Main
@@ -271,7 +277,7 @@ func (j *Env) LogFile(name string) (io.Writer, error) {
 		return nil, fmt.Errorf("phalanx: a log file: %w", err)
 	}
 	j.undo = append(j.undo, func() { f.Close() })
-	if j.LC.LogLevel == "debug" && j.LC.Stderr != nil {
+	if (j.LC.LogLevel == "debug" || j.LC.PassStderr) && j.LC.Stderr != nil {
 		return io.MultiWriter(f, &teeLines{name: name, w: j.LC.Stderr, mu: &j.teeMu}), nil
 	}
 	return f, nil
