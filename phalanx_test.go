@@ -103,7 +103,7 @@ func (r *rows) Fill(idx []int, b *worker.Batch) error {
 
 func registry() *phalanx.Registry {
 	return phalanx.NewRegistry(phalanx.ModelSpec{
-		Name:    "regression",
+		Name: "regression",
 		Options: []phalanx.Option{{Name: "features", Default: "4", Usage: "inputs"}, {Name: "nan_at", Default: "0", Usage: "the step whose loss and gradient are NaN (0: none)"},
 			{Name: "say", Usage: "a line the model writes to stderr as it is built"}},
 		Check: func(o phalanx.Options) error {

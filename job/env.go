@@ -66,7 +66,7 @@ type LaunchConfig struct {
 	// itself writes there (at debug, it always does). It is kept in the
 	// log files all the same.
 	PassStderr bool
-	Events         events.Sink
+	Events     events.Sink
 	// Command makes the command of a worker process; its environment is
 	// added to. Default: this program (os.Executable), which must call Main
 	// first thing.
