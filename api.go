@@ -30,6 +30,14 @@ type (
 	LaunchConfig = job.LaunchConfig
 	// ConfigError names a configuration field and its bad value.
 	ConfigError = job.ConfigError
+	// SyncMode, Transport, WireDType, Rescale and Stale are the settings
+	// spelled as words (their constants are package job's: job.Hybrid,
+	// job.TransportTCP, job.WireBF16, ...).
+	SyncMode  = job.SyncMode
+	Transport = job.Transport
+	WireDType = job.WireDType
+	Rescale   = job.Rescale
+	Stale     = job.Stale
 )
 
 // Models and what a job ends with.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/internal/kindtest"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/worker"
 )
@@ -101,8 +102,18 @@ func (r *rows) Fill(idx []int, b *worker.Batch) error {
 	return nil
 }
 
+// registry is the test binary's models: the regression, and barriers of a
+// third job kind, plugged in here alone (TestThirdKind).
 func registry() *phalanx.Registry {
-	return phalanx.NewRegistry(phalanx.ModelSpec{
+	reg := phalanx.NewRegistry(regressionSpec(), phalanx.ModelSpec{Name: "barriers", Kind: "barrier", Summary: "barriers on a ring, one a step"})
+	if err := reg.AddKind(kindtest.Kind{}); err != nil {
+		panic(err)
+	}
+	return reg
+}
+
+func regressionSpec() phalanx.ModelSpec {
+	return phalanx.ModelSpec{
 		Name: "regression",
 		Options: []phalanx.Option{{Name: "features", Default: "4", Usage: "inputs"}, {Name: "nan_at", Default: "0", Usage: "the step whose loss and gradient are NaN (0: none)"},
 			{Name: "say", Usage: "a line the model writes to stderr as it is built"}},
@@ -127,7 +138,7 @@ func registry() *phalanx.Registry {
 			}
 			return phalanx.Task{Model: &regression{features: f, w: nn.NewParam("w", f+1), nanAt: nanAt}, Train: newRows(2000, f, seed), Test: newRows(200, f, seed+1)}, nil
 		},
-	})
+	}
 }
 
 func smallJob() phalanx.LaunchConfig {
@@ -265,7 +276,7 @@ func TestDefaultModelOptions(t *testing.T) {
 }
 
 func TestRegistry(t *testing.T) {
-	reg := registry()
+	reg := phalanx.NewRegistry(regressionSpec())
 	if got := reg.Names(); len(got) != 1 || got[0] != "regression" {
 		t.Fatalf("names %v", got)
 	}
@@ -396,7 +407,7 @@ func TestDataPlanes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.transport+"/"+tc.wire, func(t *testing.T) {
 			lc := smallJob()
-			lc.Transport, lc.WireDType, lc.ErrorFeedback = tc.transport, tc.wire, tc.feedback
+			lc.Transport, lc.WireDType, lc.ErrorFeedback = phalanx.Transport(tc.transport), phalanx.WireDType(tc.wire), tc.feedback
 			p := &planes{}
 			lc.Events = p
 			res, err := phalanx.Launch(launchContext(t), lc)

@@ -88,7 +88,7 @@ func psConfigure(sc *Scenario, lc *phalanx.LaunchConfig) {
 	lc.PS.ReportEvery = opt(psOptReportEvery, int(max(1, j.Steps/50)))
 	lc.Sync.Mode = "bsp"
 	if c := j.Options[psOptConsistency]; c != "" {
-		lc.Sync.Mode = c
+		lc.Sync.Mode = phalanx.SyncMode(c)
 	}
 	if j.LeaseTTL == 0 {
 		lc.LeaseTTL = psLeaseTTL

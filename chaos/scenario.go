@@ -71,7 +71,7 @@ type JobSpec struct {
 	Coordinators int    `json:"coordinators,omitempty"`
 	// Store is "dir" (a directory, the default) or "minio" (a MinIO server
 	// the harness starts).
-	Store string `json:"store,omitempty"`
+	Store StoreKind `json:"store,omitempty"`
 	// Network is "loopback" (the default) or "netns": each worker in a
 	// network namespace of its own (root only).
 	Network string `json:"network,omitempty"`
@@ -348,3 +348,12 @@ func lineOf(src, js []byte, err error) int {
 	}
 	return 0
 }
+
+// StoreKind is where a scenario's job keeps its checkpoints (JobSpec.Store).
+type StoreKind string
+
+// The stores.
+const (
+	StoreDir   StoreKind = "dir"
+	StoreMinIO StoreKind = "minio"
+)

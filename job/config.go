@@ -52,18 +52,18 @@ type Config struct {
 	// between ranks on one host, TCP between hosts, hierarchical allreduce
 	// when every host has several ranks), "tcp" or "shm" (every rank on one
 	// host).
-	Transport string `json:"transport"`
+	Transport Transport `json:"transport"`
 	// WireDType is the type gradients travel in: "float32" (exact), or
 	// "fp16" / "bf16" (half the bytes; reduced in float32). ErrorFeedback
 	// keeps each step's rounding residue and adds it to the next step's
 	// gradient.
-	WireDType     string `json:"wire_dtype"`
-	ErrorFeedback bool   `json:"error_feedback"`
+	WireDType     WireDType `json:"wire_dtype"`
+	ErrorFeedback bool      `json:"error_feedback"`
 	// Rescale says what a change of world size keeps: "batch" (the global
 	// batch, re-split) or "lr" (each worker's share, Batch/ReferenceWorld,
 	// with the learning rate scaled by world/ReferenceWorld).
-	Rescale        string `json:"rescale"`
-	ReferenceWorld int    `json:"reference_world"`
+	Rescale        Rescale `json:"rescale"`
+	ReferenceWorld int     `json:"reference_world"`
 
 	Sync       SyncConfig       `json:"sync"`
 	Checkpoint CheckpointConfig `json:"checkpoint"`
@@ -104,7 +104,7 @@ type SyncConfig struct {
 	// closes when all are ready or at its deadline once a Quorum is; late
 	// workers' gradients are stale). Parameter-server jobs also take "asp"
 	// and "ssp".
-	Mode string `json:"mode"`
+	Mode SyncMode `json:"mode"`
 	// Deadline is hybrid's fixed step deadline; 0 makes it adaptive:
 	// DeadlineFactor × the median of recent steps.
 	Deadline       time.Duration `json:"deadline"`
@@ -112,7 +112,7 @@ type SyncConfig struct {
 	Quorum         float64       `json:"quorum"`
 	// Stale is what a late worker does with its gradients: "drop", or
 	// "decay" (add them, scaled by StaleDecay, to its next step's).
-	Stale      string  `json:"stale"`
+	Stale      Stale   `json:"stale"`
 	StaleDecay float64 `json:"stale_decay"`
 	// A worker late in ExcludeAfter of its last ExcludeWindow steps is
 	// excluded (0/0: never) and readmitted once its own steps would have
@@ -368,9 +368,9 @@ func (s SyncConfig) Policy() (hybrid.Policy, error) {
 	return p, nil
 }
 
-// WireDType is the collective type of a validated Config.WireDType: 0
-// for float32, the gradients' own type.
-func WireDType(s string) collective.DType {
+// Collective is the collective type of a validated wire type: 0 for
+// float32, the gradients' own type.
+func (s WireDType) Collective() collective.DType {
 	switch s {
 	case "fp16":
 		return collective.Float16
@@ -389,3 +389,54 @@ func (c *Config) LRSchedule() nn.Schedule {
 	}
 	return s
 }
+
+// SyncMode is how a step waits for the workers (SyncConfig.Mode).
+type SyncMode string
+
+// The synchronisation modes: a ring job takes bsp and hybrid, a
+// parameter-server job all four (async is asp).
+const (
+	BSP    SyncMode = "bsp"
+	Hybrid SyncMode = "hybrid"
+	ASP    SyncMode = "asp"
+	Async  SyncMode = "async"
+	SSP    SyncMode = "ssp"
+)
+
+// Transport is a ring's data plane (Config.Transport).
+type Transport string
+
+// The data planes.
+const (
+	TransportAuto Transport = "auto"
+	TransportTCP  Transport = "tcp"
+	TransportShm  Transport = "shm"
+)
+
+// WireDType is the type gradients travel in (Config.WireDType).
+type WireDType string
+
+// The wire types.
+const (
+	WireFloat32 WireDType = "float32"
+	WireFP16    WireDType = "fp16"
+	WireBF16    WireDType = "bf16"
+)
+
+// Rescale is what a change of world size keeps (Config.Rescale).
+type Rescale string
+
+// The rescale policies.
+const (
+	RescaleBatch Rescale = "batch"
+	RescaleLR    Rescale = "lr"
+)
+
+// Stale is what a late worker does with its gradients (SyncConfig.Stale).
+type Stale string
+
+// The stale-gradient policies.
+const (
+	StaleDrop  Stale = "drop"
+	StaleDecay Stale = "decay"
+)

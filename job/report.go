@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -177,4 +178,14 @@ type PSShareReport struct {
 	// the shards answered as applied already.
 	Steps      int64 `json:"steps,omitempty"`
 	Duplicates int64 `json:"duplicates,omitempty"`
+}
+
+// ParseReport reads a launched process's report line; anything else it
+// printed on stdout is an error naming the process.
+func ParseReport(l launch.Line) (Report, error) {
+	var rep Report
+	if err := json.Unmarshal(l.Text, &rep); err != nil {
+		return rep, fmt.Errorf("phalanx: %s %d printed %q, not a report: %w", l.Role, l.Index, l.Text, err)
+	}
+	return rep, nil
 }

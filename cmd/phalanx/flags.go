@@ -51,10 +51,10 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	fs.StringVar(&f.bucket, "bucket", "1MiB", "gradient fusion bucket size")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the weights, the data and the shuffle")
 	fs.DurationVar(&c.OpTimeout, "timeout", c.OpTimeout, "deadline of every collective operation")
-	fs.StringVar(&c.Transport, "transport", c.Transport, "data plane between ranks: auto (shared memory between ranks on one host, TCP between hosts,\nhierarchical allreduce when every host has several ranks), tcp, or shm (every rank on one host)")
-	fs.StringVar(&c.WireDType, "wire-dtype", c.WireDType, "type gradients travel in: float32, or fp16 / bf16 (half the bytes, reduced in float32)")
+	fs.StringVar((*string)(&c.Transport), "transport", string(c.Transport), "data plane between ranks: auto (shared memory between ranks on one host, TCP between hosts,\nhierarchical allreduce when every host has several ranks), tcp, or shm (every rank on one host)")
+	fs.StringVar((*string)(&c.WireDType), "wire-dtype", string(c.WireDType), "type gradients travel in: float32, or fp16 / bf16 (half the bytes, reduced in float32)")
 	fs.BoolVar(&c.ErrorFeedback, "error-feedback", false, "with --wire-dtype fp16|bf16: carry each step's rounding residue into the next step's gradient")
-	fs.StringVar(&c.Rescale, "rescale", c.Rescale, "when the world size changes: batch keeps the global batch and rescales each worker's\nshare; lr keeps each worker's share (--batch / --reference-world) and scales the learning rate")
+	fs.StringVar((*string)(&c.Rescale), "rescale", string(c.Rescale), "when the world size changes: batch keeps the global batch and rescales each worker's\nshare; lr keeps each worker's share (--batch / --reference-world) and scales the learning rate")
 	fs.IntVar(&c.ReferenceWorld, "reference-world", 0, "with --rescale lr: the world size --batch and --lr are meant for (default: --workers)")
 	fs.StringVar(&f.failAt, "fail-at", "", "fault injection: WORKER:STEP makes that worker's model code panic once at that step;\nits supervisor restarts the rank actor, which resumes from its commit")
 	fs.IntVar(&c.Faults.FailTimes, "fail-times", c.Faults.FailTimes, "fault injection: how many times in a row --fail-at fails")
@@ -76,12 +76,12 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	fs.BoolVar(&k.Resume, "resume", false, "require a checkpoint to resume from (without it, resuming is automatic when the store has one)")
 
 	s := &c.Sync
-	fs.StringVar(&s.Mode, "sync", s.Mode, "bsp: every step waits for every worker; hybrid: a step closes when all are ready or at\n"+
+	fs.StringVar((*string)(&s.Mode), "sync", string(s.Mode), "bsp: every step waits for every worker; hybrid: a step closes when all are ready or at\n"+
 		"its deadline with a --quorum, without the late workers (their gradients are stale); parameter-server\njobs also take asp (async) and ssp")
 	fs.StringVar(&f.deadline, "step-deadline", "auto", "hybrid: the step deadline, a duration, or auto: --deadline-factor × the median of recent steps")
 	fs.Float64Var(&s.DeadlineFactor, "deadline-factor", s.DeadlineFactor, "hybrid: the multiple of the median step time an auto deadline is")
 	fs.Float64Var(&s.Quorum, "quorum", s.Quorum, "hybrid: the fraction of the workers needed to close a step at its deadline")
-	fs.StringVar(&s.Stale, "stale", s.Stale, "hybrid: what a late worker does with its gradients: drop, or decay (added, scaled by\n--stale-decay, to its next step's)")
+	fs.StringVar((*string)(&s.Stale), "stale", string(s.Stale), "hybrid: what a late worker does with its gradients: drop, or decay (added, scaled by\n--stale-decay, to its next step's)")
 	fs.Float64Var(&s.StaleDecay, "stale-decay", s.StaleDecay, "hybrid: the factor of --stale decay")
 	fs.StringVar(&f.excludeAfter, "exclude-after", "5/10", "hybrid: exclude a worker late in X of its last W steps (X/W; 0/0: never)")
 	fs.IntVar(&s.ReadmitAfter, "readmit-after", s.ReadmitAfter, "hybrid: readmit an excluded worker once its own steps would have met the deadline this many times in a row")

@@ -47,7 +47,7 @@ func validate(c *job.Config) error {
 	case c.Batch < 1:
 		return job.Invalid("Batch", c.Batch, "want at least 1")
 	}
-	if _, err := ps.ParseMode(psMode(c.Sync.Mode)); err != nil {
+	if _, err := ps.ParseMode(psMode(string(c.Sync.Mode))); err != nil {
 		return job.Invalid("Sync.Mode", c.Sync.Mode, "want bsp, asp (async), ssp or hybrid for a parameter-server job")
 	}
 	return nil
@@ -91,7 +91,7 @@ func psJobRecord(lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (*p
 		decay = float32(c.Sync.StaleDecay)
 	}
 	j := &phalanxpb.PSJob{Shards: uint32(p.Shards), Replicas: uint32(p.Replicas), Partition: p.Partition, Servers: uint32(p.Servers),
-		Workers: uint32(lc.Workers), Consistency: psMode(c.Sync.Mode), CacheRows: uint32(p.CacheRows), CacheStaleness: p.CacheStaleness,
+		Workers: uint32(lc.Workers), Consistency: psMode(string(c.Sync.Mode)), CacheRows: uint32(p.CacheRows), CacheStaleness: p.CacheStaleness,
 		Staleness: int32(c.Sync.Staleness), Quorum: c.Sync.Quorum, DeadlineNanos: int64(deadline), Decay: decay, Tables: tables,
 		Model: spec.Name, Options: opts, Seed: c.Seed, Batch: uint32(batch), Steps: steps, ReportEvery: uint32(p.ReportEvery)}
 	if _, err := cluster.SpecOf(j); err != nil {

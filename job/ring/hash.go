@@ -38,7 +38,7 @@ func checkpointHashes(c *job.Config, params []*nn.Param, slots []nn.Tensor) (con
 		Sync                            job.SyncConfig
 		WireDType                       string `json:",omitempty"`
 		ErrorFeedback                   bool   `json:",omitempty"`
-	}{c.Batch, c.MicroBatches, c.LocalSteps, c.ClipNorm, c.Optimizer, c.Rescale, c.ReferenceWorld, c.Sync, wire(c.WireDType), c.ErrorFeedback})
+	}{c.Batch, c.MicroBatches, c.LocalSteps, c.ClipNorm, c.Optimizer, string(c.Rescale), c.ReferenceWorld, c.Sync, wire(string(c.WireDType)), c.ErrorFeedback})
 	var layout []string
 	for _, p := range params {
 		layout = append(layout, fmt.Sprintf("%s%v", p.Name, p.Shape))

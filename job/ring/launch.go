@@ -3,7 +3,6 @@ package ring
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -504,9 +503,9 @@ func joinBad(bad []string) string {
 
 // handle takes one report line of a worker.
 func (r *ringJob) handle(l launch.Line) error {
-	var rep job.Report
-	if err := json.Unmarshal(l.Text, &rep); err != nil {
-		return fmt.Errorf("phalanx: worker %d printed %q, not a report: %w", l.Index, l.Text, err)
+	rep, err := job.ParseReport(l)
+	if err != nil {
+		return err
 	}
 	switch rep.Kind {
 	case "registered":

@@ -261,7 +261,7 @@ func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
 	cfg := worker.Config{GlobalBatch: c.Batch, MicroBatches: c.MicroBatches, LocalSteps: c.LocalSteps, ClipNorm: c.ClipNorm,
 		CommitEvery: c.CommitEvery, BucketBytes: c.BucketBytes, Schedule: c.LRSchedule(), Seed: c.Seed,
 		KeepRankBatch: c.Rescale == "lr", ReferenceWorld: c.ReferenceWorld, StaleDecay: c.Sync.StaleDecay,
-		Wire: job.WireDType(c.WireDType), ErrorFeedback: c.ErrorFeedback}
+		Wire: c.WireDType.Collective(), ErrorFeedback: c.ErrorFeedback}
 	if c.Sync.Stale == "decay" {
 		cfg.Stale = worker.StaleDecay
 	}

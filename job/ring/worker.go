@@ -130,7 +130,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	if plant.On(plant.LeakProcess) {
 		plant.Orphan() // planted: a helper process the worker forgets
 	}
-	kind, err := collective.ParseTransportKind(c.Transport)
+	kind, err := collective.ParseTransportKind(string(c.Transport))
 	if err != nil {
 		return job.Invalid("Transport", c.Transport, "%v", err)
 	}

@@ -1,0 +1,186 @@
+// Package kindtest is a third job kind, as small as one can be and still
+// be elastic: its workers run barriers on a ring, one a step, under the
+// coordinator, and close ranks when one falls. It exists to prove that a
+// kind plugs into the shared launcher and role dispatch (package job)
+// through Registry.AddKind alone; the tests register it.
+package kindtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/elastic"
+	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+)
+
+// Kind is the barrier kind: a model names it (ModelSpec.Kind "barrier").
+type Kind struct{}
+
+// Name is "barrier".
+func (Kind) Name() string { return "barrier" }
+
+// Owns no model that does not name it.
+func (Kind) Owns(job.ModelSpec) bool { return false }
+
+// Worker is the one role.
+func (Kind) Worker() string { return "barrier-worker" }
+
+// Roles: every process is a barrier worker.
+func (Kind) Roles() map[string]job.Role { return map[string]job.Role{"barrier-worker": runWorker} }
+
+// Prepare checks what the kind reads: the common settings and the ring's
+// bounds.
+func (Kind) Prepare(_ context.Context, lc *job.LaunchConfig, _ job.ModelSpec, _ job.Options) (job.Job, error) {
+	if err := lc.Config.ValidateCommon(); err != nil {
+		return nil, err
+	}
+	if lc.MinWorkers < 1 || lc.MaxWorkers < lc.MinWorkers {
+		return nil, job.Invalid("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
+	}
+	return prepared{}, nil
+}
+
+type prepared struct{}
+
+// Run runs a coordinator and the workers, and turns their reports and the
+// generations into events, until rank 0 says done.
+func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *job.Env) (*job.Result, error) {
+	lc := env.LC
+	co, err := coordinator.New(env.Client, env.Keys, coordinator.Config{ID: fmt.Sprintf("barrier-%d", os.Getpid()),
+		Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
+		JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL,
+		FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout, Logger: env.Log.Named("coordinator")})
+	if err != nil {
+		return nil, err
+	}
+	coordDone := make(chan error, 1)
+	go func() { coordDone <- co.Run(ctx) }()
+	gens := make(chan *phalanxpb.Generation, 16)
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		elastic.Follow(ctx, env.Client, env.Keys, env.Log, func(g *phalanxpb.Generation) {
+			select {
+			case gens <- g:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	defer func() { cancel(); <-followed; <-coordDone }()
+	for i := range lc.Workers {
+		if err := env.Spawn(ctx, job.ProcessSpec{Role: "barrier-worker", Config: lc.Config, Index: i, RankHint: i}); err != nil {
+			return nil, err
+		}
+	}
+	env.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(env.Endpoints)),
+		events.F("workers", lc.Workers), events.F("model", lc.Model))
+	var done *job.Report
+	for running := lc.Workers; running > 0; {
+		select {
+		case <-outer.Done():
+			return nil, context.Cause(outer)
+		case g := <-gens:
+			env.Events.Emit("generation", events.F("generation", g.Number), events.F("world", len(g.Members)), events.F("reason", g.Reason))
+		case l := <-env.Procs.Lines():
+			rep, err := job.ParseReport(l)
+			if err != nil {
+				return nil, err
+			}
+			switch rep.Kind {
+			case "step":
+				env.Events.Emit("step", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
+			case "done":
+				done = &rep
+				env.Events.Emit("done", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
+			case "failed":
+				env.Procs.Signal("", syscall.SIGKILL)
+				return nil, fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)
+			}
+		case x := <-env.Procs.Exits():
+			running--
+			env.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)))
+		}
+	}
+	for {
+		select {
+		case l := <-env.Procs.Lines():
+			if rep, err := job.ParseReport(l); err == nil && rep.Kind == "done" && done == nil {
+				done = &rep
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if done == nil {
+		return nil, errors.New("kindtest: every worker ended and none said done")
+	}
+	return &job.Result{Step: done.Step, Generation: done.Generation, World: done.World}, nil
+}
+
+// runWorker runs barriers until the job's last step, in every generation
+// it is given: a ring's ranks first agree on the step they reached.
+func runWorker(ctx context.Context, cfg job.Config, _ *job.Registry) (*job.Result, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: cfg.Bind, Advertise: cfg.Advertise, Job: cfg.Job, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	defer tr.Close()
+	cli, err := coordinator.Dial(ctx, cfg.Etcd, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout})
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	keys, err := coordinator.KeysFor(cfg.Job)
+	if err != nil {
+		return nil, err
+	}
+	agent, err := elastic.New(elastic.Config{Client: cli, Keys: keys, Job: cfg.Job, Transport: tr,
+		Collective: collective.Options{Timeout: cfg.OpTimeout, Logger: log}, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
+		RankHint: cfg.RankHint, LeaseTTL: cfg.LeaseTTL, Unreachable: cfg.Unreachable, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	rep := job.NewReporter(cfg.Reports)
+	var step int64
+	var res job.Result
+	err = agent.Run(ctx, func(ctx context.Context, r *elastic.Round) error {
+		reached := []float64{float64(step)}
+		if err := r.Group.AllReduce(ctx, collective.Float64s(reached), collective.Max); err != nil {
+			return err
+		}
+		step = int64(reached[0])
+		gen, world := r.Generation.Number, r.Group.Size()
+		for step < cfg.Steps {
+			if err := r.Group.Barrier(ctx); err != nil {
+				return err
+			}
+			step++
+			if r.Rank == 0 {
+				rep.Send(job.Report{Kind: "step", Step: step, Generation: gen, World: world})
+			}
+		}
+		res = job.Result{Step: step, Generation: gen, World: world}
+		if r.Rank == 0 {
+			rep.Send(job.Report{Kind: "done", Step: step, Generation: gen, World: world})
+		}
+		return r.Group.Barrier(ctx) // no rank leaves while another still steps
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
