@@ -302,18 +302,11 @@ func loopbackGroups(ctx context.Context, n int, job string, opts collective.Opti
 		}
 		trs, peers[r] = append(trs, tr), tr.Addr()
 	}
-	groups = make([]*collective.Group, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			groups[r], errs[r] = collective.Join(ctx, trs[r], collective.Membership{Job: job, Generation: 1, Rank: r, Peers: peers}, opts)
-		}()
+	ts := make([]collective.Transport, n)
+	for r, tr := range trs {
+		ts[r] = tr
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if groups, err = collective.JoinAll(ctx, ts, collective.Membership{Job: job, Generation: 1, Peers: peers}, opts); err != nil {
 		closeAll()
 		return nil, nil, fmt.Errorf("joining %d ranks over loopback TCP: %w", n, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -293,19 +292,15 @@ func countedGroups(t testing.TB, n int) ([]*Group, *countingTransport) {
 	for i := range peers {
 		peers[i] = fmt.Sprintf("inproc-%d", i)
 	}
-	groups := make([]*Group, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			groups[r], errs[r] = Join(ctx, ct, Membership{Job: "count", Generation: 1, Rank: r, Peers: peers}, Options{})
-		}()
+	trs := make([]Transport, n)
+	for r := range trs {
+		trs[r] = ct
 	}
-	wg.Wait()
+	groups, err := JoinAll(ctx, trs, Membership{Job: "count", Generation: 1, Peers: peers}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { closeGroups(groups) })
-	mustAll(t, errs)
 	return groups, ct
 }
 

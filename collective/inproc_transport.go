@@ -72,17 +72,28 @@ func (n *InprocNetwork) Connect(ctx context.Context, m Membership) ([]net.Conn, 
 func InprocGroups(ctx context.Context, n int, job string, gen uint64, opts Options) ([]*Group, error) {
 	network := NewInprocNetwork()
 	peers := make([]string, n)
+	trs := make([]Transport, n)
 	for i := range peers {
-		peers[i] = fmt.Sprintf("inproc-%d", i)
+		peers[i], trs[i] = fmt.Sprintf("inproc-%d", i), network
 	}
-	groups := make([]*Group, n)
-	errs := make([]error, n)
+	return JoinAll(ctx, trs, Membership{Job: job, Generation: gen, Peers: peers}, opts)
+}
+
+// JoinAll joins every rank of m at once, rank r over trs[r] (m.Rank is
+// ignored), as the ranks of one job in one process (tests, benchmarks,
+// simulations), and returns their groups in rank order; if any rank fails,
+// the groups that formed are closed and the errors joined.
+func JoinAll(ctx context.Context, trs []Transport, m Membership, opts Options) ([]*Group, error) {
+	groups := make([]*Group, len(trs))
+	errs := make([]error, len(trs))
 	var wg sync.WaitGroup
-	for r := range n {
+	for r := range trs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			groups[r], errs[r] = Join(ctx, network, Membership{Job: job, Generation: gen, Rank: r, Peers: peers}, opts)
+			mr := m
+			mr.Rank = r
+			groups[r], errs[r] = Join(ctx, trs[r], mr, opts)
 		}()
 	}
 	wg.Wait()

@@ -55,13 +55,14 @@ func (s *shmRanks) join(t testing.TB, job string, gen uint64, ranks []int, hosts
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	groups := make([]*Group, len(ranks))
-	errs := onEveryRank(groups, func(i int, _ *Group) error {
-		var err error
-		groups[i], err = Join(ctx, s.trs[ranks[i]], Membership{Job: job, Generation: gen, Rank: i, Peers: peers, Hosts: hosts}, opts)
-		return err
-	})
-	mustAll(t, errs)
+	trs := make([]Transport, len(ranks))
+	for i, r := range ranks {
+		trs[i] = s.trs[r]
+	}
+	groups, err := JoinAll(ctx, trs, Membership{Job: job, Generation: gen, Peers: peers, Hosts: hosts}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { closeGroups(groups) })
 	return groups
 }

@@ -83,14 +83,31 @@ var ErrUnreachable = errors.New("elastic: membership unreachable")
 // on without it.
 var ErrLeft = errors.New("elastic: left the job on request")
 
-// StoppedError is the coordinator's decision to stop the job.
+// StoppedError: the job stopped before its last step, and this worker with
+// it. The coordinator stops a job that stays below its minimum of workers
+// (Reason, in Generation); requested stops (phalanx.Stop, or a signal to
+// the launcher) come after a final checkpoint at a step boundary (Step,
+// Requested), and the same configuration resumes from it. It is the one
+// stop error: the root package and package job name it too.
 type StoppedError struct {
-	Generation uint64
+	Step       int64
+	Requested  bool
 	Reason     string
+	Generation uint64 // the coordinator's empty generation that stopped the job
+	// Checkpoint names the final checkpoint, found complete in the store
+	// (set by the launcher).
+	Checkpoint string
 }
 
+// Error says why the job stopped.
 func (e *StoppedError) Error() string {
-	return fmt.Sprintf("elastic: the coordinator stopped the job in generation %d: %s", e.Generation, e.Reason)
+	switch {
+	case e.Requested && e.Checkpoint != "":
+		return fmt.Sprintf("phalanx: stopped at step %d after a final checkpoint (%s); launch the same job again to resume", e.Step, e.Checkpoint)
+	case e.Requested:
+		return fmt.Sprintf("phalanx: stopped on request at step %d, after a final checkpoint", e.Step)
+	}
+	return fmt.Sprintf("phalanx: the coordinator stopped the job: %s", e.Reason)
 }
 
 // ConfigMismatchError: this worker's training configuration is not the job's.

@@ -1,8 +1,6 @@
 package job
 
 import (
-	"fmt"
-
 	"github.com/phalanx-rt/phalanx/elastic"
 )
 
@@ -10,30 +8,9 @@ import (
 // worker left the job gracefully: the others go on without it.
 var ErrLeft = elastic.ErrLeft
 
-// StoppedError: the job stopped before its last step, and this worker with
-// it. Requested stops (Stop, or a signal to the launcher) come after a
-// final checkpoint at a step boundary, and the same configuration resumes
-// from it; a coordinator stops a job that stays below its minimum of
-// workers (Reason).
-type StoppedError struct {
-	Step      int64
-	Requested bool
-	Reason    string
-	// Checkpoint names the final checkpoint, found complete in the store
-	// (set by Launch).
-	Checkpoint string
-}
-
-// Error says why the job stopped.
-func (e *StoppedError) Error() string {
-	switch {
-	case e.Requested && e.Checkpoint != "":
-		return fmt.Sprintf("phalanx: stopped at step %d after a final checkpoint (%s); launch the same job again to resume", e.Step, e.Checkpoint)
-	case e.Requested:
-		return fmt.Sprintf("phalanx: stopped on request at step %d, after a final checkpoint", e.Step)
-	}
-	return fmt.Sprintf("phalanx: the coordinator stopped the job: %s", e.Reason)
-}
+// StoppedError: the job stopped before its last step (elastic's, the one
+// stop error).
+type StoppedError = elastic.StoppedError
 
 // Result is how a job ended, as a worker saw it.
 type Result struct {

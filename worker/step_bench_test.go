@@ -85,7 +85,7 @@ func (d *noise) Fill(idx []int, out *Batch) error {
 // tcpGroups joins n ranks over loopback TCP inside this process.
 func tcpGroups(ctx context.Context, tb testing.TB, n int) []*collective.Group {
 	tb.Helper()
-	trs := make([]*collective.TCPTransport, n)
+	trs := make([]collective.Transport, n)
 	peers := make([]string, n)
 	for r := range n {
 		tr, err := collective.ListenTCP(collective.TCPOptions{Bind: "127.0.0.1:0"})
@@ -95,22 +95,10 @@ func tcpGroups(ctx context.Context, tb testing.TB, n int) []*collective.Group {
 		tb.Cleanup(func() { tr.Close() })
 		trs[r], peers[r] = tr, tr.Addr()
 	}
-	groups := make([]*collective.Group, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			groups[r], errs[r] = collective.Join(ctx, trs[r], collective.Membership{Job: "step-bench", Generation: 1, Rank: r, Peers: peers},
-				collective.Options{Timeout: time.Minute})
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			tb.Fatal(err)
-		}
+	groups, err := collective.JoinAll(ctx, trs, collective.Membership{Job: "step-bench", Generation: 1, Peers: peers},
+		collective.Options{Timeout: time.Minute})
+	if err != nil {
+		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { collective.CloseGroups(groups) })
 	return groups

@@ -238,7 +238,7 @@ func (w *ringWorker) run(ctx context.Context) (*job.Result, error) {
 	switch {
 	case errors.As(err, &stopped):
 		w.finalCheckpoint(runCtx, stopped)
-		return nil, &job.StoppedError{Reason: stopped.Reason}
+		return nil, stopped
 	case errors.Is(err, elastic.ErrLeft):
 		w.rep.Send(job.Report{Kind: "left", ID: w.id, Pid: os.Getpid()})
 		return nil, job.ErrLeft
