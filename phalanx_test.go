@@ -105,11 +105,7 @@ func (r *rows) Fill(idx []int, b *worker.Batch) error {
 // registry is the test binary's models: the regression, and barriers of a
 // third job kind, plugged in here alone (TestThirdKind).
 func registry() *phalanx.Registry {
-	reg := phalanx.NewRegistry(regressionSpec(), phalanx.ModelSpec{Name: "barriers", Kind: "barrier", Summary: "barriers on a ring, one a step"})
-	if err := reg.AddKind(kindtest.Kind{}); err != nil {
-		panic(err)
-	}
-	return reg
+	return kindtest.Registry(phalanx.NewRegistry(regressionSpec()))
 }
 
 func regressionSpec() phalanx.ModelSpec {

@@ -13,10 +13,11 @@ import (
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/examples"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/internal/kindtest"
 )
 
 func TestMain(m *testing.M) {
-	phalanx.Main(examples.Registry()) // a worker process a test's launch started
+	phalanx.Main(kindtest.Registry(examples.Registry())) // a worker process a test's launch started (the barrier kind: TestRunnerThirdKind)
 	os.Exit(m.Run())
 }
 

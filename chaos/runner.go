@@ -234,6 +234,40 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 	return lc
 }
 
+// jobKind checks a scenario whose job is of a kind the harness does not
+// know against the registry (its model must be of that kind), and returns
+// what that kind says its events leave unchecked.
+func (r *Runner) jobKind(sc *Scenario) (map[int]string, error) {
+	if builtinKind(sc.Job.Kind) {
+		return nil, nil
+	}
+	if r.Registry == nil {
+		return nil, fmt.Errorf("%w %q: job.kind %q needs the runner's Registry", ErrScenario, sc.Name, sc.Job.Kind)
+	}
+	spec, err := r.Registry.Lookup(sc.Job.Model)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
+	}
+	k, err := r.Registry.KindOf(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
+	}
+	if k.Name() != sc.Job.Kind {
+		return nil, fmt.Errorf("%w %q: job.kind %q, but model %s is of kind %q", ErrScenario, sc.Name, sc.Job.Kind, spec.Name, k.Name())
+	}
+	u, ok := k.(Unchecked)
+	if !ok {
+		return nil, nil
+	}
+	unchecked := u.Unchecked()
+	for n := range unchecked {
+		if n < 2 || n >= len(invariantNames) {
+			return nil, fmt.Errorf("%w %q: job kind %q leaves invariant %d unchecked: only 2 and later can be", ErrScenario, sc.Name, k.Name(), n)
+		}
+	}
+	return unchecked, nil
+}
+
 // Reference runs the scenario's job once, undisturbed (remembered for the
 // runner's later runs of the same job).
 func (r *Runner) Reference(ctx context.Context, sc *Scenario) (*Outcome, error) {
@@ -286,25 +320,26 @@ func (r *Runner) runDir(name string) (string, error) {
 
 // run is one run's state, shared by its scheduler and the faults.
 type run struct {
-	r        *Runner
-	sc       *Scenario
-	plan     []Planned
-	kinds    Kinds
-	store    checkpoint.Store
-	cli      *clientv3.Client
-	job      string // the current launch's job name
-	endpoint string // its etcd
-	services []Service
-	closed   bool // services closed
-	relaunch int
-	damaged  map[string]bool
-	faults   []*FaultRecord
-	saved    map[string]uint32 // checkpoint id → its manifest's CRC32C, as its writer reported it
-	pids     map[int64]bool
-	addrs    map[string]bool
-	start    time.Time
-	marker   string // in every process of the run's launches (markEnv)
-	shmDir   string // where the workers' shared-memory files are (default shmDir)
+	unchecked map[int]string // the invariants the job's kind leaves unchecked
+	r         *Runner
+	sc        *Scenario
+	plan      []Planned
+	kinds     Kinds
+	store     checkpoint.Store
+	cli       *clientv3.Client
+	job       string // the current launch's job name
+	endpoint  string // its etcd
+	services  []Service
+	closed    bool // services closed
+	relaunch  int
+	damaged   map[string]bool
+	faults    []*FaultRecord
+	saved     map[string]uint32 // checkpoint id → its manifest's CRC32C, as its writer reported it
+	pids      map[int64]bool
+	addrs     map[string]bool
+	start     time.Time
+	marker    string // in every process of the run's launches (markEnv)
+	shmDir    string // where the workers' shared-memory files are (default shmDir)
 }
 
 // Run runs the scenario once with seed and checks its invariants. The
@@ -316,6 +351,10 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 	if err := sc.Validate(kinds); err != nil {
 		return nil, err
 	}
+	unchecked, err := r.jobKind(&sc)
+	if err != nil {
+		return nil, err
+	}
 	ref, err := r.Reference(ctx, &sc)
 	if err != nil {
 		return nil, err
@@ -325,7 +364,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 		return nil, err
 	}
 	ru := &run{r: r, sc: &sc, plan: sc.Plan(seed), kinds: kinds, damaged: map[string]bool{}, saved: map[string]uint32{},
-		pids: map[int64]bool{}, addrs: map[string]bool{}, start: r.now(), marker: dir}
+		pids: map[int64]bool{}, addrs: map[string]bool{}, start: r.now(), marker: dir, unchecked: unchecked}
 	for _, p := range ru.plan {
 		ru.faults = append(ru.faults, &FaultRecord{Planned: p, Changes: kinds[p.Kind].Changes})
 	}

@@ -1,13 +1,17 @@
 package chaos
 
 import (
+	"errors"
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/examples"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/internal/kindtest"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // TestRunnerConfigureREADME: the README's Runner, whose Configure writes a
@@ -74,5 +78,45 @@ func TestRunnerConfigureREADMERun(t *testing.T) {
 	}
 	if sc.Job.Options != nil {
 		t.Errorf("Configure wrote into the scenario's options: %v", sc.Job.Options)
+	}
+}
+
+// TestRunnerThirdKind runs a sigkill scenario against a job of a kind the
+// harness does not know (internal/kindtest: workers that run barriers on an
+// elastic ring), registered in the runner's registry alone: the fault
+// fires and kills its target, the ring closes without it and the job
+// finishes, nothing is left behind, and the invariants the kind says its
+// events leave unchecked (samples, parameters) are n/a, every other
+// checked.
+func TestRunnerThirdKind(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real jobs: not in -short")
+	}
+	r := &Runner{Registry: kindtest.Registry(examples.Registry()), Dir: jobtest.KeptDir(t)}
+	sc := Scenario{Name: "barrier-kill", Job: JobSpec{Kind: "barrier", Model: "barriers", Workers: 3, Steps: 20000},
+		Faults: []FaultSpec{{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 100, StepMax: 200}}}}
+	rep := runAndCheck(t, r, sc, 1)
+	if !rep.Passed {
+		t.Errorf("the run failed; kept in %s", rep.Dir)
+	}
+	for _, v := range rep.Invariants {
+		want := "pass"
+		switch v.N {
+		case 2, 3, 4, 5, 6:
+			want = "n/a"
+		}
+		if v.Status != want {
+			t.Errorf("invariant %d (%s): %s (%s), want %s", v.N, v.Name, v.Status, v.Evidence, want)
+		}
+	}
+}
+
+// TestRunnerRefusesAMismatchedKind: a scenario naming a kind its model is
+// not of is refused before any job runs.
+func TestRunnerRefusesAMismatchedKind(t *testing.T) {
+	r := &Runner{Registry: kindtest.Registry(examples.Registry()), Dir: t.TempDir()}
+	sc := Scenario{Name: "wrong", Job: JobSpec{Kind: "barrier", Model: "mlp", Workers: 2, Steps: 10}}
+	if _, err := r.Run(testwait.Context(t, time.Minute), sc, 1); !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), `model mlp is of kind "ring"`) {
+		t.Fatalf("Run: %v, want ErrScenario naming the model's kind", err)
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/bytesize"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // EtcdRetryBudget bounds how long a launcher or parameter-server worker
@@ -36,4 +38,46 @@ func CheckpointText(e *checkpoint.Event) string {
 		return s
 	}
 	return ""
+}
+
+// GenerationEvents are the events of a generation read from etcd, for
+// every kind whose workers the coordinator places (first: the job's first
+// generation's number, whose members did not join): the generation (its
+// members by rank, with id and pid), who was lost or left, who was
+// excluded as a straggler or readmitted, who joined.
+func GenerationEvents(ev events.Sink, g *phalanxpb.Generation, first uint64) {
+	if g.Stopped {
+		ev.Emit("generation", events.F("generation", g.Number), events.F("members", []any{}), events.F("world", 0), events.F("reason", g.Reason))
+		return
+	}
+	members := make([]map[string]any, len(g.Members))
+	pos := map[string]int{}
+	for i, m := range g.Members {
+		members[i] = map[string]any{"rank": i, "id": m.Id, "pid": m.Pid}
+		pos[m.Id] = i
+	}
+	ev.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)),
+		events.F("reason", g.Reason), events.F("decided_by", g.DecidedBy))
+	for _, l := range g.Lost {
+		kind := "worker_lost"
+		if l.Left {
+			kind = "worker_left"
+		}
+		ev.Emit(kind, events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
+	}
+	for _, x := range g.Excluded {
+		ev.Emit("straggler_excluded", events.F("generation", g.Number), events.F("rank", x.Rank), events.F("pid", x.Pid), events.F("id", x.Id),
+			events.F("late_in", x.LateIn), events.F("window", x.Window), events.F("step", x.Step))
+	}
+	for _, id := range g.Readmitted {
+		i := pos[id]
+		ev.Emit("straggler_readmitted", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+	}
+	for _, id := range g.Joined {
+		if g.Number == first {
+			break
+		}
+		i := pos[id]
+		ev.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
+	}
 }

@@ -66,6 +66,9 @@ func (r *Registry) Role(name string) (Role, bool) {
 	return nil, false
 }
 
+// Kinds are the registered kinds, in registration order.
+func (r *Registry) Kinds() []Kind { return slices.Clone(r.kinds) }
+
 // KindNames are the registered kinds' names.
 func (r *Registry) KindNames() []string {
 	var n []string

@@ -25,6 +25,36 @@ import (
 // Kind is the barrier kind: a model names it (ModelSpec.Kind "barrier").
 type Kind struct{}
 
+// Spec is a model of the barrier kind, "barriers": it has nothing but its
+// kind.
+func Spec() job.ModelSpec {
+	return job.ModelSpec{Name: "barriers", Kind: "barrier", Summary: "barriers on an elastic ring, one a step"}
+}
+
+// Registry is reg with the barrier kind and its model added.
+func Registry(reg *job.Registry) *job.Registry {
+	r := job.NewRegistry(nil, append(reg.Specs(), Spec())...)
+	for _, k := range reg.Kinds() {
+		if err := r.AddKind(k); err != nil {
+			panic(err)
+		}
+	}
+	if err := r.AddKind(Kind{}); err != nil {
+		panic(err)
+	}
+	return r
+}
+
+// Unchecked tells the chaos harness what a barrier job has not: samples
+// (invariant 2) and parameters (3 and 4).
+func (Kind) Unchecked() map[int]string {
+	return map[int]string{
+		2: "a barrier job trains on no samples",
+		3: "a barrier job holds no parameters",
+		4: "a barrier job has no model to compare with its undisturbed run's",
+	}
+}
+
 // Name is "barrier".
 func (Kind) Name() string { return "barrier" }
 
@@ -84,12 +114,16 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	env.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(env.Endpoints)),
 		events.F("workers", lc.Workers), events.F("model", lc.Model))
 	var done *job.Report
+	var first uint64 // the first generation's number
 	for running := lc.Workers; running > 0; {
 		select {
 		case <-outer.Done():
 			return nil, context.Cause(outer)
 		case g := <-gens:
-			env.Events.Emit("generation", events.F("generation", g.Number), events.F("world", len(g.Members)), events.F("reason", g.Reason))
+			if first == 0 {
+				first = g.Number
+			}
+			job.GenerationEvents(env.Events, g, first)
 		case l := <-env.Procs.Lines():
 			rep, err := job.ParseReport(l)
 			if err != nil {

@@ -406,41 +406,11 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 		r.first = g.Number
 	}
 	defer r.resumed(g.Number)
+	job.GenerationEvents(r.Events, g, r.first)
 	if g.Stopped {
 		r.stopped = g.Reason
-		r.Events.Emit("generation", events.F("generation", g.Number), events.F("members", []any{}), events.F("world", 0), events.F("reason", g.Reason))
 		fmt.Fprintf(r.Out, "generation %d: job stopped: %s\n", g.Number, g.Reason)
 		return
-	}
-	members := make([]map[string]any, len(g.Members))
-	pos := map[string]int{}
-	for i, m := range g.Members {
-		members[i] = map[string]any{"rank": i, "id": m.Id, "pid": m.Pid}
-		pos[m.Id] = i
-	}
-	r.Events.Emit("generation", events.F("generation", g.Number), events.F("members", members), events.F("world", len(g.Members)),
-		events.F("reason", g.Reason), events.F("decided_by", g.DecidedBy))
-	for _, l := range g.Lost {
-		kind := "worker_lost"
-		if l.Left {
-			kind = "worker_left"
-		}
-		r.Events.Emit(kind, events.F("generation", g.Number), events.F("rank", l.Rank), events.F("pid", l.Pid), events.F("id", l.Id), events.F("detected_by", l.DetectedBy))
-	}
-	for _, x := range g.Excluded {
-		r.Events.Emit("straggler_excluded", events.F("generation", g.Number), events.F("rank", x.Rank), events.F("pid", x.Pid), events.F("id", x.Id),
-			events.F("late_in", x.LateIn), events.F("window", x.Window), events.F("step", x.Step))
-	}
-	for _, id := range g.Readmitted {
-		i := pos[id]
-		r.Events.Emit("straggler_readmitted", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
-	}
-	for _, id := range g.Joined {
-		if g.Number == r.first {
-			break
-		}
-		i := pos[id]
-		r.Events.Emit("worker_joined", events.F("generation", g.Number), events.F("rank", i), events.F("pid", g.Members[i].Pid), events.F("id", id))
 	}
 	fmt.Fprintf(r.Out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
 }
