@@ -16,6 +16,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/kindtest"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -441,7 +442,7 @@ func TestPassStderr(t *testing.T) {
 			lc := smallJob()
 			lc.Steps = 10
 			lc.ModelOptions = phalanx.Options{"say": "the model says hello"}
-			var errs syncBuffer
+			var errs jobtest.Buffer
 			lc.Stderr, lc.PassStderr = &errs, pass
 			if _, err := phalanx.Launch(launchContext(t), lc); err != nil {
 				t.Fatal(err)
@@ -453,22 +454,4 @@ func TestPassStderr(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a strings.Builder safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
