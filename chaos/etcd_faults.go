@@ -423,8 +423,8 @@ func (f *coordFigures) String(ttl time.Duration) string {
 
 // electionLeader is the id of the job's elected coordinator ("" : none):
 // the election key created first.
-func electionLeader(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) (string, error) {
-	kvs, err := electionKeys(ctx, cli, keys)
+func electionLeader(ctx context.Context, coord *coordinator.Job) (string, error) {
+	kvs, err := electionKeys(ctx, coord)
 	if err != nil || len(kvs) == 0 {
 		return "", err
 	}
@@ -433,8 +433,8 @@ func electionLeader(ctx context.Context, cli *clientv3.Client, keys coordinator.
 
 // electionKeys are the job's coordinators' campaign keys, oldest first:
 // the first leads, the others wait behind it in turn.
-func electionKeys(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) ([]*mvccpb.KeyValue, error) {
-	resp, err := cli.Get(ctx, keys.Election()+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+func electionKeys(ctx context.Context, coord *coordinator.Job) ([]*mvccpb.KeyValue, error) {
+	resp, err := coord.Client().Get(ctx, coord.Keys().Election()+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
 		return nil, err
 	}
@@ -443,13 +443,13 @@ func electionKeys(ctx context.Context, cli *clientv3.Client, keys coordinator.Ke
 
 // measureTakeover watches the job's keys from the kill on: a standby
 // leading, then a generation it decided.
-func (c *etcdCluster) measureTakeover(ctx context.Context, keys coordinator.Keys, f *coordFigures) {
-	w := c.cli.Watch(clientv3.WithRequireLeader(ctx), keys.Prefix(), clientv3.WithPrefix())
+func (c *etcdCluster) measureTakeover(ctx context.Context, coord *coordinator.Job, f *coordFigures) {
+	w := coord.Client().Watch(clientv3.WithRequireLeader(ctx), coord.Keys().Prefix(), clientv3.WithPrefix())
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		lead, err := electionLeader(rctx, c.cli, keys)
-		g, _, gerr := coordinator.CurrentGeneration(rctx, c.cli, keys)
-		done, derr := c.cli.Get(rctx, keys.Done(), clientv3.WithCountOnly())
+		lead, err := electionLeader(rctx, coord)
+		g, _, gerr := coord.CurrentGeneration(rctx)
+		done, derr := coord.Client().Get(rctx, coord.Keys().Done(), clientv3.WithCountOnly())
 		cancel()
 		now := time.Now()
 		if err == nil && lead != "" && lead != f.killed && f.tookOver.IsZero() {
@@ -491,12 +491,12 @@ type coordinatorKill struct {
 // campaign keys (the first leads), the leader's process, and the current
 // generation (nil when it could not be read).
 type elected struct {
-	c    *etcdCluster
-	keys coordinator.Keys
-	kvs  []*mvccpb.KeyValue
-	id   string
-	p    *serviceProc
-	gen  *phalanxpb.Generation
+	c     *etcdCluster
+	coord *coordinator.Job // through the cluster's client
+	kvs   []*mvccpb.KeyValue
+	id    string
+	p     *serviceProc
+	gen   *phalanxpb.Generation
 }
 
 // leadingCoordinator finds the coordinator process that leads the job's
@@ -511,9 +511,10 @@ func leadingCoordinator(ctx context.Context, env *Env) (*elected, error) {
 	if err != nil {
 		return nil, err
 	}
+	coord := coordinator.NewJob(c.cli, keys)
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	kvs, err := electionKeys(rctx, c.cli, keys)
-	g, _, _ := coordinator.CurrentGeneration(rctx, c.cli, keys)
+	kvs, err := electionKeys(rctx, coord)
+	g, _, _ := coord.CurrentGeneration(rctx)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("reading the coordinator election: %w", err)
@@ -521,7 +522,7 @@ func leadingCoordinator(ctx context.Context, env *Env) (*elected, error) {
 	if len(kvs) == 0 {
 		return nil, errors.New("no coordinator leads the job's election")
 	}
-	e := &elected{c: c, keys: keys, kvs: kvs, id: string(kvs[0].Value), gen: g}
+	e := &elected{c: c, coord: coord, kvs: kvs, id: string(kvs[0].Value), gen: g}
 	if e.p = c.coordinator(e.id); e.p == nil {
 		return nil, fmt.Errorf("no coordinator process of the job is %q, the election's leader", e.id)
 	}
@@ -542,7 +543,7 @@ func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	c, keys, id, p := e.c, e.keys, e.id, e.p
+	c, coord, id, p := e.c, e.coord, e.id, e.p
 	c.mu.Lock()
 	pid := p.pid
 	err = syscall.Kill(pid, syscall.SIGKILL)
@@ -552,7 +553,7 @@ func (f *coordinatorKill) Inject(ctx context.Context, env *Env) (string, error) 
 		return "", fmt.Errorf("SIGKILL to coordinator %s (pid %d): %w", id, pid, err)
 	}
 	f.c, f.fig = c, coordFigures{at: time.Now(), killed: id}
-	f.meas = measure(func(ctx context.Context) { c.measureTakeover(ctx, keys, &f.fig) })
+	f.meas = measure(func(ctx context.Context) { c.measureTakeover(ctx, coord, &f.fig) })
 	return fmt.Sprintf("SIGKILL to coordinator %s (pid %d), the election's leader%s", id, pid, e.decided()), nil
 }
 
@@ -571,15 +572,15 @@ func (f *coordinatorKill) Heal(context.Context, *Env) (string, error) {
 // the fence, or its session found expired), it campaigns again behind
 // the new leader, and no generation written since the SIGCONT is its.
 type coordinatorPause struct {
-	c    *etcdCluster
-	keys coordinator.Keys
-	p    *serviceProc
-	id   string
-	pid  int
-	log  string // its log file
-	key  string // its election key...
-	rev  int64  // ...and that key's create revision
-	at   time.Time
+	c     *etcdCluster
+	coord *coordinator.Job // through the cluster's client
+	p     *serviceProc
+	id    string
+	pid   int
+	log   string // its log file
+	key   string // its election key...
+	rev   int64  // ...and that key's create revision
+	at    time.Time
 }
 
 func (f *coordinatorPause) Inject(ctx context.Context, env *Env) (string, error) {
@@ -587,7 +588,7 @@ func (f *coordinatorPause) Inject(ctx context.Context, env *Env) (string, error)
 	if err != nil {
 		return "", err
 	}
-	c, keys, kvs, id, p := e.c, e.keys, e.kvs, e.id, e.p
+	c, coord, kvs, id, p := e.c, e.coord, e.kvs, e.id, e.p
 	if len(kvs) < 2 {
 		return "", fmt.Errorf("coordinator %s leads with no standby behind it", id)
 	}
@@ -602,7 +603,7 @@ func (f *coordinatorPause) Inject(ctx context.Context, env *Env) (string, error)
 	if err != nil {
 		return "", fmt.Errorf("SIGSTOP to coordinator %s (pid %d): %w", id, pid, err)
 	}
-	*f = coordinatorPause{c: c, keys: keys, p: p, id: id, pid: pid, log: c.logPath(job + "-" + id),
+	*f = coordinatorPause{c: c, coord: coord, p: p, id: id, pid: pid, log: c.logPath(job + "-" + id),
 		key: string(kvs[0].Key), rev: kvs[0].CreateRevision, at: time.Now()}
 	return fmt.Sprintf("SIGSTOP to coordinator %s (pid %d), the election's leader (its key of revision %d)%s", id, pid, f.rev, e.decided()), nil
 }
@@ -621,7 +622,7 @@ func (f *coordinatorPause) Heal(ctx context.Context, env *Env) (string, error) {
 		offset = st.Size()
 	}
 	rctx, rcancel := context.WithTimeout(bctx, 5*time.Second)
-	before, rerr := c.cli.Get(rctx, f.keys.Generation())
+	before, rerr := f.coord.Client().Get(rctx, f.coord.Keys().Generation())
 	rcancel()
 	c.mu.Lock()
 	err := syscall.Kill(f.pid, syscall.SIGCONT)
@@ -668,7 +669,7 @@ func (f *coordinatorPause) takeover(ctx context.Context) (string, time.Time, err
 	defer tick.Stop()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		kvs, err := electionKeys(rctx, f.c.cli, f.keys)
+		kvs, err := electionKeys(rctx, f.coord)
 		cancel()
 		if err == nil && len(kvs) > 0 && string(kvs[0].Key) != f.key && string(kvs[0].Value) != f.id {
 			return string(kvs[0].Value), time.Now(), nil
@@ -694,7 +695,7 @@ func (f *coordinatorPause) steppedDown(ctx context.Context, offset int64, standb
 			why = loggedStepDown(f.log, offset)
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		kvs, err := electionKeys(rctx, f.c.cli, f.keys)
+		kvs, err := electionKeys(rctx, f.coord)
 		cancel()
 		if err == nil && len(kvs) > 1 && string(kvs[0].Value) == standby {
 			for _, kv := range kvs[1:] {
@@ -748,7 +749,7 @@ func (f *coordinatorPause) writtenSince(ctx context.Context, rev int64) ([]*phal
 	var opts []clientv3.OpOption
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := f.c.cli.Get(rctx, f.keys.Generation(), opts...)
+		resp, err := f.coord.Client().Get(rctx, f.coord.Keys().Generation(), opts...)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("reading the generations written since the SIGCONT: %w", err)
@@ -756,7 +757,7 @@ func (f *coordinatorPause) writtenSince(ctx context.Context, rev int64) ([]*phal
 		if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision <= rev {
 			return out, nil
 		}
-		g, err := coordinator.DecodeGeneration(f.keys.Generation(), resp.Kvs[0].Value)
+		g, err := coordinator.DecodeGeneration(f.coord.Keys().Generation(), resp.Kvs[0].Value)
 		if err != nil {
 			return nil, err
 		}

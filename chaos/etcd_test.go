@@ -212,16 +212,16 @@ func TestRetryThroughEtcdLeaderPause(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// setup, through the whole cluster before the freeze
-		setup func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error
-		op    func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error
+		setup func(ctx context.Context, j *coordinator.Job) error
+		op    func(ctx context.Context, j *coordinator.Job) error
 		// landed reads the record back through the follower
 		landed func(keys coordinator.Keys) func(context.Context, *clientv3.Client) error
 	}{
 		{"claim the configuration", nil,
-			func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error {
+			func(ctx context.Context, j *coordinator.Job) error {
 				var recorded string
 				err := coordinator.Retry(ctx, time.Minute, nil, func(ctx context.Context) (err error) {
-					recorded, err = coordinator.ClaimConfig(ctx, cli, keys, "hash-1")
+					recorded, err = j.ClaimConfig(ctx, "hash-1")
 					return err
 				})
 				if err == nil && recorded != "hash-1" {
@@ -233,22 +233,22 @@ func TestRetryThroughEtcdLeaderPause(t *testing.T) {
 				return wantValue(keys.Config(), "hash-1")
 			}},
 		{"leave", nil,
-			func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error {
-				return coordinator.Leave(ctx, cli, keys, "w1", "scaled down")
+			func(ctx context.Context, j *coordinator.Job) error {
+				return j.Leave(ctx, "w1", "scaled down")
 			},
 			func(keys coordinator.Keys) func(context.Context, *clientv3.Client) error {
 				return wantValue(keys.Departure("w1"), "scaled down")
 			}},
 		{"request a stop", nil,
-			func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error {
-				return coordinator.RequestStop(ctx, cli, keys, "operator")
+			func(ctx context.Context, j *coordinator.Job) error {
+				return j.RequestStop(ctx, "operator")
 			},
 			func(keys coordinator.Keys) func(context.Context, *clientv3.Client) error {
 				return wantValue(keys.Stop(), "operator")
 			}},
 		{"exclude a straggler", nil,
-			func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error {
-				return coordinator.Exclude(ctx, cli, keys, straggler)
+			func(ctx context.Context, j *coordinator.Job) error {
+				return j.Exclude(ctx, straggler)
 			},
 			func(keys coordinator.Keys) func(context.Context, *clientv3.Client) error {
 				return func(ctx context.Context, cli *clientv3.Client) error {
@@ -261,17 +261,17 @@ func TestRetryThroughEtcdLeaderPause(t *testing.T) {
 				}
 			}},
 		{"readmit it",
-			func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error {
-				if err := coordinator.Exclude(ctx, cli, keys, straggler); err != nil {
+			func(ctx context.Context, j *coordinator.Job) error {
+				if err := j.Exclude(ctx, straggler); err != nil {
 					return err
 				}
-				if _, ok, err := get(ctx, cli, keys.Exclusion("w2")); err != nil || !ok {
+				if _, ok, err := get(ctx, j.Client(), j.Keys().Exclusion("w2")); err != nil || !ok {
 					return fmt.Errorf("the exclusion to lift is not there: %v", err)
 				}
 				return nil
 			},
-			func(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) error {
-				return coordinator.Readmit(ctx, cli, keys, "w2")
+			func(ctx context.Context, j *coordinator.Job) error {
+				return j.Readmit(ctx, "w2")
 			},
 			func(keys coordinator.Keys) func(context.Context, *clientv3.Client) error {
 				return func(ctx context.Context, cli *clientv3.Client) error {
@@ -310,11 +310,11 @@ func TestRetryThroughEtcdLeaderPause(t *testing.T) {
 // made): the leadership moved before the freeze took effect, or before op
 // reached the frozen leader.
 func throughFrozenLeader(t *testing.T, ctx context.Context, c *etcdCluster, keys coordinator.Keys,
-	setup, op func(context.Context, *clientv3.Client, coordinator.Keys) error, landed func(context.Context, *clientv3.Client) error) (moved string) {
+	setup, op func(context.Context, *coordinator.Job) error, landed func(context.Context, *clientv3.Client) error) (moved string) {
 	t.Helper()
 	if setup != nil {
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := setup(sctx, c.cli, keys)
+		err := setup(sctx, coordinator.NewJob(c.cli, keys))
 		cancel()
 		if err != nil {
 			t.Fatalf("setting up: %v", err)
@@ -376,7 +376,7 @@ func throughFrozenLeader(t *testing.T, ctx context.Context, c *etcdCluster, keys
 	}
 	octx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	if err := op(octx, cli, keys); err != nil {
+	if err := op(octx, coordinator.NewJob(cli, keys)); err != nil {
 		t.Fatalf("through follower %s with leader %s frozen at term %d: %v", follower.name, m.name, term, err)
 	}
 	mu.Lock()

@@ -607,22 +607,23 @@ func psKinds() []Kind {
 	}
 }
 
-// psEtcd is the running job's etcd keys; the scheduler connected its
-// client (env.run.cli, from the job_started event) before injecting.
-func psEtcd(env *Env) (coordinator.Keys, error) {
+// psEtcd is the running job's records in its etcd; the scheduler
+// connected their client (env.run.cli, from the job_started event) before
+// injecting.
+func psEtcd(env *Env) (*coordinator.Job, error) {
 	if env.run == nil || env.run.cli == nil {
-		return coordinator.Keys{}, fmt.Errorf("the job's etcd is not connected (no job_started event yet?)")
+		return nil, fmt.Errorf("the job's etcd is not connected (no job_started event yet?)")
 	}
 	if env.run.sc.Job.Kind != "ps" {
-		return coordinator.Keys{}, fmt.Errorf("not a parameter-server job (job.kind %q)", env.run.sc.Job.Kind)
+		return nil, fmt.Errorf("not a parameter-server job (job.kind %q)", env.run.sc.Job.Kind)
 	}
-	return coordinator.KeysFor(env.run.job)
+	return env.run.coord()
 }
 
 // psShardMap reads the job's shard map and records its servers' addresses,
 // which invariant 7 then checks are closed after the run.
-func psShardMap(ctx context.Context, env *Env, keys coordinator.Keys) (*phalanxpb.ShardMap, error) {
-	m, _, err := coordinator.ReadShardMap(ctx, env.run.cli, keys)
+func psShardMap(ctx context.Context, env *Env, coord *coordinator.Job) (*phalanxpb.ShardMap, error) {
+	m, _, err := coord.ReadShardMap(ctx)
 	if err != nil || m == nil {
 		return m, err
 	}
@@ -645,13 +646,13 @@ type psPrimaryKill struct {
 // pickedShard reads the job's shard map and the shard pick chooses in it:
 // the target of a fault on a shard's servers.
 func pickedShard(ctx context.Context, env *Env, pick uint64) (*phalanxpb.ShardMap, *phalanxpb.ShardPlacement, error) {
-	keys, err := psEtcd(env)
+	coord, err := psEtcd(env)
 	if err != nil {
 		return nil, nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	m, err := psShardMap(cctx, env, keys)
+	m, err := psShardMap(cctx, env, coord)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -773,13 +774,13 @@ func (f *psAckLost) Heal(ctx context.Context, env *Env) (string, error) {
 // psLastSteps is each share's last step a shard's primary took (its
 // account, OpInfo), read the way a worker reads it.
 func psLastSteps(ctx context.Context, env *Env, shard int64) ([]uint64, error) {
-	keys, err := psEtcd(env)
+	coord, err := psEtcd(env)
 	if err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel() // ends the directory's watch
-	job, err := pscluster.ReadJob(cctx, env.run.cli, keys)
+	job, err := pscluster.ReadJob(cctx, coord)
 	if err != nil {
 		return nil, err
 	}
@@ -787,7 +788,7 @@ func psLastSteps(ctx context.Context, env *Env, shard int64) ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := pscluster.NewDirectory(cctx, env.run.cli, keys)
+	dir, err := pscluster.NewDirectory(cctx, coord)
 	if err != nil {
 		return nil, err
 	}
@@ -812,16 +813,16 @@ type psWorkerKill struct {
 }
 
 func (f *psWorkerKill) Inject(ctx context.Context, env *Env) (string, error) {
-	keys, err := psEtcd(env)
+	coord, err := psEtcd(env)
 	if err != nil {
 		return "", err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := psShardMap(cctx, env, keys); err != nil {
+	if _, err := psShardMap(cctx, env, coord); err != nil {
 		return "", err
 	}
-	t, _, err := coordinator.ReadPSShares(cctx, env.run.cli, keys)
+	t, _, err := coord.ReadPSShares(cctx)
 	if err != nil {
 		return "", err
 	}

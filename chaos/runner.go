@@ -141,12 +141,15 @@ func (e *Env) Relaunch(world int) {
 	e.run.relaunch = world
 }
 
-// Etcd is a client of the job's etcd and the job's keys (nil before the
-// job has started).
-func (e *Env) Etcd(ctx context.Context) (*clientv3.Client, coordinator.Keys) {
+// Etcd is the job's records through a client of its etcd (nil before
+// the job has started).
+func (e *Env) Etcd(ctx context.Context) *coordinator.Job {
 	e.run.ring(ctx, e.run.endpoint, nil) // connects the run's client
-	keys, _ := coordinator.KeysFor(e.run.job)
-	return e.run.cli, keys
+	if e.run.cli == nil {
+		return nil
+	}
+	coord, _ := e.run.coord()
+	return coord
 }
 
 // Damaged records checkpoint id as damaged on purpose: invariant 5 expects
@@ -426,6 +429,16 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 	return rep, nil
 }
 
+// coord is the job's records through the run's client as it is now
+// (ringClient replaces the client when it loses its member).
+func (ru *run) coord() (*coordinator.Job, error) {
+	keys, err := coordinator.KeysFor(ru.job)
+	if err != nil {
+		return nil, err
+	}
+	return coordinator.NewJob(ru.cli, keys), nil
+}
+
 // ring is the current ring with data-plane addresses from the job's etcd,
 // or from the latest generation event when etcd cannot be read.
 func (ru *run) ring(ctx context.Context, endpoint string, fallback []Member) []Member {
@@ -440,13 +453,13 @@ func (ru *run) ring(ctx context.Context, endpoint string, fallback []Member) []M
 		}
 		ru.cli = cli
 	}
-	keys, err := coordinator.KeysFor(ru.job)
+	coord, err := ru.coord()
 	if err != nil {
 		return out
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	g, _, err := coordinator.CurrentGeneration(cctx, ru.cli, keys)
+	g, _, err := coord.CurrentGeneration(cctx)
 	if err != nil || g == nil {
 		return out
 	}

@@ -122,8 +122,8 @@ type Coordinator struct {
 	log  *zap.Logger
 }
 
-// New prepares a coordinator; Run campaigns and leads.
-func New(cli *clientv3.Client, keys Keys, cfg Config) (*Coordinator, error) {
+// New prepares a coordinator of j's job; Run campaigns and leads.
+func New(j *Job, cfg Config) (*Coordinator, error) {
 	if err := cfg.Rendezvous.Validate(); err != nil {
 		return nil, err
 	}
@@ -162,7 +162,7 @@ func New(cli *clientv3.Client, keys Keys, cfg Config) (*Coordinator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Coordinator{cli: cli, keys: keys, cfg: cfg, log: cfg.Logger.With(zap.String("coordinator", cfg.ID))}, nil
+	return &Coordinator{cli: j.cli, keys: j.keys, cfg: cfg, log: cfg.Logger.With(zap.String("coordinator", cfg.ID))}, nil
 }
 
 // Run campaigns for leadership and leads until ctx ends; a lost leadership
@@ -499,25 +499,25 @@ func (c *Coordinator) wait(ctx context.Context, sess *concurrency.Session, rev i
 
 // CurrentGeneration reads the generation record (nil before the first) and
 // its revision.
-func CurrentGeneration(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.Generation, int64, error) {
-	resp, err := cli.Get(ctx, keys.Generation())
+func (j *Job) CurrentGeneration(ctx context.Context) (*phalanxpb.Generation, int64, error) {
+	resp, err := j.cli.Get(ctx, j.keys.Generation())
 	if err != nil {
 		return nil, 0, fmt.Errorf("coordinator: reading the generation: %w", err)
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, resp.Header.Revision, nil
 	}
-	g, err := DecodeGeneration(keys.Generation(), resp.Kvs[0].Value)
+	g, err := DecodeGeneration(j.keys.Generation(), resp.Kvs[0].Value)
 	return g, resp.Kvs[0].ModRevision, err
 }
 
 // ReportLoss records that reporter saw lost's connection break in generation.
-func ReportLoss(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalanxpb.LossReport) error {
+func (j *Job) ReportLoss(ctx context.Context, r *phalanxpb.LossReport) error {
 	val, err := proto.Marshal(r)
 	if err != nil {
 		return err
 	}
-	if _, err := cli.Put(ctx, keys.Report(r.ReporterId, r.LostId), string(val)); err != nil {
+	if _, err := j.cli.Put(ctx, j.keys.Report(r.ReporterId, r.LostId), string(val)); err != nil {
 		return fmt.Errorf("coordinator: reporting the loss of %s: %w", r.LostId, err)
 	}
 	return nil

@@ -74,7 +74,7 @@ func register(t *testing.T, cli *clientv3.Client, keys Keys, id, addr string) *L
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := Register(ctx, cli, keys, &phalanxpb.Registration{Id: id, DataAddr: addr, ControlAddr: addr, RankHint: -1}, testTTL)
+	l, err := NewJob(cli, keys).Register(ctx, &phalanxpb.Registration{Id: id, DataAddr: addr, ControlAddr: addr, RankHint: -1}, testTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func addrs(t *testing.T) (alive, dead string) {
 
 func start(t *testing.T, ctx context.Context, cli *clientv3.Client, keys Keys, id string, r Rendezvous) context.CancelFunc {
 	t.Helper()
-	c, err := New(cli, keys, Config{ID: id, Rendezvous: r, JoinWindow: time.Millisecond, SessionTTL: testTTL})
+	c, err := New(NewJob(cli, keys), Config{ID: id, Rendezvous: r, JoinWindow: time.Millisecond, SessionTTL: testTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,10 +200,10 @@ func TestMembershipLifecycle(t *testing.T) {
 	// enters just before or after it (should the coordinator decide d's
 	// admission before reading the reports about generation 1, it still
 	// probes c, a member of the newer ring).
-	if err := ReportLoss(ctx, cli, keys, &phalanxpb.LossReport{ReporterId: "a", LostId: "b", Generation: 1}); err != nil {
+	if err := NewJob(cli, keys).ReportLoss(ctx, &phalanxpb.LossReport{ReporterId: "a", LostId: "b", Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ReportLoss(ctx, cli, keys, &phalanxpb.LossReport{ReporterId: "a", LostId: "c", Generation: 1}); err != nil {
+	if err := NewJob(cli, keys).ReportLoss(ctx, &phalanxpb.LossReport{ReporterId: "a", LostId: "c", Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
 	register(t, cli, keys, "d", alive)
@@ -238,7 +238,7 @@ func TestBelowMinimumStops(t *testing.T) {
 	alive, _ := addrs(t)
 	register(t, cli, keys, "a", alive)
 	b := register(t, cli, keys, "b", alive)
-	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 2, MaxWorkers: 2}, MinWorkersTimeout: 50 * time.Millisecond, SessionTTL: testTTL})
+	c, err := New(NewJob(cli, keys), Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 2, MaxWorkers: 2}, MinWorkersTimeout: 50 * time.Millisecond, SessionTTL: testTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +263,7 @@ func TestDoneEndsTheCoordinator(t *testing.T) {
 	gens := generations(t, ctx, cli, keys)
 	alive, _ := addrs(t)
 	register(t, cli, keys, "a", alive)
-	c, err := New(cli, keys, Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}, SessionTTL: testTTL})
+	c, err := New(NewJob(cli, keys), Config{ID: "c1", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}, SessionTTL: testTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	gens := generations(t, ctx, cli, keys)
 	alive, _ := addrs(t)
 	mk := func(id string) (context.CancelFunc, <-chan error) {
-		c, err := New(client(t), keys, Config{ID: id, Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond, SessionTTL: testTTL})
+		c, err := New(NewJob(client(t), keys), Config{ID: id, Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond, SessionTTL: testTTL})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -333,7 +333,7 @@ func TestCorruptRecords(t *testing.T) {
 	if _, err := cli.Put(ctx, keys.Generation(), "\x0a\xff garbage"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(cli, keys, Config{ID: "x", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}})
+	c, err := New(NewJob(cli, keys), Config{ID: "x", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,14 +366,14 @@ func TestExcludeAndReadmit(t *testing.T) {
 	if g := next(t, gens); len(g.Members) != 3 {
 		t.Fatalf("rendezvous: %v", memberIDs(g))
 	}
-	if err := Exclude(ctx, cli, keys, &phalanxpb.Exclusion{Id: "b", Generation: 1, LateIn: 4, Window: 6}); err != nil {
+	if err := NewJob(cli, keys).Exclude(ctx, &phalanxpb.Exclusion{Id: "b", Generation: 1, LateIn: 4, Window: 6}); err != nil {
 		t.Fatal(err)
 	}
 	g := next(t, gens)
 	if !slices.Equal(memberIDs(g), []string{"a", "c"}) || len(g.Excluded) != 1 || g.Excluded[0].Id != "b" || g.Excluded[0].LateIn != 4 {
 		t.Fatalf("after the exclusion: %v excluded %v (%s)", memberIDs(g), g.Excluded, g.Reason)
 	}
-	if err := Readmit(ctx, cli, keys, "b"); err != nil {
+	if err := NewJob(cli, keys).Readmit(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
 	g = next(t, gens)

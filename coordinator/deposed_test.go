@@ -113,7 +113,7 @@ func runHelper(raw string) int {
 	var read, write func(ctx context.Context, f fence) error
 	switch spec.Role {
 	case "coordinator":
-		c, err := New(cli, keys, Config{ID: spec.ID, Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond,
+		c, err := New(NewJob(cli, keys), Config{ID: spec.ID, Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond,
 			SessionTTL: spec.TTL, Logger: log, OnLeadership: onLeadership,
 			OnDecision: func(g *phalanxpb.Generation) { emit(helperEvent{Event: "decided", Generation: g.Number}) }})
 		if err != nil {
@@ -127,7 +127,7 @@ func runHelper(raw string) int {
 		}
 		write = func(ctx context.Context, f fence) error {
 			// The record as it is now: only the election key can refuse it.
-			g, rev, err := CurrentGeneration(ctx, cli, keys)
+			g, rev, err := NewJob(cli, keys).CurrentGeneration(ctx)
 			if err != nil || g == nil {
 				return fmt.Errorf("reading the generation: %v, %v", g, err)
 			}
@@ -135,7 +135,7 @@ func runHelper(raw string) int {
 				Reason: "written by a deposed coordinator"})
 		}
 	case "shardmap":
-		go RunShardMap(ctx, cli, keys, ShardMapConfig{ID: spec.ID, Shards: 3, Replicas: 2, Servers: spec.Servers, SessionTTL: spec.TTL,
+		go NewJob(cli, keys).RunShardMap(ctx, ShardMapConfig{ID: spec.ID, Shards: 3, Replicas: 2, Servers: spec.Servers, SessionTTL: spec.TTL,
 			Logger: log, OnLeadership: onLeadership,
 			OnMap: func(m *phalanxpb.ShardMap) { emit(helperEvent{Event: "map", Generation: m.Generation}) }})
 		read = func(ctx context.Context, f fence) error {
@@ -143,7 +143,7 @@ func runHelper(raw string) int {
 			return err
 		}
 		write = func(ctx context.Context, f fence) error {
-			m, rev, err := ReadShardMap(ctx, cli, keys)
+			m, rev, err := NewJob(cli, keys).ReadShardMap(ctx)
 			if err != nil || m == nil {
 				return fmt.Errorf("reading the shard map: %v, %v", m, err)
 			}
@@ -441,7 +441,7 @@ func TestDeposedCoordinatorIsFenced(t *testing.T) {
 		t.Fatalf("first generation %v decided by %q, want [w1] by A", memberIDs(g), g.DecidedBy)
 	}
 	bLead := make(chan Leadership, 8)
-	b, err := New(client(t), keys, Config{ID: "B", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond,
+	b, err := New(NewJob(client(t), keys), Config{ID: "B", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 8}, JoinWindow: time.Millisecond,
 		SessionTTL: deposedTTL, OnLeadership: func(l Leadership) { bLead <- l }})
 	if err != nil {
 		t.Fatal(err)
@@ -521,7 +521,7 @@ func TestDeposedShardMapWriterIsFenced(t *testing.T) {
 	bDone := make(chan error, 1)
 	bcli := client(t) // closed after B stops: B's session revokes its lease on the way out
 	go func() {
-		bDone <- RunShardMap(bctx, bcli, keys, ShardMapConfig{ID: "B", Shards: 3, Replicas: 2, Servers: 3, SessionTTL: deposedTTL,
+		bDone <- NewJob(bcli, keys).RunShardMap(bctx, ShardMapConfig{ID: "B", Shards: 3, Replicas: 2, Servers: 3, SessionTTL: deposedTTL,
 			OnLeadership: func(l Leadership) { bLead <- l }, OnMap: func(m *phalanxpb.ShardMap) { bMaps <- m }})
 	}()
 	t.Cleanup(func() {

@@ -8,6 +8,12 @@
 // join window, the first ring's wait, the minimum-workers timeout), which take
 // the time as an input and give the next wake-up; the rest is I/O around them.
 //
+// A Job (NewJob: an etcd client and the job's Keys) is the handle every
+// caller holds: each read and write of a job's records below is one of its
+// methods, and New builds the job's coordinator from it. It is not a
+// connection of its own: Dial or Connect makes the client, its caller
+// closes it.
+//
 // Every etcd key of a job is this package's (Keys, under /phalanx/<job>/):
 //   - membership: workers/<id> (registrations under a lease), election,
 //     generation, reports/ (loss reports), leaving/ (departures), done,

@@ -20,6 +20,28 @@ import (
 // hash, the done mark, a stop request and the final-checkpoint claim; and
 // the watch of the generation record.
 
+// Job is one job's records on one etcd cluster: the client and the job's
+// key layout, which every read and write of the job's records takes
+// together. Its methods are the job's operations; a Job is safe for
+// concurrent use, as its client is.
+type Job struct {
+	cli  *clientv3.Client
+	keys Keys
+}
+
+// NewJob is the handle of the job laid out by keys on cli's cluster. It
+// does not own cli: closing the client is the caller's.
+func NewJob(cli *clientv3.Client, keys Keys) *Job {
+	return &Job{cli: cli, keys: keys}
+}
+
+// Client is the job's etcd client, for what the job's methods do not do
+// (RegisterAt under another key, a session of one's own).
+func (j *Job) Client() *clientv3.Client { return j.cli }
+
+// Keys is the job's key layout.
+func (j *Job) Keys() Keys { return j.keys }
+
 // Connect is a client of the etcd cluster at endpoints; its own logs go to
 // log (named "etcd-client").
 func Connect(endpoints []string, log *zap.Logger) (*clientv3.Client, error) {
@@ -135,9 +157,9 @@ func dialErrors(endpoints []string) string {
 
 // ClaimConfig records hash as the job's configuration when none is, and
 // returns the recorded one: the caller compares.
-func ClaimConfig(ctx context.Context, cli *clientv3.Client, keys Keys, hash string) (recorded string, err error) {
-	key := keys.Config()
-	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+func (j *Job) ClaimConfig(ctx context.Context, hash string) (recorded string, err error) {
+	key := j.keys.Config()
+	resp, err := j.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, hash)).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return "", fmt.Errorf("coordinator: recording the job configuration: %w", err)
@@ -154,8 +176,8 @@ func ClaimConfig(ctx context.Context, cli *clientv3.Client, keys Keys, hash stri
 
 // MarkDone records that the job finished in generation gen: the
 // coordinator stops deciding and waiting workers exit.
-func MarkDone(ctx context.Context, cli *clientv3.Client, keys Keys, gen uint64) error {
-	if _, err := cli.Put(ctx, keys.Done(), fmt.Sprintf("generation %d", gen)); err != nil {
+func (j *Job) MarkDone(ctx context.Context, gen uint64) error {
+	if _, err := j.cli.Put(ctx, j.keys.Done(), fmt.Sprintf("generation %d", gen)); err != nil {
 		return fmt.Errorf("coordinator: recording that the job is done: %w", err)
 	}
 	return nil
@@ -165,9 +187,9 @@ func MarkDone(ctx context.Context, cli *clientv3.Client, keys Keys, gen uint64) 
 // claim is first writes the final checkpoint. It reports whether owner won
 // (a claim already recorded for owner is its own, retried after its answer
 // was lost).
-func ClaimFinalCheckpoint(ctx context.Context, cli *clientv3.Client, keys Keys, owner string) (bool, error) {
-	key := keys.FinalCheckpoint()
-	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+func (j *Job) ClaimFinalCheckpoint(ctx context.Context, owner string) (bool, error) {
+	key := j.keys.FinalCheckpoint()
+	resp, err := j.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, owner)).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return false, fmt.Errorf("coordinator: claiming the final checkpoint: %w", err)
@@ -177,9 +199,9 @@ func ClaimFinalCheckpoint(ctx context.Context, cli *clientv3.Client, keys Keys, 
 
 // RequestStop asks every worker of the job to stop at the next step
 // boundary after a final checkpoint.
-func RequestStop(ctx context.Context, cli *clientv3.Client, keys Keys, reason string) error {
+func (j *Job) RequestStop(ctx context.Context, reason string) error {
 	if err := idempotent(ctx, func(ctx context.Context) error {
-		_, err := cli.Put(ctx, keys.Stop(), reason)
+		_, err := j.cli.Put(ctx, j.keys.Stop(), reason)
 		return err
 	}); err != nil {
 		return fmt.Errorf("coordinator: requesting a stop: %w", err)
@@ -188,16 +210,16 @@ func RequestStop(ctx context.Context, cli *clientv3.Client, keys Keys, reason st
 }
 
 // WaitStop returns the reason of the job's stop request once there is one.
-func WaitStop(ctx context.Context, cli *clientv3.Client, keys Keys) (string, error) {
+func (j *Job) WaitStop(ctx context.Context) (string, error) {
 	for {
-		resp, err := cli.Get(ctx, keys.Stop())
+		resp, err := j.cli.Get(ctx, j.keys.Stop())
 		if err != nil {
-			return "", fmt.Errorf("coordinator: reading %s: %w", keys.Stop(), err)
+			return "", fmt.Errorf("coordinator: reading %s: %w", j.keys.Stop(), err)
 		}
 		if len(resp.Kvs) == 1 {
 			return string(resp.Kvs[0].Value), nil
 		}
-		if err := awaitPut(ctx, cli, keys.Stop(), resp.Header.Revision); err != nil {
+		if err := awaitPut(ctx, j.cli, j.keys.Stop(), resp.Header.Revision); err != nil {
 			return "", err
 		}
 	}
@@ -208,9 +230,9 @@ func WaitStop(ctx context.Context, cli *clientv3.Client, keys Keys) (string, err
 // nil: unchanged),
 // until f returns false or ctx ends. etcd trouble is retried (and logged);
 // a corrupt generation record ends the watch with its error.
-func WatchJob(ctx context.Context, cli *clientv3.Client, keys Keys, log *zap.Logger, f func(g *phalanxpb.Generation, done bool) bool) error {
+func (j *Job) WatchJob(ctx context.Context, log *zap.Logger, f func(g *phalanxpb.Generation, done bool) bool) error {
 	for ctx.Err() == nil {
-		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.Generation()), clientv3.OpGet(keys.Done(), clientv3.WithCountOnly())).Commit()
+		resp, err := j.cli.Txn(ctx).Then(clientv3.OpGet(j.keys.Generation()), clientv3.OpGet(j.keys.Done(), clientv3.WithCountOnly())).Commit()
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("reading the generation", zap.Error(err))
@@ -218,14 +240,14 @@ func WatchJob(ctx context.Context, cli *clientv3.Client, keys Keys, log *zap.Log
 			pause(ctx, 200*time.Millisecond)
 			continue
 		}
-		g, err := decodeKV(keys, first(resp.Responses[0].GetResponseRange().Kvs))
+		g, err := decodeKV(j.keys, first(resp.Responses[0].GetResponseRange().Kvs))
 		if err != nil {
 			return err
 		}
 		if !f(g, resp.Responses[1].GetResponseRange().Count > 0) {
 			return nil
 		}
-		switch err := watchJobFrom(ctx, cli, keys, log, resp.Header.Revision, f); {
+		switch err := watchJobFrom(ctx, j.cli, j.keys, log, resp.Header.Revision, f); {
 		case errors.Is(err, errStopWatch):
 			return nil
 		case err != nil:
@@ -302,9 +324,9 @@ func pause(ctx context.Context, d time.Duration) {
 // Leave records that worker id leaves the job on request (reason says
 // why): when its registration goes, the coordinator names it as left, not
 // lost. The worker withdraws its registration itself.
-func Leave(ctx context.Context, cli *clientv3.Client, keys Keys, id, reason string) error {
+func (j *Job) Leave(ctx context.Context, id, reason string) error {
 	if err := idempotent(ctx, func(ctx context.Context) error {
-		_, err := cli.Put(ctx, keys.Departure(id), reason)
+		_, err := j.cli.Put(ctx, j.keys.Departure(id), reason)
 		return err
 	}); err != nil {
 		return fmt.Errorf("coordinator: recording that %s leaves: %w", id, err)
@@ -315,8 +337,8 @@ func Leave(ctx context.Context, cli *clientv3.Client, keys Keys, id, reason stri
 // ClearEnd removes a previous run's end of the job (its done mark, stop
 // request and final-checkpoint claim), so that a job started again under
 // the same name on the same etcd trains instead of ending at once.
-func ClearEnd(ctx context.Context, cli *clientv3.Client, keys Keys) error {
-	_, err := cli.Txn(ctx).Then(clientv3.OpDelete(keys.Done()), clientv3.OpDelete(keys.Stop()), clientv3.OpDelete(keys.FinalCheckpoint())).Commit()
+func (j *Job) ClearEnd(ctx context.Context) error {
+	_, err := j.cli.Txn(ctx).Then(clientv3.OpDelete(j.keys.Done()), clientv3.OpDelete(j.keys.Stop()), clientv3.OpDelete(j.keys.FinalCheckpoint())).Commit()
 	if err != nil {
 		return fmt.Errorf("coordinator: clearing the job's previous end: %w", err)
 	}

@@ -23,7 +23,7 @@ func TestClaimFinalCheckpoint(t *testing.T) {
 		{"w1 (pid 13)", false}, // the same worker id in another process
 		{"w1 (pid 11)", true},
 	} {
-		won, err := ClaimFinalCheckpoint(ctx, cli, keys, tc.owner)
+		won, err := NewJob(cli, keys).ClaimFinalCheckpoint(ctx, tc.owner)
 		if err != nil || won != tc.won {
 			t.Fatalf("claim %d by %s: %v, %v; want %v", i, tc.owner, won, err, tc.won)
 		}

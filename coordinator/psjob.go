@@ -12,21 +12,21 @@ import (
 
 // WritePSJob records a parameter-server job's configuration for its servers
 // and workers; a job already recorded must be the same.
-func WritePSJob(ctx context.Context, cli *clientv3.Client, keys Keys, j *phalanxpb.PSJob) error {
-	val, err := proto.Marshal(j)
+func (j *Job) WritePSJob(ctx context.Context, rec *phalanxpb.PSJob) error {
+	val, err := proto.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	tx, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(keys.PSJob()), "=", 0)).
-		Then(clientv3.OpPut(keys.PSJob(), string(val))).Else(clientv3.OpGet(keys.PSJob())).Commit()
+	tx, err := j.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(j.keys.PSJob()), "=", 0)).
+		Then(clientv3.OpPut(j.keys.PSJob(), string(val))).Else(clientv3.OpGet(j.keys.PSJob())).Commit()
 	if err != nil {
 		return fmt.Errorf("coordinator: recording the parameter-server job: %w", err)
 	}
 	if !tx.Succeeded {
 		var old phalanxpb.PSJob
 		kvs := tx.Responses[0].GetResponseRange().Kvs
-		if len(kvs) != 1 || proto.Unmarshal(kvs[0].Value, &old) != nil || !proto.Equal(&old, j) {
-			return fmt.Errorf("coordinator: %s holds another job's configuration: use another --job", keys.PSJob())
+		if len(kvs) != 1 || proto.Unmarshal(kvs[0].Value, &old) != nil || !proto.Equal(&old, rec) {
+			return fmt.Errorf("coordinator: %s holds another job's configuration: use another --job", j.keys.PSJob())
 		}
 	}
 	return nil
@@ -34,24 +34,24 @@ func WritePSJob(ctx context.Context, cli *clientv3.Client, keys Keys, j *phalanx
 
 // ReadPSJob waits until the job's configuration is recorded and returns it.
 // It only decodes the record: cluster.ReadJob checks it as well.
-func ReadPSJob(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.PSJob, error) {
+func (j *Job) ReadPSJob(ctx context.Context) (*phalanxpb.PSJob, error) {
 	for {
-		resp, err := cli.Get(ctx, keys.PSJob())
+		resp, err := j.cli.Get(ctx, j.keys.PSJob())
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: reading the parameter-server job: %w", err)
 		}
 		if len(resp.Kvs) == 1 {
 			// Every job has tables, so it never encodes to nothing.
 			if len(resp.Kvs[0].Value) == 0 {
-				return nil, fmt.Errorf("coordinator: %s is not a parameter-server job: the value is empty", keys.PSJob())
+				return nil, fmt.Errorf("coordinator: %s is not a parameter-server job: the value is empty", j.keys.PSJob())
 			}
-			var j phalanxpb.PSJob
-			if err := proto.Unmarshal(resp.Kvs[0].Value, &j); err != nil {
-				return nil, fmt.Errorf("coordinator: %s is not a parameter-server job: %w", keys.PSJob(), err)
+			var rec phalanxpb.PSJob
+			if err := proto.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+				return nil, fmt.Errorf("coordinator: %s is not a parameter-server job: %w", j.keys.PSJob(), err)
 			}
-			return &j, nil
+			return &rec, nil
 		}
-		if err := awaitPut(ctx, cli, keys.PSJob(), resp.Header.Revision); err != nil {
+		if err := awaitPut(ctx, j.cli, j.keys.PSJob(), resp.Header.Revision); err != nil {
 			return nil, err
 		}
 	}

@@ -89,14 +89,14 @@ func (e *ClaimedError) Error() string {
 // done; it fails with a *ClaimedError or ErrShareDone otherwise. A claim
 // already held by c.Owner under lease is this claim, retried after its
 // answer was lost: it succeeds.
-func ClaimPSShare(ctx context.Context, cli *clientv3.Client, keys Keys, c PSShareClaim, lease clientv3.LeaseID) error {
+func (j *Job) ClaimPSShare(ctx context.Context, c PSShareClaim, lease clientv3.LeaseID) error {
 	val, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}
-	claim, done := keys.PSShareClaim(c.Share), keys.PSShareDone(c.Share)
-	tx, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(claim), "=", 0), clientv3.Compare(clientv3.CreateRevision(done), "=", 0)).
-		Then(clientv3.OpPut(claim, string(val), clientv3.WithLease(lease)), clientv3.OpPut(keys.PSShareSeen(c.Share), c.Owner)).
+	claim, done := j.keys.PSShareClaim(c.Share), j.keys.PSShareDone(c.Share)
+	tx, err := j.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(claim), "=", 0), clientv3.Compare(clientv3.CreateRevision(done), "=", 0)).
+		Then(clientv3.OpPut(claim, string(val), clientv3.WithLease(lease)), clientv3.OpPut(j.keys.PSShareSeen(c.Share), c.Owner)).
 		Else(clientv3.OpGet(claim), clientv3.OpGet(done)).Commit()
 	if err != nil {
 		return fmt.Errorf("coordinator: claiming share %d: %w", c.Share, err)
@@ -122,14 +122,14 @@ func ClaimPSShare(ctx context.Context, cli *clientv3.Client, keys Keys, c PSShar
 
 // MarkPSShareDone records d.Share done, if its claim is held under lease
 // (ErrShareLost otherwise); the claim stays until the lease goes.
-func MarkPSShareDone(ctx context.Context, cli *clientv3.Client, keys Keys, d PSShareDone, lease clientv3.LeaseID) error {
+func (j *Job) MarkPSShareDone(ctx context.Context, d PSShareDone, lease clientv3.LeaseID) error {
 	val, err := json.Marshal(d)
 	if err != nil {
 		return err
 	}
-	claim := keys.PSShareClaim(d.Share)
-	tx, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(claim), "=", lease), clientv3.Compare(clientv3.CreateRevision(claim), ">", 0)).
-		Then(clientv3.OpPut(keys.PSShareDone(d.Share), string(val))).Commit()
+	claim := j.keys.PSShareClaim(d.Share)
+	tx, err := j.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(claim), "=", lease), clientv3.Compare(clientv3.CreateRevision(claim), ">", 0)).
+		Then(clientv3.OpPut(j.keys.PSShareDone(d.Share), string(val))).Commit()
 	if err != nil {
 		return fmt.Errorf("coordinator: marking share %d done: %w", d.Share, err)
 	}
@@ -140,14 +140,14 @@ func MarkPSShareDone(ctx context.Context, cli *clientv3.Client, keys Keys, d PSS
 }
 
 // ReadPSShares reads the claim table and the revision it was read at.
-func ReadPSShares(ctx context.Context, cli *clientv3.Client, keys Keys) (PSShares, int64, error) {
+func (j *Job) ReadPSShares(ctx context.Context) (PSShares, int64, error) {
 	s := PSShares{Claims: map[int]PSShareClaim{}, Seen: map[int]bool{}, Done: map[int]PSShareDone{}}
-	resp, err := cli.Get(ctx, keys.PSShares(), clientv3.WithPrefix())
+	resp, err := j.cli.Get(ctx, j.keys.PSShares(), clientv3.WithPrefix())
 	if err != nil {
 		return s, 0, fmt.Errorf("coordinator: reading the shares' claims: %w", err)
 	}
 	for _, kv := range resp.Kvs {
-		if err := s.apply(keys, string(kv.Key), kv.Value, false); err != nil {
+		if err := s.apply(j.keys, string(kv.Key), kv.Value, false); err != nil {
 			return s, 0, err
 		}
 	}
@@ -196,22 +196,22 @@ func (s PSShares) apply(keys Keys, key string, val []byte, deleted bool) error {
 // WatchPSShares calls f with the claim table now and after every change,
 // until f returns false, ctx ends or the watch fails. f must not keep the
 // table: it is changed in place.
-func WatchPSShares(ctx context.Context, cli *clientv3.Client, keys Keys, f func(PSShares) bool) error {
-	s, rev, err := ReadPSShares(ctx, cli, keys)
+func (j *Job) WatchPSShares(ctx context.Context, f func(PSShares) bool) error {
+	s, rev, err := j.ReadPSShares(ctx)
 	if err != nil {
 		return err
 	}
 	if !f(s) {
 		return nil
 	}
-	wch, stop := watchAfterRead(ctx, cli, rev, keys.PSShares(), clientv3.WithPrefix())
+	wch, stop := watchAfterRead(ctx, j.cli, rev, j.keys.PSShares(), clientv3.WithPrefix())
 	defer stop()
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("coordinator: watching the shares' claims: %w", err)
 		}
 		for _, ev := range resp.Events {
-			if err := s.apply(keys, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete); err != nil {
+			if err := s.apply(j.keys, string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete); err != nil {
 				return err
 			}
 		}
@@ -224,8 +224,8 @@ func WatchPSShares(ctx context.Context, cli *clientv3.Client, keys Keys, f func(
 
 // ClearPSShares removes a previous run's claims and marks (a launch does,
 // before its workers start).
-func ClearPSShares(ctx context.Context, cli *clientv3.Client, keys Keys) error {
-	if _, err := cli.Delete(ctx, keys.PSShares(), clientv3.WithPrefix()); err != nil {
+func (j *Job) ClearPSShares(ctx context.Context) error {
+	if _, err := j.cli.Delete(ctx, j.keys.PSShares(), clientv3.WithPrefix()); err != nil {
 		return fmt.Errorf("coordinator: clearing the shares' claims: %w", err)
 	}
 	return nil

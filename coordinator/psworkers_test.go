@@ -16,7 +16,7 @@ func TestPSShareClaims(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cli := client(t)
-	keys := jobKeys(t, "psshares")
+	j := NewJob(cli, jobKeys(t, "psshares"))
 	grant := func() clientv3.LeaseID {
 		g, err := cli.Grant(ctx, 30)
 		if err != nil {
@@ -25,51 +25,51 @@ func TestPSShareClaims(t *testing.T) {
 		return g.ID
 	}
 	a, b := grant(), grant()
-	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "a"}, a); err != nil {
+	if err := j.ClaimPSShare(ctx, PSShareClaim{Share: 1, Owner: "a"}, a); err != nil {
 		t.Fatal(err)
 	}
-	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "a"}, a); err != nil {
+	if err := j.ClaimPSShare(ctx, PSShareClaim{Share: 1, Owner: "a"}, a); err != nil {
 		t.Fatalf("a's claim retried (its answer lost): %v, want it taken as a's", err)
 	}
 	var held *ClaimedError
-	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "a"}, grant()); !errors.As(err, &held) || held.Holder.Owner != "a" {
+	if err := j.ClaimPSShare(ctx, PSShareClaim{Share: 1, Owner: "a"}, grant()); !errors.As(err, &held) || held.Holder.Owner != "a" {
 		t.Fatalf("a claim by a's name under another lease (a restarted a): %v, want held by a", err)
 	}
-	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "b"}, b); !errors.As(err, &held) || held.Holder.Owner != "a" {
+	if err := j.ClaimPSShare(ctx, PSShareClaim{Share: 1, Owner: "b"}, b); !errors.As(err, &held) || held.Holder.Owner != "a" {
 		t.Fatalf("a second claim: %v, want held by a", err)
 	}
-	if err := MarkPSShareDone(ctx, cli, keys, PSShareDone{Share: 1, Owner: "b", Steps: 5}, b); !errors.Is(err, ErrShareLost) {
+	if err := j.MarkPSShareDone(ctx, PSShareDone{Share: 1, Owner: "b", Steps: 5}, b); !errors.Is(err, ErrShareLost) {
 		t.Fatalf("done by a lease not holding it: %v, want ErrShareLost", err)
 	}
-	s, _, err := ReadPSShares(ctx, cli, keys)
+	s, _, err := j.ReadPSShares(ctx)
 	if err != nil || s.Orphaned(1) || s.Orphaned(0) || s.Claims[1].Owner != "a" {
 		t.Fatalf("claims %+v (%v): share 1 held by a, nothing orphaned", s, err)
 	}
 	if _, err := cli.Revoke(ctx, a); err != nil { // a dies
 		t.Fatal(err)
 	}
-	if s, _, err = ReadPSShares(ctx, cli, keys); err != nil || !s.Orphaned(1) {
+	if s, _, err = j.ReadPSShares(ctx); err != nil || !s.Orphaned(1) {
 		t.Fatalf("claims %+v (%v): share 1 orphaned", s, err)
 	}
-	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "b"}, b); err != nil {
+	if err := j.ClaimPSShare(ctx, PSShareClaim{Share: 1, Owner: "b"}, b); err != nil {
 		t.Fatal(err)
 	}
-	if err := MarkPSShareDone(ctx, cli, keys, PSShareDone{Share: 1, Owner: "b", Steps: 5}, b); err != nil {
+	if err := j.MarkPSShareDone(ctx, PSShareDone{Share: 1, Owner: "b", Steps: 5}, b); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cli.Revoke(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if err := ClaimPSShare(ctx, cli, keys, PSShareClaim{Share: 1, Owner: "c"}, grant()); !errors.Is(err, ErrShareDone) {
+	if err := j.ClaimPSShare(ctx, PSShareClaim{Share: 1, Owner: "c"}, grant()); !errors.Is(err, ErrShareDone) {
 		t.Fatalf("claiming a done share: %v, want ErrShareDone", err)
 	}
-	if s, _, err = ReadPSShares(ctx, cli, keys); err != nil || s.Orphaned(1) || s.Done[1].Steps != 5 {
+	if s, _, err = j.ReadPSShares(ctx); err != nil || s.Orphaned(1) || s.Done[1].Steps != 5 {
 		t.Fatalf("claims %+v (%v): share 1 done, not orphaned", s, err)
 	}
-	if err := ClearPSShares(ctx, cli, keys); err != nil {
+	if err := j.ClearPSShares(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s, _, err = ReadPSShares(ctx, cli, keys); err != nil || len(s.Seen)+len(s.Done)+len(s.Claims) != 0 {
+	if s, _, err = j.ReadPSShares(ctx); err != nil || len(s.Seen)+len(s.Done)+len(s.Claims) != 0 {
 		t.Fatalf("after clearing: %+v (%v)", s, err)
 	}
 }

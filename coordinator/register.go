@@ -25,13 +25,13 @@ type Lease struct {
 // ttlSeconds rounds a TTL up to etcd's whole seconds.
 func ttlSeconds(ttl time.Duration) int64 { return max(1, int64(math.Ceil(ttl.Seconds()))) }
 
-// Register writes reg under keys.Worker(reg.Id) with a lease of ttl and keeps
+// Register writes reg under j.Keys().Worker(reg.Id) with a lease of ttl and keeps
 // the lease alive in the background.
-func Register(ctx context.Context, cli *clientv3.Client, keys Keys, reg *phalanxpb.Registration, ttl time.Duration) (*Lease, error) {
+func (j *Job) Register(ctx context.Context, reg *phalanxpb.Registration, ttl time.Duration) (*Lease, error) {
 	if reg.Id == "" {
 		return nil, fmt.Errorf("coordinator: registration without an id")
 	}
-	return RegisterAt(ctx, cli, keys.Worker(reg.Id), reg, ttl)
+	return RegisterAt(ctx, j.cli, j.keys.Worker(reg.Id), reg, ttl)
 }
 
 // RegisterAt writes rec under key with a lease of ttl and keeps the lease

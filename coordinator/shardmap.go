@@ -105,7 +105,7 @@ type ShardMapConfig struct {
 // (its lease expired: the process died), the map with its shards' backups
 // promoted. It campaigns for the job's shard-map election first, so that
 // standbys can run. It returns ErrShardLost when a shard has no copy left.
-func RunShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg ShardMapConfig) error {
+func (j *Job) RunShardMap(ctx context.Context, cfg ShardMapConfig) error {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -113,7 +113,7 @@ func RunShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, cfg Shard
 		cfg.FirstMapTimeout = 2 * time.Minute
 	}
 	for {
-		err := runShardMap(ctx, cli, keys, cfg)
+		err := runShardMap(ctx, j.cli, j.keys, cfg)
 		if ctx.Err() != nil || errors.Is(err, ErrShardLost) || err == nil {
 			return err
 		}
@@ -269,8 +269,8 @@ func writeShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f fence
 
 // ReadShardMap reads the current shard map (nil before the first) and its
 // revision.
-func ReadShardMap(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.ShardMap, int64, error) {
-	resp, err := cli.Get(ctx, keys.ShardMap())
+func (j *Job) ReadShardMap(ctx context.Context) (*phalanxpb.ShardMap, int64, error) {
+	resp, err := j.cli.Get(ctx, j.keys.ShardMap())
 	if err != nil {
 		return nil, 0, fmt.Errorf("coordinator: reading the shard map: %w", err)
 	}
@@ -279,22 +279,22 @@ func ReadShardMap(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalan
 	}
 	var m phalanxpb.ShardMap
 	if err := proto.Unmarshal(resp.Kvs[0].Value, &m); err != nil {
-		return nil, 0, fmt.Errorf("coordinator: %s is not a shard map: %w", keys.ShardMap(), err)
+		return nil, 0, fmt.Errorf("coordinator: %s is not a shard map: %w", j.keys.ShardMap(), err)
 	}
 	return &m, resp.Kvs[0].ModRevision, nil
 }
 
 // WatchShardMap calls f with the current shard map and each new one, until
 // ctx ends or f returns false.
-func WatchShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f func(*phalanxpb.ShardMap) bool) error {
-	m, rev, err := ReadShardMap(ctx, cli, keys)
+func (j *Job) WatchShardMap(ctx context.Context, f func(*phalanxpb.ShardMap) bool) error {
+	m, rev, err := j.ReadShardMap(ctx)
 	if err != nil {
 		return err
 	}
 	if m != nil && !f(m) {
 		return nil
 	}
-	wch, stop := watchAfterRead(ctx, cli, rev, keys.ShardMap())
+	wch, stop := watchAfterRead(ctx, j.cli, rev, j.keys.ShardMap())
 	defer stop()
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
@@ -306,7 +306,7 @@ func WatchShardMap(ctx context.Context, cli *clientv3.Client, keys Keys, f func(
 			}
 			var m phalanxpb.ShardMap
 			if err := proto.Unmarshal(ev.Kv.Value, &m); err != nil {
-				return fmt.Errorf("coordinator: %s is not a shard map: %w", keys.ShardMap(), err)
+				return fmt.Errorf("coordinator: %s is not a shard map: %w", j.keys.ShardMap(), err)
 			}
 			if !f(&m) {
 				return nil

@@ -80,7 +80,7 @@ func TestRunShardMap(t *testing.T) {
 	maps := make(chan *phalanxpb.ShardMap, 8)
 	done := make(chan error, 1)
 	go func() {
-		done <- RunShardMap(ctx, cli, keys, ShardMapConfig{ID: "m", Shards: 2, Replicas: 1, Servers: 2, SessionTTL: testTTL,
+		done <- NewJob(cli, keys).RunShardMap(ctx, ShardMapConfig{ID: "m", Shards: 2, Replicas: 1, Servers: 2, SessionTTL: testTTL,
 			OnMap: func(m *phalanxpb.ShardMap) { maps <- m }})
 	}()
 	var leases []*Lease
@@ -102,7 +102,7 @@ func TestRunShardMap(t *testing.T) {
 	if got := placement(second); !slices.EqualFunc(got, [][]string{{"s1"}, {"s1"}}, slices.Equal) || len(second.Failovers) != 1 {
 		t.Fatalf("after s0 went: %v, failovers %v", got, second.Failovers)
 	}
-	m, _, err := ReadShardMap(ctx, cli, keys)
+	m, _, err := NewJob(cli, keys).ReadShardMap(ctx)
 	if err != nil || m.Generation != 2 {
 		t.Fatalf("stored map %v, %v", m, err)
 	}

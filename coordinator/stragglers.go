@@ -17,15 +17,15 @@ import (
 
 // Exclude asks the coordinator to keep straggler x.Id out of the ring from
 // the next generation on (never below the minimum number of workers).
-func Exclude(ctx context.Context, cli *clientv3.Client, keys Keys, x *phalanxpb.Exclusion) error {
-	return putProto(ctx, cli, keys.Exclusion(x.Id), x, "excluding "+x.Id)
+func (j *Job) Exclude(ctx context.Context, x *phalanxpb.Exclusion) error {
+	return putProto(ctx, j.cli, j.keys.Exclusion(x.Id), x, "excluding "+x.Id)
 }
 
 // Readmit lifts the exclusion of worker id: it enters the ring again after
 // the join window.
-func Readmit(ctx context.Context, cli *clientv3.Client, keys Keys, id string) error {
+func (j *Job) Readmit(ctx context.Context, id string) error {
 	if err := idempotent(ctx, func(ctx context.Context) error {
-		_, err := cli.Delete(ctx, keys.Exclusion(id))
+		_, err := j.cli.Delete(ctx, j.keys.Exclusion(id))
 		return err
 	}); err != nil {
 		return fmt.Errorf("coordinator: readmitting %s: %w", id, err)
@@ -35,10 +35,10 @@ func Readmit(ctx context.Context, cli *clientv3.Client, keys Keys, id string) er
 
 // WaitExcluded returns worker id's exclusion record once there is one (at
 // once when it is excluded already).
-func WaitExcluded(ctx context.Context, cli *clientv3.Client, keys Keys, id string) (*phalanxpb.Exclusion, error) {
-	key := keys.Exclusion(id)
+func (j *Job) WaitExcluded(ctx context.Context, id string) (*phalanxpb.Exclusion, error) {
+	key := j.keys.Exclusion(id)
 	for {
-		resp, err := cli.Get(ctx, key)
+		resp, err := j.cli.Get(ctx, key)
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: reading %s: %w", key, err)
 		}
@@ -52,20 +52,20 @@ func WaitExcluded(ctx context.Context, cli *clientv3.Client, keys Keys, id strin
 			}
 			return &x, nil
 		}
-		if err := awaitPut(ctx, cli, key, resp.Header.Revision); err != nil {
+		if err := awaitPut(ctx, j.cli, key, resp.Header.Revision); err != nil {
 			return nil, err
 		}
 	}
 }
 
 // WritePace records the ring's progress and pace (rank 0, now and then).
-func WritePace(ctx context.Context, cli *clientv3.Client, keys Keys, p *phalanxpb.Pace) error {
-	return putProto(ctx, cli, keys.Progress(), p, "recording the ring's pace")
+func (j *Job) WritePace(ctx context.Context, p *phalanxpb.Pace) error {
+	return putProto(ctx, j.cli, j.keys.Progress(), p, "recording the ring's pace")
 }
 
 // ReadPace reads the ring's latest pace; nil before rank 0 wrote one.
-func ReadPace(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.Pace, error) {
-	resp, err := cli.Get(ctx, keys.Progress())
+func (j *Job) ReadPace(ctx context.Context) (*phalanxpb.Pace, error) {
+	resp, err := j.cli.Get(ctx, j.keys.Progress())
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: reading the ring's pace: %w", err)
 	}
@@ -74,21 +74,21 @@ func ReadPace(ctx context.Context, cli *clientv3.Client, keys Keys) (*phalanxpb.
 	}
 	var p phalanxpb.Pace
 	if err := proto.Unmarshal(resp.Kvs[0].Value, &p); err != nil || p.Step < 0 {
-		return nil, fmt.Errorf("coordinator: %s is not a pace record (%v)", keys.Progress(), err)
+		return nil, fmt.Errorf("coordinator: %s is not a pace record (%v)", j.keys.Progress(), err)
 	}
 	return &p, nil
 }
 
 // RequestFeed records an excluded worker's request for the ring's
 // parameters (its latest request replaces the earlier one).
-func RequestFeed(ctx context.Context, cli *clientv3.Client, keys Keys, r *phalanxpb.FeedRequest) error {
-	return putProto(ctx, cli, keys.Feed(r.Id), r, "requesting parameters for "+r.Id)
+func (j *Job) RequestFeed(ctx context.Context, r *phalanxpb.FeedRequest) error {
+	return putProto(ctx, j.cli, j.keys.Feed(r.Id), r, "requesting parameters for "+r.Id)
 }
 
 // FeedServed removes worker id's answered feed request.
-func FeedServed(ctx context.Context, cli *clientv3.Client, keys Keys, id string) error {
+func (j *Job) FeedServed(ctx context.Context, id string) error {
 	if err := idempotent(ctx, func(ctx context.Context) error {
-		_, err := cli.Delete(ctx, keys.Feed(id))
+		_, err := j.cli.Delete(ctx, j.keys.Feed(id))
 		return err
 	}); err != nil {
 		return fmt.Errorf("coordinator: removing the feed request of %s: %w", id, err)
@@ -98,8 +98,8 @@ func FeedServed(ctx context.Context, cli *clientv3.Client, keys Keys, id string)
 
 // WatchFeeds calls f with every feed request written from now on, until
 // ctx ends; unreadable requests are skipped.
-func WatchFeeds(ctx context.Context, cli *clientv3.Client, keys Keys, f func(*phalanxpb.FeedRequest)) {
-	for wr := range cli.Watch(ctx, keys.Feeds(), clientv3.WithPrefix()) {
+func (j *Job) WatchFeeds(ctx context.Context, f func(*phalanxpb.FeedRequest)) {
+	for wr := range j.cli.Watch(ctx, j.keys.Feeds(), clientv3.WithPrefix()) {
 		for _, e := range wr.Events {
 			if e.Type != clientv3.EventTypePut {
 				continue

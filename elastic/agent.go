@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/collective"
@@ -19,8 +18,8 @@ import (
 
 // Config configures an Agent.
 type Config struct {
-	Client *clientv3.Client
-	Keys   coordinator.Keys
+	// Coord is the job's records in etcd (its client and keys).
+	Coord *coordinator.Job
 	// Job names the collective job: every frame carries it.
 	Job        string
 	Transport  collective.Transport
@@ -135,9 +134,9 @@ type Agent struct {
 // other worker process has.
 func New(cfg Config) (*Agent, error) {
 	switch {
-	case cfg.Client == nil || cfg.Transport == nil:
+	case cfg.Coord == nil || cfg.Coord.Client() == nil || cfg.Transport == nil:
 		return nil, fmt.Errorf("elastic: an etcd client and a transport are needed")
-	case cfg.Keys.Prefix() == "":
+	case cfg.Coord.Keys().Prefix() == "":
 		return nil, fmt.Errorf("elastic: no job keys")
 	case cfg.DataAddr == "":
 		return nil, fmt.Errorf("elastic: no data-plane address to register")
@@ -163,7 +162,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg.Host, _ = os.Hostname()
 	}
 	if cfg.Job == "" {
-		cfg.Job = cfg.Keys.Prefix()
+		cfg.Job = cfg.Coord.Keys().Prefix()
 	}
 	id := cfg.ID
 	if id == "" {
@@ -184,7 +183,7 @@ func (a *Agent) Leave(ctx context.Context, reason string) error {
 		return nil
 	}
 	a.log.Info("leaving the job", zap.String("reason", reason))
-	err := coordinator.Leave(ctx, a.cfg.Client, a.cfg.Keys, a.id, reason)
+	err := a.cfg.Coord.Leave(ctx, a.id, reason)
 	if l := a.currentLease(); l != nil {
 		err = errors.Join(err, l.Close(ctx))
 	}
@@ -221,14 +220,14 @@ func (a *Agent) checkConfig(ctx context.Context) error {
 	}
 	var theirs string
 	err := coordinator.Retry(ctx, a.cfg.Unreachable, a.retrying("recording the job configuration"), func(ctx context.Context) (err error) {
-		theirs, err = coordinator.ClaimConfig(ctx, a.cfg.Client, a.cfg.Keys, a.cfg.ConfigHash)
+		theirs, err = a.cfg.Coord.ClaimConfig(ctx, a.cfg.ConfigHash)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("elastic: %w", err)
 	}
 	if theirs != a.cfg.ConfigHash {
-		return &ConfigMismatchError{Job: a.cfg.Keys.Prefix(), Ours: a.cfg.ConfigHash, Theirs: theirs}
+		return &ConfigMismatchError{Job: a.cfg.Coord.Keys().Prefix(), Ours: a.cfg.ConfigHash, Theirs: theirs}
 	}
 	return nil
 }
@@ -243,7 +242,7 @@ func (a *Agent) Run(ctx context.Context, body Body) error {
 	}
 	var lease *coordinator.Lease
 	err := coordinator.Retry(ctx, a.cfg.Unreachable, a.retrying("registering"), func(ctx context.Context) (err error) {
-		lease, err = coordinator.Register(ctx, a.cfg.Client, a.cfg.Keys, a.registration(), a.cfg.LeaseTTL)
+		lease, err = a.cfg.Coord.Register(ctx, a.registration(), a.cfg.LeaseTTL)
 		return err
 	})
 	if err != nil {
@@ -257,7 +256,7 @@ func (a *Agent) Run(ctx context.Context, body Body) error {
 	}()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	w := startWatch(ctx, a.cfg.Client, a.cfg.Keys, a.log)
+	w := startWatch(ctx, a.cfg.Coord, a.log)
 	go a.keepRegistered(ctx, cancel)
 
 	var prev *phalanxpb.Generation
@@ -302,7 +301,7 @@ func (a *Agent) recordDone(ctx context.Context, gen uint64) {
 	defer cancel()
 	wait := 100 * time.Millisecond
 	for {
-		err := coordinator.MarkDone(ctx, a.cfg.Client, a.cfg.Keys, gen)
+		err := a.cfg.Coord.MarkDone(ctx, gen)
 		if err == nil {
 			return
 		}
@@ -349,7 +348,7 @@ func (a *Agent) keepRegistered(ctx context.Context, fail context.CancelCauseFunc
 		backoff := 100 * time.Millisecond
 		for {
 			rctx, cancel := context.WithTimeout(ctx, a.cfg.LeaseTTL)
-			l, err := coordinator.Register(rctx, a.cfg.Client, a.cfg.Keys, a.registration(), a.cfg.LeaseTTL)
+			l, err := a.cfg.Coord.Register(rctx, a.registration(), a.cfg.LeaseTTL)
 			cancel()
 			if err == nil {
 				a.setLease(l)
@@ -553,7 +552,7 @@ func (a *Agent) report(ctx context.Context, g *phalanxpb.Generation, err error) 
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.LeaseTTL)
 	defer cancel()
 	r := &phalanxpb.LossReport{ReporterId: a.id, LostId: lost, Generation: g.Number, Detail: detail}
-	if err := coordinator.ReportLoss(rctx, a.cfg.Client, a.cfg.Keys, r); err != nil {
+	if err := a.cfg.Coord.ReportLoss(rctx, r); err != nil {
 		a.log.Warn("reporting a broken ring", zap.Error(err))
 	}
 }

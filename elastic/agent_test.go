@@ -120,7 +120,7 @@ func startAgent(t *testing.T, ctx context.Context, keys coordinator.Keys, id str
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{Client: client(t), Keys: keys, Job: "counter", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
+	a, err := New(Config{Coord: coordinator.NewJob(client(t), keys), Job: "counter", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
 		// A lease a loaded machine cannot lose by a pause; no test waits for
 		// one to expire (a stopped agent's lease is revoked as it returns).
 		RankHint: -1, LeaseTTL: 10 * time.Second, ID: id, ConfigHash: "cfg-1",
@@ -136,7 +136,7 @@ func startAgent(t *testing.T, ctx context.Context, keys coordinator.Keys, id str
 
 func startCoordinator(t *testing.T, ctx context.Context, keys coordinator.Keys, min, max int, onGen func(*phalanxpb.Generation)) {
 	t.Helper()
-	c, err := coordinator.New(client(t), keys, coordinator.Config{ID: "c1", Rendezvous: coordinator.Rendezvous{MinWorkers: min, MaxWorkers: max},
+	c, err := coordinator.New(coordinator.NewJob(client(t), keys), coordinator.Config{ID: "c1", Rendezvous: coordinator.Rendezvous{MinWorkers: min, MaxWorkers: max},
 		JoinWindow: 50 * time.Millisecond, OnDecision: onGen})
 	if err != nil {
 		t.Fatal(err)
@@ -305,7 +305,7 @@ func TestEtcdUnreachable(t *testing.T) {
 	}
 	defer cli.Close()
 	keys := jobKeys(t)
-	c, err := coordinator.New(cli, keys, coordinator.Config{ID: "c", Rendezvous: coordinator.Rendezvous{MinWorkers: 2, MaxWorkers: 2}})
+	c, err := coordinator.New(coordinator.NewJob(cli, keys), coordinator.Config{ID: "c", Rendezvous: coordinator.Rendezvous{MinWorkers: 2, MaxWorkers: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func TestEtcdUnreachable(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer wcli.Close()
-		a, err := New(Config{Client: wcli, Keys: keys, Job: "unreachable", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
+		a, err := New(Config{Coord: coordinator.NewJob(wcli, keys), Job: "unreachable", Transport: tr, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
 			RankHint: -1, LeaseTTL: 5 * time.Second, Unreachable: 6 * time.Second, ID: id})
 		if err != nil {
 			t.Fatal(err)

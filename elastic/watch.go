@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
@@ -36,17 +35,17 @@ func (w *watch) set(f func()) {
 	w.changed = make(chan struct{})
 }
 
-func startWatch(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, log *zap.Logger) *watch {
+func startWatch(ctx context.Context, j *coordinator.Job, log *zap.Logger) *watch {
 	w := &watch{changed: make(chan struct{})}
-	go w.run(ctx, cli, keys, log)
+	go w.run(ctx, j, log)
 	return w
 }
 
 // Follow watches a job's generations: f is called with each generation
 // record as it is written (and with the current one first), until ctx ends.
 // It is how a launcher or an operator tool follows a job.
-func Follow(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, log *zap.Logger, f func(*phalanxpb.Generation)) error {
-	w := startWatch(ctx, cli, keys, log)
+func Follow(ctx context.Context, j *coordinator.Job, log *zap.Logger, f func(*phalanxpb.Generation)) error {
+	w := startWatch(ctx, j, log)
 	var last uint64
 	for {
 		g, done, changed, err := w.state()
@@ -68,8 +67,8 @@ func Follow(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, lo
 	}
 }
 
-func (w *watch) run(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, log *zap.Logger) {
-	err := coordinator.WatchJob(ctx, cli, keys, log, func(g *phalanxpb.Generation, done bool) bool {
+func (w *watch) run(ctx context.Context, j *coordinator.Job, log *zap.Logger) {
+	err := j.WatchJob(ctx, log, func(g *phalanxpb.Generation, done bool) bool {
 		w.set(func() {
 			if g != nil && (w.gen == nil || g.Number > w.gen.Number) {
 				w.gen = g

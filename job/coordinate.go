@@ -89,7 +89,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 		host, _ := os.Hostname()
 		cfg.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	c, err := coordinator.New(cli, keys, coordinator.Config{ID: cfg.ID, Rendezvous: coordinator.Rendezvous{MinWorkers: cfg.MinWorkers, MaxWorkers: cfg.MaxWorkers},
+	c, err := coordinator.New(coordinator.NewJob(cli, keys), coordinator.Config{ID: cfg.ID, Rendezvous: coordinator.Rendezvous{MinWorkers: cfg.MinWorkers, MaxWorkers: cfg.MaxWorkers},
 		JoinWindow: cfg.JoinWindow, MinWorkersTimeout: cfg.MinWorkersTimeout, SessionTTL: cfg.LeaseTTL, Logger: log,
 		FirstRing: cfg.Workers, FirstRingWait: cmp.Or(cfg.MinWorkersTimeout, time.Minute)})
 	if err != nil {
@@ -112,5 +112,5 @@ func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
 		return err
 	}
 	defer cli.Close()
-	return coordinator.RequestStop(ctx, cli, keys, reason)
+	return coordinator.NewJob(cli, keys).RequestStop(ctx, reason)
 }

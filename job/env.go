@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -177,17 +176,16 @@ func (lc *LaunchConfig) prepare(ctx context.Context) (Job, error) {
 }
 
 // Env is what a launcher runs a job in: the job's etcd (embedded or
-// external), a client of it, its keys, its directory and logs.
+// external), the job's records in it (Coord), its directory and logs.
 type Env struct {
 	LC        *LaunchConfig
 	Endpoints []string
-	Client    *clientv3.Client
-	Keys      coordinator.Keys
-	Dir       string      // the job's directory: its embedded etcd's data
-	LogDir    string      // every process's log
-	Log       *zap.Logger // the launcher's
-	Events    events.Sink // never nil
-	Out       io.Writer   // progress in plain words; never nil
+	Coord     *coordinator.Job // a client of the job's etcd and the job's keys
+	Dir       string           // the job's directory: its embedded etcd's data
+	LogDir    string           // every process's log
+	Log       *zap.Logger      // the launcher's
+	Events    events.Sink      // never nil
+	Out       io.Writer        // progress in plain words; never nil
 	Procs     *launch.Group
 	undo      []func()
 	tempDir   bool
@@ -213,7 +211,8 @@ func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error)
 	if lc.Job == "" {
 		lc.Job = fmt.Sprintf("job-%d-%d", os.Getpid(), time.Now().Unix())
 	}
-	if j.Keys, err = coordinator.KeysFor(lc.Job); err != nil {
+	keys, err := coordinator.KeysFor(lc.Job)
+	if err != nil {
 		return nil, Invalid("Job", lc.Job, "%v", err)
 	}
 	j.Dir = lc.JobDir
@@ -250,11 +249,13 @@ func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error)
 		j.undo = append(j.undo, e.Close)
 		j.Endpoints = e.Endpoints()
 	}
-	if j.Client, err = coordinator.Dial(startup, j.Endpoints, coordinator.DialOptions{Logger: j.Log, Wait: lc.EtcdDialTimeout,
-		Say: func(line string) { fmt.Fprintf(j.Out, "phalanx: %s\n", line) }}); err != nil {
+	cli, err := coordinator.Dial(startup, j.Endpoints, coordinator.DialOptions{Logger: j.Log, Wait: lc.EtcdDialTimeout,
+		Say: func(line string) { fmt.Fprintf(j.Out, "phalanx: %s\n", line) }})
+	if err != nil {
 		return nil, err
 	}
-	j.undo = append(j.undo, func() { j.Client.Close() })
+	j.Coord = coordinator.NewJob(cli, keys)
+	j.undo = append(j.undo, func() { cli.Close() })
 	return j, nil
 }
 

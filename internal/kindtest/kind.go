@@ -85,7 +85,7 @@ type prepared struct{}
 // generations into events, until rank 0 says done.
 func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *job.Env) (*job.Result, error) {
 	lc := env.LC
-	co, err := coordinator.New(env.Client, env.Keys, coordinator.Config{ID: fmt.Sprintf("barrier-%d", os.Getpid()),
+	co, err := coordinator.New(env.Coord, coordinator.Config{ID: fmt.Sprintf("barrier-%d", os.Getpid()),
 		Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
 		JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL,
 		FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout, Logger: env.Log.Named("coordinator")})
@@ -98,7 +98,7 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	followed := make(chan struct{})
 	go func() {
 		defer close(followed)
-		elastic.Follow(ctx, env.Client, env.Keys, env.Log, func(g *phalanxpb.Generation) {
+		elastic.Follow(ctx, env.Coord, env.Log, func(g *phalanxpb.Generation) {
 			select {
 			case gens <- g:
 			case <-ctx.Done():
@@ -182,7 +182,7 @@ func runWorker(ctx context.Context, cfg job.Config, _ *job.Registry) (*job.Resul
 	if err != nil {
 		return nil, err
 	}
-	agent, err := elastic.New(elastic.Config{Client: cli, Keys: keys, Job: cfg.Job, Transport: tr,
+	agent, err := elastic.New(elastic.Config{Coord: coordinator.NewJob(cli, keys), Job: cfg.Job, Transport: tr,
 		Collective: collective.Options{Timeout: cfg.OpTimeout, Logger: log}, DataAddr: tr.Addr(), ControlAddr: tr.Addr(),
 		RankHint: cfg.RankHint, LeaseTTL: cfg.LeaseTTL, Unreachable: cfg.Unreachable, Logger: log})
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
@@ -188,14 +187,14 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Res
 	if err := p.restore(ctx); err != nil {
 		return nil, err
 	}
-	if err := cluster.WriteJob(ctx, p.Client, p.Keys, rec); err != nil {
+	if err := cluster.WriteJob(ctx, p.Coord, rec); err != nil {
 		return nil, err
 	}
 	maps := make(chan *phalanxpb.ShardMap, 16)
 	mapDone := make(chan error, 1)
 	host, _ := os.Hostname()
 	go func() {
-		mapDone <- coordinator.RunShardMap(ctx, p.Client, p.Keys, coordinator.ShardMapConfig{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+		mapDone <- p.Coord.RunShardMap(ctx, coordinator.ShardMapConfig{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
 			Shards: int(rec.Shards), Replicas: int(rec.Replicas), Servers: int(rec.Servers), SessionTTL: lc.LeaseTTL,
 			Logger: p.Log.Named("shardmap"), OnMap: func(m *phalanxpb.ShardMap) {
 				select {
@@ -210,7 +209,7 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Res
 			<-mapDone
 		}
 	}()
-	if err := coordinator.ClearPSShares(ctx, p.Client, p.Keys); err != nil {
+	if err := p.Coord.ClearPSShares(ctx); err != nil {
 		return nil, err
 	}
 	for i := range int(rec.Servers) {
@@ -346,7 +345,7 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Res
 func (p *psLaunch) pushAccounts(ctx context.Context, done *job.Report) {
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	accounts, err := psAccounts(actx, p.Client, p.Keys, p.rec, p.Log.Named("accounts"))
+	accounts, err := psAccounts(actx, p.Coord, p.rec, p.Log.Named("accounts"))
 	if err != nil {
 		p.Log.Warn("the shards' accounts of the pushes", zap.Error(err))
 		fmt.Fprintf(p.Out, "the shards' accounts of the pushes: %v\n", err)
@@ -393,7 +392,7 @@ func (p *psLaunch) shardMap(m *phalanxpb.ShardMap) {
 // until ctx ends: it reads the job's record, hosts every shard and serves
 // the role the shard map gives it. onReady, when set, is told its address.
 func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr string)) error {
-	log, cli, keys, done, err := psProcess(ctx, &cfg)
+	log, coord, done, err := psProcess(ctx, &cfg)
 	if err != nil {
 		return err
 	}
@@ -406,7 +405,7 @@ func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
-	return cluster.Serve(ctx, cli, keys, cluster.NodeConfig{ID: id, Listen: listen, LeaseTTL: cfg.LeaseTTL,
+	return cluster.Serve(ctx, coord, cluster.NodeConfig{ID: id, Listen: listen, LeaseTTL: cfg.LeaseTTL,
 		Logger: log.With(zap.String("ps", id)), OnReady: onReady})
 }
 
@@ -416,12 +415,12 @@ func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr
 // until every share is done (ps_workers.go). Whoever trains share 0
 // reports progress and takes the checkpoints.
 func runPSWorkerProcess(ctx context.Context, cfg job.Config, reg *job.Registry, index int) (*job.Result, error) {
-	log, cli, keys, done, err := psProcess(ctx, &cfg)
+	log, coord, done, err := psProcess(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	rec, err := cluster.ReadJob(ctx, cli, keys)
+	rec, err := cluster.ReadJob(ctx, coord)
 	if err != nil {
 		return nil, err
 	}
@@ -439,12 +438,12 @@ func runPSWorkerProcess(ctx context.Context, cfg job.Config, reg *job.Registry, 
 	if rec.RestoreStep < 0 || rec.RestoreStep > rec.Steps {
 		return nil, fmt.Errorf("phalanx: the checkpoint's step %d is not within the job's %d steps", rec.RestoreStep, rec.Steps)
 	}
-	dir, err := cluster.NewDirectory(ctx, cli, keys)
+	dir, err := cluster.NewDirectory(ctx, coord)
 	if err != nil {
 		return nil, err
 	}
 	host, _ := os.Hostname()
-	w := &psWorkerProc{cfg: cfg, log: log, cli: cli, keys: keys, job: rec, spec: spec, model: model, dir: dir,
+	w := &psWorkerProc{cfg: cfg, log: log, coord: coord, job: rec, spec: spec, model: model, dir: dir,
 		rep: job.NewReporter(cfg.Reports), index: index, id: fmt.Sprintf("%s-%d-w%d", host, os.Getpid(), index)}
 	if err := w.run(ctx); err != nil {
 		return nil, err
@@ -453,23 +452,25 @@ func runPSWorkerProcess(ctx context.Context, cfg job.Config, reg *job.Registry, 
 }
 
 // psProcess is the common start of a parameter-server job's processes: a
-// logger and a client of the job's etcd; done closes them.
-func psProcess(ctx context.Context, cfg *job.Config) (log *zap.Logger, cli *clientv3.Client, keys coordinator.Keys, done func(), err error) {
+// logger and the job's records on its etcd; done closes the client.
+func psProcess(ctx context.Context, cfg *job.Config) (log *zap.Logger, coord *coordinator.Job, done func(), err error) {
 	switch {
 	case cfg.Job == "":
-		return nil, nil, keys, nil, job.Invalid("Job", "", "a parameter-server process joins a named job")
+		return nil, nil, nil, job.Invalid("Job", "", "a parameter-server process joins a named job")
 	case len(cfg.Etcd) == 0:
-		return nil, nil, keys, nil, job.Invalid("Etcd", cfg.Etcd, "a parameter-server process needs the job's etcd endpoints")
+		return nil, nil, nil, job.Invalid("Etcd", cfg.Etcd, "a parameter-server process needs the job's etcd endpoints")
 	}
-	if keys, err = coordinator.KeysFor(cfg.Job); err != nil {
-		return nil, nil, keys, nil, job.Invalid("Job", cfg.Job, "%v", err)
+	keys, err := coordinator.KeysFor(cfg.Job)
+	if err != nil {
+		return nil, nil, nil, job.Invalid("Job", cfg.Job, "%v", err)
 	}
 	log = cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	if cli, err = coordinator.Dial(ctx, cfg.Etcd, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout}); err != nil {
-		return nil, nil, keys, nil, err
+	cli, err := coordinator.Dial(ctx, cfg.Etcd, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout})
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	return log, cli, keys, func() { cli.Close() }, nil
+	return log, coordinator.NewJob(cli, keys), func() { cli.Close() }, nil
 }

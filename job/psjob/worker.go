@@ -43,8 +43,7 @@ var errPSLeaseLost = errors.New("phalanx: this parameter-server worker's lease w
 type psWorkerProc struct {
 	cfg   job.Config
 	log   *zap.Logger
-	cli   *clientv3.Client
-	keys  coordinator.Keys
+	coord *coordinator.Job
 	job   *phalanxpb.PSJob
 	spec  cluster.Spec
 	model job.ModelSpec
@@ -86,7 +85,7 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 	err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 		w.log.Warn("registering: etcd unavailable; retrying", zap.Error(err))
 	}, func(ctx context.Context) (err error) {
-		lease, err = coordinator.RegisterAt(ctx, w.cli, w.keys.PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
+		lease, err = coordinator.RegisterAt(ctx, w.coord.Client(), w.coord.Keys().PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
 		return err
 	})
 	if err != nil {
@@ -112,7 +111,7 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 	tables := make(chan coordinator.PSShares, 1) // the newest table not yet taken
 	watched := make(chan error, 1)
 	go func() {
-		watched <- coordinator.WatchPSShares(ctx, w.cli, w.keys, func(s coordinator.PSShares) bool {
+		watched <- w.coord.WatchPSShares(ctx, func(s coordinator.PSShares) bool {
 			c := coordinator.PSShares{Claims: maps.Clone(s.Claims), Seen: maps.Clone(s.Seen), Done: maps.Clone(s.Done)}
 			select { // the only sender: after the drain the send cannot block
 			case <-tables:
@@ -135,7 +134,7 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 		err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 			w.log.Warn("claiming a share: etcd unavailable; retrying", zap.Int("share", share), zap.Error(err))
 		}, func(ctx context.Context) error {
-			return coordinator.ClaimPSShare(ctx, w.cli, w.keys, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
+			return w.coord.ClaimPSShare(ctx, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
 		})
 		var held *coordinator.ClaimedError
 		switch {
@@ -176,7 +175,7 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 			if err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 				w.log.Warn("marking a share done: etcd unavailable; retrying", zap.Int("share", e.share), zap.Error(err))
 			}, func(ctx context.Context) error {
-				return coordinator.MarkPSShareDone(ctx, w.cli, w.keys, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease)
+				return w.coord.MarkPSShareDone(ctx, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease)
 			}); err != nil {
 				return fail(err)
 			}
@@ -339,7 +338,7 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 func (w *psWorkerProc) awaitOtherShares(ctx context.Context) error {
 	n := int(w.job.Workers)
 	all := false
-	err := coordinator.WatchPSShares(ctx, w.cli, w.keys, func(s coordinator.PSShares) bool {
+	err := w.coord.WatchPSShares(ctx, func(s coordinator.PSShares) bool {
 		for share := 1; share < n; share++ {
 			if _, ok := s.Done[share]; !ok {
 				return true
@@ -360,12 +359,12 @@ func (w *psWorkerProc) awaitOtherShares(ctx context.Context) error {
 // psAccounts asks every shard of every table for its account of the
 // pushes (after the workers are done): the evidence that no acknowledged
 // push was lost or applied twice.
-func psAccounts(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, job *phalanxpb.PSJob, log *zap.Logger) ([]psShardAccount, error) {
+func psAccounts(ctx context.Context, coord *coordinator.Job, job *phalanxpb.PSJob, log *zap.Logger) ([]psShardAccount, error) {
 	spec, err := cluster.SpecOf(job)
 	if err != nil {
 		return nil, err
 	}
-	dir, err := cluster.NewDirectory(ctx, cli, keys)
+	dir, err := cluster.NewDirectory(ctx, coord)
 	if err != nil {
 		return nil, err
 	}

@@ -143,14 +143,14 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 	r.cancel = cancel
 	if err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 		r.Log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
-	}, func(ctx context.Context) error { return coordinator.ClearEnd(ctx, r.Client, r.Keys) }); err != nil {
+	}, func(ctx context.Context) error { return r.Coord.ClearEnd(ctx) }); err != nil {
 		return nil, err
 	}
 	var co *coordinator.Coordinator
 	if !lc.NoCoordinator {
 		host, _ := os.Hostname()
 		var err error
-		co, err = coordinator.New(r.Client, r.Keys, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+		co, err = coordinator.New(r.Coord, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
 			Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
 			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.Log.Named("coordinator"),
 			FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout})
@@ -174,7 +174,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 	gens := make(chan *phalanxpb.Generation, 16)
 	go func() {
 		defer close(followDone)
-		elastic.Follow(ctx, r.Client, r.Keys, r.Log, func(g *phalanxpb.Generation) {
+		elastic.Follow(ctx, r.Coord, r.Log, func(g *phalanxpb.Generation) {
 			select {
 			case gens <- g:
 			case <-ctx.Done():
@@ -208,7 +208,7 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 			fmt.Fprintln(r.Out, "stopping: the workers take a final checkpoint at the next step boundary")
 			r.Events.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
 			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-			err := coordinator.RequestStop(sctx, r.Client, r.Keys, context.Cause(outer).Error())
+			err := r.Coord.RequestStop(sctx, context.Cause(outer).Error())
 			scancel()
 			if err != nil {
 				return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)

@@ -12,7 +12,6 @@ import (
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
-	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/job"
@@ -232,7 +231,7 @@ func (w *ringWorker) publishPace(ctx context.Context, step int64) {
 	go func() { // not on the rank actor's goroutine
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := coordinator.WritePace(pctx, w.cli, w.keys, pace); err != nil && pctx.Err() == nil {
+		if err := w.coord.WritePace(pctx, pace); err != nil && pctx.Err() == nil {
 			w.log.Warn("publishing the ring's pace", zap.Error(err))
 		}
 	}()

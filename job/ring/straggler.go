@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/collective"
-	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -28,7 +27,7 @@ import (
 // probes until it keeps pace, then asks to be readmitted.
 func (w *ringWorker) probation(ctx context.Context) {
 	for ctx.Err() == nil {
-		x, err := coordinator.WaitExcluded(ctx, w.cli, w.keys, w.id)
+		x, err := w.coord.WaitExcluded(ctx, w.id)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn("an unreadable exclusion record", zap.Error(err))
@@ -59,7 +58,7 @@ func (w *ringWorker) probation(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := coordinator.Readmit(ctx, w.cli, w.keys, w.id); err != nil {
+		if err := w.coord.Readmit(ctx, w.id); err != nil {
 			w.log.Warn("asking to be readmitted", zap.Error(err))
 			return
 		}
@@ -76,7 +75,7 @@ func (w *ringWorker) probe(ctx context.Context, pr *hybrid.Probation) (time.Dura
 	if t == nil {
 		return 0, errors.New("no trainer")
 	}
-	if p, err := coordinator.ReadPace(ctx, w.cli, w.keys); err != nil {
+	if p, err := w.coord.ReadPace(ctx); err != nil {
 		w.log.Warn("reading the ring's pace", zap.Error(err))
 	} else if p != nil {
 		w.probeStep.Store(p.Step)
@@ -98,12 +97,12 @@ func feedJob(job, id string) string { return job + "/feed/" + id }
 // requestFeed asks rank 0 of the current ring for its parameters and
 // copies them in; it returns the step they are of.
 func (w *ringWorker) requestFeed(ctx context.Context) (int64, error) {
-	g, _, err := coordinator.CurrentGeneration(ctx, w.cli, w.keys)
+	g, _, err := w.coord.CurrentGeneration(ctx)
 	if err != nil || g == nil || len(g.Members) == 0 {
 		return 0, fmt.Errorf("no ring to be fed by (%v)", err)
 	}
 	req := &phalanxpb.FeedRequest{Id: w.id, DataAddr: w.tr.Addr(), Generation: uint64(w.cfg.Now().UnixNano())}
-	if err := coordinator.RequestFeed(ctx, w.cli, w.keys, req); err != nil {
+	if err := w.coord.RequestFeed(ctx, req); err != nil {
 		return 0, err
 	}
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -154,7 +153,7 @@ func feedTransfer(ctx context.Context, grp *collective.Group, tensors [][]float3
 // watchFeeds collects excluded workers' requests for parameters; rank 0
 // answers them between steps (serveFeeds).
 func (w *ringWorker) watchFeeds(ctx context.Context) {
-	coordinator.WatchFeeds(ctx, w.cli, w.keys, func(r *phalanxpb.FeedRequest) {
+	w.coord.WatchFeeds(ctx, func(r *phalanxpb.FeedRequest) {
 		w.feedMu.Lock()
 		w.feeds[r.Id] = r // the latest request of each worker
 		w.feedMu.Unlock()
@@ -188,7 +187,7 @@ func (w *ringWorker) serveFeeds(ctx context.Context, step int64) {
 			if err != nil {
 				w.log.Warn("feeding an excluded worker", zap.String("worker", req.Id), zap.Error(err))
 			}
-			if err := coordinator.FeedServed(fctx, w.cli, w.keys, req.Id); err != nil {
+			if err := w.coord.FeedServed(fctx, req.Id); err != nil {
 				w.log.Warn("removing a feed request", zap.Error(err))
 			}
 			w.log.Info("fed an excluded worker", zap.String("worker", req.Id), zap.Int64("step", step))

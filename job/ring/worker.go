@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/actors"
@@ -86,8 +85,7 @@ type ringWorker struct {
 	tr    *collective.TCPTransport
 	data  collective.Transport // the ring's: tr, or shared memory beside it
 	sys   *actors.System
-	cli   *clientv3.Client
-	keys  coordinator.Keys
+	coord *coordinator.Job
 	store checkpoint.Store
 	sup   *actors.Supervisor
 	group *actor.PID // the group actor (the step leader when this worker is rank 0)
@@ -153,13 +151,16 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	w.sys = sys
 	w.undo = append(w.undo, sys.Shutdown, sys.Quiet)
-	if w.cli, err = coordinator.Dial(ctx, c.Etcd, coordinator.DialOptions{Logger: w.log, Wait: c.EtcdDialTimeout}); err != nil {
+	cli, err := coordinator.Dial(ctx, c.Etcd, coordinator.DialOptions{Logger: w.log, Wait: c.EtcdDialTimeout})
+	if err != nil {
 		return err
 	}
-	w.undo = append(w.undo, func() { w.cli.Close() })
-	if w.keys, err = coordinator.KeysFor(c.Job); err != nil {
+	w.undo = append(w.undo, func() { cli.Close() })
+	keys, err := coordinator.KeysFor(c.Job)
+	if err != nil {
 		return job.Invalid("Job", c.Job, "%v", err)
 	}
+	w.coord = coordinator.NewJob(cli, keys)
 	if c.Checkpoint.Location != "" {
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
 		w.store, err = checkpoint.OpenURL(sctx, c.Checkpoint.Location, c.Credentials)
@@ -197,7 +198,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 		return err
 	}
 	w.sup, w.group = sup, pids[0]
-	w.agent, err = elastic.New(elastic.Config{Client: w.cli, Keys: w.keys, Job: c.Job, Transport: w.data,
+	w.agent, err = elastic.New(elastic.Config{Coord: w.coord, Job: c.Job, Transport: w.data,
 		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
 		DataAddr: tr.Addr(), ControlAddr: sys.Address(), RankHint: c.RankHint, ConfigHash: jobHash(c),
 		Capabilities: []string{"allreduce", "model:" + c.Model},
@@ -299,7 +300,7 @@ func (w *ringWorker) leaveWhenDone(d departer, leave, ctx context.Context, abort
 // watchStop turns the job's stop request into a stop vote at the next
 // step boundary: every rank then stops there after a final checkpoint.
 func (w *ringWorker) watchStop(ctx context.Context) {
-	reason, err := coordinator.WaitStop(ctx, w.cli, w.keys)
+	reason, err := w.coord.WaitStop(ctx)
 	if err != nil {
 		return
 	}
@@ -320,7 +321,7 @@ func (w *ringWorker) exclude(e worker.Exclusion) {
 	go func() {
 		ectx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := coordinator.Exclude(ectx, w.cli, w.keys, x); err != nil {
+		if err := w.coord.Exclude(ectx, x); err != nil {
 			w.log.Warn("asking the coordinator to exclude a straggler", zap.String("worker", e.ID), zap.Error(err))
 		}
 	}()
@@ -375,7 +376,7 @@ func (w *ringWorker) finalCheckpoint(ctx context.Context, stopped *elastic.Stopp
 	err := coordinator.Retry(ctx, w.cfg.Checkpoint.Wait, func(err error) {
 		w.log.Warn("claiming the final checkpoint: etcd unavailable; retrying", zap.Error(err))
 	}, func(ctx context.Context) (err error) {
-		won, err = coordinator.ClaimFinalCheckpoint(ctx, w.cli, w.keys, fmt.Sprintf("%s (pid %d)", w.id, os.Getpid()))
+		won, err = w.coord.ClaimFinalCheckpoint(ctx, fmt.Sprintf("%s (pid %d)", w.id, os.Getpid()))
 		return err
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/internal/miniotest"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/ps"
@@ -628,10 +629,10 @@ func TestServeRestores(t *testing.T) {
 		keys := jobKeys(t)
 		job := adamJob("hash", 3)
 		job.Checkpoint, job.RestoreFrom, job.RestoreStep = badDir, Prefix(3), 3
-		if err := WriteJob(ctx, cli, keys, job); err != nil {
+		if err := WriteJob(ctx, coordinator.NewJob(cli, keys), job); err != nil {
 			t.Fatal(err)
 		}
-		err := Serve(ctx, cli, keys, NodeConfig{ID: "r0", Listen: "127.0.0.1:0", LeaseTTL: 10 * time.Second,
+		err := Serve(ctx, coordinator.NewJob(cli, keys), NodeConfig{ID: "r0", Listen: "127.0.0.1:0", LeaseTTL: 10 * time.Second,
 			OnReady: func(string) { t.Error("a server with a corrupt checkpoint became ready") }})
 		if err == nil || !strings.Contains(err.Error(), Prefix(3)+"shard-0001.snap") {
 			t.Fatalf("Serve: %v, want an error naming the corrupt object", err)

@@ -15,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/actors"
@@ -101,22 +100,22 @@ func SpecOf(j *phalanxpb.PSJob) (Spec, error) {
 
 // WriteJob records a PS job's configuration (checked) for its servers and
 // workers; a job already recorded must be the same.
-func WriteJob(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, j *phalanxpb.PSJob) error {
+func WriteJob(ctx context.Context, coord *coordinator.Job, j *phalanxpb.PSJob) error {
 	if _, err := SpecOf(j); err != nil {
 		return err
 	}
-	return coordinator.WritePSJob(ctx, cli, keys, j)
+	return coord.WritePSJob(ctx, j)
 }
 
 // ReadJob waits until the job's configuration is recorded and returns it,
 // once it checks (SpecOf): another record at the key may decode as a job.
-func ReadJob(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) (*phalanxpb.PSJob, error) {
-	j, err := coordinator.ReadPSJob(ctx, cli, keys)
+func ReadJob(ctx context.Context, coord *coordinator.Job) (*phalanxpb.PSJob, error) {
+	j, err := coord.ReadPSJob(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := SpecOf(j); err != nil {
-		return nil, fmt.Errorf("cluster: %s is not a valid parameter-server job: %w", keys.PSJob(), err)
+		return nil, fmt.Errorf("cluster: %s is not a valid parameter-server job: %w", coord.Keys().PSJob(), err)
 	}
 	return j, nil
 }
@@ -133,12 +132,12 @@ type NodeConfig struct {
 
 // Serve runs a parameter server for the job until ctx ends, its lease is
 // lost, or a shard actor fails beyond its restart budget.
-func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg NodeConfig) error {
+func Serve(ctx context.Context, coord *coordinator.Job, cfg NodeConfig) error {
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	job, err := ReadJob(ctx, cli, keys)
+	job, err := ReadJob(ctx, coord)
 	if err != nil {
 		return err
 	}
@@ -180,7 +179,7 @@ func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg
 	err = coordinator.Retry(ctx, registerRetryBudget, func(err error) {
 		log.Warn("registering: etcd unavailable; retrying", zap.Error(err))
 	}, func(ctx context.Context) (err error) {
-		lease, err = coordinator.RegisterAt(ctx, cli, keys.PSServer(cfg.ID), &phalanxpb.PSServer{Id: cfg.ID, Addr: srv.Addr(), Pid: int64(os.Getpid()), Host: host}, cfg.LeaseTTL)
+		lease, err = coordinator.RegisterAt(ctx, coord.Client(), coord.Keys().PSServer(cfg.ID), &phalanxpb.PSServer{Id: cfg.ID, Addr: srv.Addr(), Pid: int64(os.Getpid()), Host: host}, cfg.LeaseTTL)
 		return err
 	})
 	if err != nil {
@@ -219,7 +218,7 @@ func Serve(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys, cfg
 	watched := make(chan error, 1)
 	go func() {
 		defer close(maps)
-		watched <- coordinator.WatchShardMap(mctx, cli, keys, func(m *phalanxpb.ShardMap) bool {
+		watched <- coord.WatchShardMap(mctx, func(m *phalanxpb.ShardMap) bool {
 			select { // this is the only sender: after the drain the send cannot block
 			case <-maps:
 			default:
@@ -261,12 +260,12 @@ type Directory struct {
 
 // NewDirectory follows the shard map until ctx ends; it waits for the
 // first, and fails when following fails before it.
-func NewDirectory(ctx context.Context, cli *clientv3.Client, keys coordinator.Keys) (*Directory, error) {
+func NewDirectory(ctx context.Context, coord *coordinator.Job) (*Directory, error) {
 	d := &Directory{changed: make(chan struct{})}
 	first := make(chan struct{})
 	ended := make(chan struct{}) // d.err is set
 	go func() {
-		err := coordinator.WatchShardMap(ctx, cli, keys, func(m *phalanxpb.ShardMap) bool {
+		err := coord.WatchShardMap(ctx, func(m *phalanxpb.ShardMap) bool {
 			d.set(m)
 			select {
 			case <-first:

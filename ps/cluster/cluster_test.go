@@ -288,7 +288,7 @@ func TestWriteReadJob(t *testing.T) {
 		keys := jobKeys(t)
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		defer cancel()
-		if _, err := ReadJob(short, cli, keys); !errors.Is(err, context.DeadlineExceeded) {
+		if _, err := ReadJob(short, coordinator.NewJob(cli, keys)); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("ReadJob of a job not written: %v, want it to wait until its context ends", err)
 		}
 		type result struct {
@@ -297,10 +297,10 @@ func TestWriteReadJob(t *testing.T) {
 		}
 		got := make(chan result, 1)
 		go func() {
-			j, err := ReadJob(ctx, cli, keys)
+			j, err := ReadJob(ctx, coordinator.NewJob(cli, keys))
 			got <- result{j, err}
 		}()
-		if err := WriteJob(ctx, cli, keys, job); err != nil {
+		if err := WriteJob(ctx, coordinator.NewJob(cli, keys), job); err != nil {
 			t.Fatal(err)
 		}
 		r := recv(t, ctx, got, "ReadJob")
@@ -312,27 +312,27 @@ func TestWriteReadJob(t *testing.T) {
 	t.Run("the same job twice", func(t *testing.T) {
 		keys := jobKeys(t)
 		for i := range 2 {
-			if err := WriteJob(ctx, cli, keys, proto.Clone(job).(*phalanxpb.PSJob)); err != nil {
+			if err := WriteJob(ctx, coordinator.NewJob(cli, keys), proto.Clone(job).(*phalanxpb.PSJob)); err != nil {
 				t.Fatalf("write %d: %v", i+1, err)
 			}
 		}
-		if j, err := ReadJob(ctx, cli, keys); err != nil || !proto.Equal(j, job) {
+		if j, err := ReadJob(ctx, coordinator.NewJob(cli, keys)); err != nil || !proto.Equal(j, job) {
 			t.Fatalf("ReadJob: %v, %v", j, err)
 		}
 	})
 
 	t.Run("another job under the same keys", func(t *testing.T) {
 		keys := jobKeys(t)
-		if err := WriteJob(ctx, cli, keys, job); err != nil {
+		if err := WriteJob(ctx, coordinator.NewJob(cli, keys), job); err != nil {
 			t.Fatal(err)
 		}
 		other := proto.Clone(job).(*phalanxpb.PSJob)
 		other.Shards = 3
-		err := WriteJob(ctx, cli, keys, other)
+		err := WriteJob(ctx, coordinator.NewJob(cli, keys), other)
 		if err == nil || !strings.Contains(err.Error(), keys.PSJob()) || !strings.Contains(err.Error(), "another job") {
 			t.Fatalf("WriteJob of another job: %v, want an error saying %s holds another job", err, keys.PSJob())
 		}
-		if j, err := ReadJob(ctx, cli, keys); err != nil || !proto.Equal(j, job) {
+		if j, err := ReadJob(ctx, coordinator.NewJob(cli, keys)); err != nil || !proto.Equal(j, job) {
 			t.Fatalf("after the refusal ReadJob gives %v, %v; want the first job", j, err)
 		}
 	})
@@ -352,7 +352,7 @@ func TestWriteReadJob(t *testing.T) {
 				keys := jobKeys(t)
 				bad := proto.Clone(job).(*phalanxpb.PSJob)
 				tc.edit(bad)
-				if err := WriteJob(ctx, cli, keys, bad); err == nil || !strings.Contains(err.Error(), tc.want) {
+				if err := WriteJob(ctx, coordinator.NewJob(cli, keys), bad); err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("WriteJob of a bad job: %v, want an error saying %q", err, tc.want)
 				}
 				if resp, err := cli.Get(ctx, keys.PSJob()); err != nil || len(resp.Kvs) != 0 {
@@ -389,11 +389,11 @@ func TestWriteReadJob(t *testing.T) {
 			if _, err := cli.Put(ctx, keys.PSJob(), tc.val); err != nil {
 				t.Fatal(err)
 			}
-			j, err := ReadJob(ctx, cli, keys)
+			j, err := ReadJob(ctx, coordinator.NewJob(cli, keys))
 			if err == nil || !strings.Contains(err.Error(), keys.PSJob()+tc.want) {
 				t.Fatalf("ReadJob: %v, %v; want an error saying %q", j, err, keys.PSJob()+tc.want)
 			}
-			if err := WriteJob(ctx, cli, keys, job); err == nil || !strings.Contains(err.Error(), keys.PSJob()) {
+			if err := WriteJob(ctx, coordinator.NewJob(cli, keys), job); err == nil || !strings.Contains(err.Error(), keys.PSJob()) {
 				t.Fatalf("WriteJob over it: %v, want a refusal naming %s", err, keys.PSJob())
 			}
 		})
@@ -404,7 +404,7 @@ func TestWriteReadJob(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)
 		got := make(chan error, 1)
 		go func() {
-			_, err := ReadJob(cctx, cli, keys)
+			_, err := ReadJob(cctx, coordinator.NewJob(cli, keys))
 			got <- err
 		}()
 		cancel()
@@ -452,7 +452,7 @@ func startJob(t *testing.T, ctx context.Context, cli *clientv3.Client, keys coor
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteJob(ctx, cli, keys, job); err != nil {
+	if err := WriteJob(ctx, coordinator.NewJob(cli, keys), job); err != nil {
 		t.Fatal(err)
 	}
 	r := &runningJob{keys: keys, spec: spec, maps: make(chan *phalanxpb.ShardMap, 16), servers: map[string]*routine{}}
@@ -460,7 +460,7 @@ func startJob(t *testing.T, ctx context.Context, cli *clientv3.Client, keys coor
 	r.writer = &routine{stop: stopMap, done: make(chan struct{})}
 	go func() {
 		defer close(r.writer.done)
-		r.writer.err = coordinator.RunShardMap(mctx, cli, keys, coordinator.ShardMapConfig{ID: "writer", Shards: spec.Shards,
+		r.writer.err = coordinator.NewJob(cli, keys).RunShardMap(mctx, coordinator.ShardMapConfig{ID: "writer", Shards: spec.Shards,
 			Replicas: spec.Replicas, Servers: spec.Servers, SessionTTL: 5 * time.Second, OnMap: func(m *phalanxpb.ShardMap) { r.maps <- m }})
 	}()
 	// The writer stops first: servers stopping one by one would lose the
@@ -493,7 +493,7 @@ func serveNode(t *testing.T, ctx context.Context, cli *clientv3.Client, keys coo
 	cfg.OnReady = func(addr string) { ready <- addr }
 	go func() {
 		defer close(s.done)
-		s.err = Serve(sctx, cli, keys, cfg)
+		s.err = Serve(sctx, coordinator.NewJob(cli, keys), cfg)
 	}()
 	select {
 	case s.addr = <-ready:
@@ -510,7 +510,7 @@ func (r *runningJob) client(t *testing.T, ctx context.Context, cli *clientv3.Cli
 	t.Helper()
 	dctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
-	dir, err := NewDirectory(dctx, cli, r.keys)
+	dir, err := NewDirectory(dctx, coordinator.NewJob(cli, r.keys))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -697,7 +697,7 @@ func TestDirectory(t *testing.T) {
 	defer stop()
 	got := make(chan result, 1)
 	go func() {
-		d, err := NewDirectory(dctx, cli, keys)
+		d, err := NewDirectory(dctx, coordinator.NewJob(cli, keys))
 		got <- result{d, err}
 	}()
 	put(gen1)
@@ -770,7 +770,7 @@ func TestDirectory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d, err := NewDirectory(short, cli, other); d != nil || !errors.Is(err, context.DeadlineExceeded) {
+		if d, err := NewDirectory(short, coordinator.NewJob(cli, other)); d != nil || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("NewDirectory without a map: %v, %v; want it to wait until its context ends", d, err)
 		}
 	})
@@ -787,7 +787,7 @@ func TestDirectory(t *testing.T) {
 		// passing for that failure.
 		bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		d, err := NewDirectory(bounded, cli, other)
+		d, err := NewDirectory(bounded, coordinator.NewJob(cli, other))
 		if d != nil || err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), other.ShardMap()+" is not a shard map") {
 			t.Fatalf("NewDirectory over a value that is not a shard map: %v, %v; want an error saying %s is not one", d, err, other.ShardMap())
 		}
@@ -805,7 +805,7 @@ func TestDirectory(t *testing.T) {
 		if _, err := cli.Put(ctx, other.ShardMap(), string(val)); err != nil {
 			t.Fatal(err)
 		}
-		d, err := NewDirectory(ctx, cli, other)
+		d, err := NewDirectory(ctx, coordinator.NewJob(cli, other))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -832,7 +832,7 @@ func TestServeStopsWithoutEtcd(t *testing.T) {
 	keys := jobKeys(t)
 	job := sparseJob("asp")
 	job.Replicas, job.Servers = 0, 1
-	if err := WriteJob(ctx, cli, keys, job); err != nil {
+	if err := WriteJob(ctx, coordinator.NewJob(cli, keys), job); err != nil {
 		t.Fatal(err)
 	}
 	// A lease far longer than the revoke's bound (and than the test), so

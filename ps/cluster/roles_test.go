@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -228,7 +229,7 @@ func TestServeRetriesRoles(t *testing.T) {
 	ctx := testContext(t)
 	keys := jobKeys(t)
 	job := sparseJob("asp")
-	if err := WriteJob(ctx, cli, keys, job); err != nil {
+	if err := WriteJob(ctx, coordinator.NewJob(cli, keys), job); err != nil {
 		t.Fatal(err)
 	}
 	r := &runningJob{keys: keys, spec: specOf(t, job)}
