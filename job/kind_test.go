@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
 )
@@ -107,7 +109,7 @@ func TestRunModelDispatches(t *testing.T) {
 	reg := NewRegistry([]Kind{fakeKind{name: "pipeline", roles: []string{"stage-worker"}}}, ModelSpec{Name: "pipe", Kind: "pipeline"})
 	cfg := DefaultConfig()
 	cfg.Model = "pipe"
-	res, err := RunModel(context.Background(), cfg, reg)
+	res, err := RunModel(testwait.Context(t, time.Minute), cfg, reg)
 	if err != nil || res == nil || res.Step != int64(len("stage-worker")) {
 		t.Fatalf("RunModel: %+v, %v; want the kind's worker role run", res, err)
 	}

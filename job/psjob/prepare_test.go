@@ -1,10 +1,11 @@
 package psjob
 
 import (
-	"context"
 	"errors"
 	"testing"
+	"time"
 
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -37,7 +38,7 @@ func TestPrepare(t *testing.T) {
 			lc := job.DefaultLaunchConfig()
 			lc.Model, lc.Batch = "lr", 8
 			tc.edit(&lc)
-			j, err := Kind{}.Prepare(context.Background(), &lc, spec, job.Options{})
+			j, err := Kind{}.Prepare(testwait.Context(t, time.Minute), &lc, spec, job.Options{})
 			var ce *job.ConfigError
 			switch {
 			case tc.field == "" && err != nil:
