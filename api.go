@@ -60,12 +60,22 @@ type (
 	Result = job.Result
 	// StoppedError: the job stopped before its last step.
 	StoppedError = job.StoppedError
-	// Report is what a worker tells of itself.
+	// Report is what a worker tells of itself, one type per kind of
+	// report: the common ones below, job/ring's (ring.Step, ring.Restored,
+	// ring.Done, ...) and job/psjob's.
 	Report = job.Report
-	// ShardAccount is a parameter-server shard's state at a job's end.
-	ShardAccount = job.ShardAccount
-	// PSShareReport is a parameter-server worker's report of a share.
-	PSShareReport = job.PSShareReport
+	// Registered: a worker registered with the job's coordinator.
+	Registered = job.Registered
+	// Training: a rank starts training in a generation's ring.
+	Training = job.Training
+	// CheckpointReport: a checkpoint was saved, failed, skipped or restored.
+	CheckpointReport = job.Checkpoint
+	// Stopped: the job stopped, after its final checkpoint.
+	Stopped = job.Stopped
+	// Left: a worker left the job on request.
+	Left = job.Left
+	// Failed is a worker's last word: why it failed.
+	Failed = job.Failed
 )
 
 // ErrLeft is RunWorker's answer when its context was cancelled and the

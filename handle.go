@@ -62,7 +62,7 @@ func StartWorker(ctx context.Context, cfg Config, task Task) (*Worker, error) {
 	w := &Worker{run: newRun(ctx)}
 	reports := cfg.Reports
 	cfg.Reports = func(r Report) {
-		if r.Kind == "training" {
+		if _, ok := r.(Training); ok {
 			w.markReady()
 		}
 		if reports != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
+	"github.com/phalanx-rt/phalanx/job/ring"
 )
 
 // TestHandStartedFirstRing runs a job as an operator would, by hand: a
@@ -38,10 +39,10 @@ func TestHandStartedFirstRing(t *testing.T) {
 		cfg.Model, cfg.Job, cfg.Etcd, cfg.Index = "regression", job, etcd, i
 		cfg.Steps, cfg.Batch, cfg.Schedule.Base = 20, 64, 0.1
 		cfg.Reports = func(r phalanx.Report) {
-			switch r.Kind {
-			case "registered":
+			switch r := r.(type) {
+			case phalanx.Registered:
 				once.Do(func() { close(registered) })
-			case "restored":
+			case ring.Restored:
 				mu.Lock()
 				rings = append(rings, fmt.Sprintf("generation %d of %d workers", r.Generation, r.World))
 				mu.Unlock()

@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
@@ -143,7 +145,7 @@ func TestExitStatus(t *testing.T) {
 					t.Fatalf("reported %+v, want one report", reps)
 				}
 				var want, got map[string]any
-				b, _ := json.Marshal(reps[0])
+				b, _ := MarshalReport(reps[0])
 				json.Unmarshal(b, &got)
 				json.Unmarshal([]byte(tc.report), &want)
 				for k, v := range want {
@@ -168,12 +170,91 @@ func TestRunProcessRefusesABadSpec(t *testing.T) {
 	}
 }
 
-func TestParseReport(t *testing.T) {
-	if _, err := ParseReport(launch.Line{Role: "worker", Index: 3, Text: []byte("hello")}); err == nil || !strings.Contains(err.Error(), `worker 3 printed "hello", not a report`) {
-		t.Errorf("a line that is no report: %v", err)
+// stepReport stands for a job kind's own report.
+type stepReport struct {
+	Step int64 `json:"step"`
+}
+
+func (stepReport) ReportKind() string { return "step" }
+
+// TestReportLines: every report, as a launched worker prints it, reads
+// back as the same typed value; a line that is no report, one of a kind
+// the launcher does not know and a malformed one are errors naming the
+// process.
+func TestReportLines(t *testing.T) {
+	types := NewReportTypes(stepReport{})
+	nf := &worker.NonFiniteError{Step: 7, Param: "w", Index: 1}
+	for _, rep := range []Report{
+		Registered{ID: "w-1", Pid: 42}, Training{Generation: 3, World: 2, Rank: 1, Step: 9},
+		Checkpoint{Step: 7, Checkpoint: checkpoint.Event{Kind: "saved", ID: "step-7", Step: 7, Bytes: 10}},
+		Stopped{Step: 5, Generation: 2, World: 1}, Left{ID: "w-2", Pid: 43}, Failed{Reason: "boom", NonFinite: nf}, stepReport{Step: 4},
+	} {
+		var buf bytes.Buffer
+		ReportLines(&buf)(rep)
+		line := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+		if bytes.Contains(line, []byte("\n")) || !bytes.HasPrefix(line, []byte(`{"kind":"`+rep.ReportKind()+`"`)) {
+			t.Errorf("%T printed %q: want one line starting with its kind", rep, buf.String())
+		}
+		got, err := types.Parse(launch.Line{Role: "worker", Index: 1, Text: line})
+		if err != nil || !reflect.DeepEqual(got, rep) {
+			t.Errorf("%s read back as %#v, %v; want %#v", line, got, err, rep)
+		}
 	}
-	if r, err := ParseReport(launch.Line{Text: []byte(`{"kind":"step","step":4}`)}); err != nil || r.Kind != "step" || r.Step != 4 {
-		t.Errorf("a step report: %+v, %v", r, err)
+	for _, tc := range []struct{ text, want string }{
+		{"hello", `worker 3 printed "hello", not a report`},
+		{`{"kind":"juggle","step":4}`, `worker 3 printed a report of unknown kind "juggle"`},
+		{`{"kind":"step","step":"four"}`, `worker 3 printed a malformed step report`},
+	} {
+		if _, err := types.Parse(launch.Line{Role: "worker", Index: 3, Text: []byte(tc.text)}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", tc.text, err, tc.want)
+		}
+	}
+}
+
+// TestReportEvents: the common reports' events and plain lines.
+func TestReportEvents(t *testing.T) {
+	cases := []struct {
+		rep         Report
+		event, text string
+	}{
+		{Registered{ID: "w-1", Pid: 42}, "", "registered as w-1 (pid 42); waiting for a ring\n"},
+		{Training{Generation: 1}, "", ""},
+		{Checkpoint{Step: 7, Checkpoint: checkpoint.Event{Kind: "saved", ID: "step-7", URL: "/c/step-7", Step: 7, Bytes: 2048, Seconds: 0.5, WorldAfter: 2}},
+			"checkpoint_saved step=7 bytes=2048 seconds=0.5 url=/c/step-7 world=2 checkpoint=step-7 manifest_crc32c=0",
+			"checkpoint of step 7 saved: /c/step-7 (2.0 KiB in 0.50s)\n"},
+		{Checkpoint{Checkpoint: checkpoint.Event{Kind: "skipped", ID: "step-9", Err: "damaged"}}, "checkpoint_skipped checkpoint=step-9 error=damaged",
+			"checkpoint step-9 skipped: damaged\n"},
+		{Stopped{Step: 5, Generation: 2, World: 1}, "stopped step=5 generation=2 world=1", "the job stopped at step 5\n"},
+		{Left{ID: "w-2"}, "", "left the job; the others go on\n"},
+		{Failed{Reason: "boom"}, "worker_failed worker=3 reason=boom non_finite=<nil>", "failed: boom\n"},
+	}
+	for _, tc := range cases {
+		var ev sink
+		Emit(&ev, 3, tc.rep)
+		if got := strings.Join(ev.lines, "\n"); got != tc.event {
+			t.Errorf("%T's event: %q, want %q", tc.rep, got, tc.event)
+		}
+		var out bytes.Buffer
+		ReportText(&out, 10, 1)(tc.rep)
+		if out.String() != tc.text {
+			t.Errorf("%T's text: %q, want %q", tc.rep, out.String(), tc.text)
+		}
+	}
+}
+
+// TestProgressDue: a progress line every Every steps and at the last, its
+// samples/s over the steps since the previous line.
+func TestProgressDue(t *testing.T) {
+	p := &Progress{Steps: 7, Every: 3}
+	var lines []string
+	for step := int64(1); step <= 7; step++ {
+		if rate, due := p.Due(step, float64(100*step), 0.5); due {
+			lines = append(lines, fmt.Sprintf("%d:%.0f", step, rate))
+		}
+	}
+	// steps 1-3 trained 50+100+150 samples in 1.5 s; 4-6 200+250+300; 7 350 in 0.5 s.
+	if got := strings.Join(lines, " "); got != "3:200 6:500 7:700" {
+		t.Errorf("lines %s, want 3:200 6:500 7:700", got)
 	}
 }
 

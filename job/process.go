@@ -70,7 +70,7 @@ func exitStatus(err error, log *zap.Logger, reports func(Report)) int {
 		return ExitStopped
 	}
 	log.Error("the worker failed", zap.Error(err))
-	rep := Report{Kind: "failed", Reason: err.Error()}
+	rep := Failed{Reason: err.Error()}
 	errors.As(err, &rep.NonFinite)
 	reports(rep)
 	return 1

@@ -1,83 +1,240 @@
 package job
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
-	"slices"
-	"strings"
+	"reflect"
 	"sync"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
-// Report is what a worker tells of itself: rank 0 of each generation
-// reports the job's progress, every worker its own restarts, checkpoints
-// and departures. A launched worker prints each as one JSON line on stdout
-// for its launcher, which turns them into the job's events
-// (docs/events.md); RunWorker hands them to Config.Reports.
-type Report struct {
-	// Kind is registered, restored, training (every rank, as it starts
-	// training in a ring), step, restart, checkpoint, fed,
-	// overlap_fallback, stopped, left or done (ring workers), ps_step, ps_checkpoint or
-	// ps_done (parameter-server workers), or failed (any worker's last
-	// word: Reason).
-	Kind        string     `json:"kind"`
-	ID          string     `json:"id,omitempty"`
-	Pid         int        `json:"pid,omitempty"`
-	Worker      int        `json:"worker,omitempty"` // a parameter-server worker's index
-	Step        int64      `json:"step"`
-	Steps       int64      `json:"steps,omitempty"` // the job's
-	Generation  uint64     `json:"generation"`
-	World       int        `json:"world"`
-	Rank        int        `json:"rank"`
-	Loss        float64    `json:"loss"`
-	Accuracy    float64    `json:"accuracy"`
-	SamplesPS   float64    `json:"samples_per_s"`
-	ComputeS    float64    `json:"compute_s"`
-	CommS       float64    `json:"comm_s"`
-	StepS       float64    `json:"step_s"`
-	Epoch       int64      `json:"epoch"`
-	Offset      int64      `json:"offset"`
-	Fingerprint [5]float64 `json:"fingerprint"`
-	Redone      int64      `json:"steps_redone"`
-	Root        int        `json:"root"`
-	Late        []int      `json:"late,omitempty"`       // overlap_fallback: the ranks not ready by the deadline
-	DeadlineS   float64    `json:"deadline_s,omitempty"` // overlap_fallback: the step's deadline
-	DataPlane   string     `json:"data_plane,omitempty"` // restored: how rank 0 reaches its peers (collective.Group.DataPlane)
-	Reason      string     `json:"reason,omitempty"`
-	// NonFinite is a failure's step whose reduced gradients or loss were
-	// not finite (failed): every rank of the ring fails it.
-	NonFinite    *worker.NonFiniteError `json:"non_finite,omitempty"`
-	Restarts     int                    `json:"restarts,omitempty"`
-	Replayed     bool                   `json:"replayed,omitempty"`      // a step report repeated after a ring change
-	TrainedIn    uint64                 `json:"trained_in,omitempty"`    // a replayed step: the generation that trained it (Generation is the reporting ring's)
-	Identical    *bool                  `json:"identical,omitempty"`     // done: every rank ends with bitwise the same parameters
-	ParamsCRC    uint32                 `json:"params_crc32c,omitempty"` // done: rank 0's parameters' CRC32C
-	RankCRCs     []uint32               `json:"rank_crc32c,omitempty"`   // done: every rank's, by rank
-	Participants int                    `json:"participants,omitempty"`  // ranks whose gradients entered the step's update
-	Stale        int                    `json:"stale,omitempty"`         // ranks (or pushes) that missed the step
-	Checkpoint   *checkpoint.Event      `json:"checkpoint,omitempty"`
-	// Metrics are a parameter-server model's held-out measures (ps_done),
-	// and Shards the shards' accounts.
-	Metrics map[string]float64 `json:"metrics,omitempty"`
-	Shards  []ShardAccount     `json:"shards,omitempty"`
-	// PSShare is a parameter-server worker's claim or completion of a data
-	// share (ps_share, ps_share_done).
-	PSShare *PSShareReport `json:"ps_share,omitempty"`
+// Report is what a worker tells of itself: one typed value per kind of
+// report. The ones every kind's workers may send are here (Registered,
+// Training, Checkpoint, Stopped, Left, Failed); each job kind defines its
+// own beside its worker (ring.Step, psjob.Done, ...). A launched worker
+// prints each as one JSON line on stdout (MarshalReport: the value's
+// fields and its kind), which its launcher reads back (ReportTypes.Parse)
+// and turns into the job's events (docs/events.md); RunWorker hands them
+// to Config.Reports.
+type Report interface {
+	// ReportKind is the report's kind on the wire: "step", "ps_done", ...
+	ReportKind() string
 }
 
-// ShardAccount is a parameter-server shard's state at the end of a job: its
-// clock, its rows, and the pushes applied from each worker (each once).
-type ShardAccount struct {
-	Shard  int      `json:"shard"`
-	Clock  int64    `json:"clock"`
-	Rows   uint64   `json:"rows"`
-	Pushes []uint64 `json:"pushes"`
+// An EventReport becomes one event of the job's log as it is (an
+// EventReport's launcher may hold it back, or not emit it twice): its
+// kind and fields, worker being the index of the process that sent it.
+// The translation of reports into events is these methods, one per kind of
+// report, and Emit.
+type EventReport interface {
+	Report
+	Event(worker int) (kind string, fields []events.Field)
+}
+
+// Emit emits rep's event, if it has one, as sent by worker.
+func Emit(sink events.Sink, worker int, rep Report) {
+	if e, ok := rep.(EventReport); ok {
+		kind, fields := e.Event(worker)
+		if kind != "" {
+			sink.Emit(kind, fields...)
+		}
+	}
+}
+
+// A TextReport is said in plain words to a person watching one worker
+// (ReportText): "" says nothing.
+type TextReport interface {
+	Report
+	Text(p *Progress) string
+}
+
+// Progress is what ReportText keeps between reports: the job's steps, the
+// steps between progress lines, and the samples trained since the last.
+type Progress struct {
+	Steps, Every  int64
+	samples, secs float64
+}
+
+// Due counts a step's samples (samplesPS over stepS seconds) and says
+// whether the step's progress line is due (every Every steps and at the
+// last), with the samples/s trained since the previous line (-1: none
+// timed).
+func (p *Progress) Due(step int64, samplesPS, stepS float64) (rate float64, due bool) {
+	p.samples += samplesPS * stepS
+	p.secs += stepS
+	if step%max(p.Every, 1) != 0 && step != p.Steps {
+		return 0, false
+	}
+	rate = -1
+	if p.secs > 0 {
+		rate = p.samples / p.secs
+	}
+	p.samples, p.secs = 0, 0
+	return rate, true
+}
+
+// Registered: a ring worker registered with the job's coordinator.
+type Registered struct {
+	ID  string `json:"id"`
+	Pid int    `json:"pid"`
+}
+
+// Training: a rank starts training in a generation's ring (every rank).
+type Training struct {
+	Generation uint64 `json:"generation"`
+	World      int    `json:"world"`
+	Rank       int    `json:"rank"`
+	Step       int64  `json:"step"` // the step it trains after
+}
+
+// Checkpoint: a checkpoint was saved, failed, skipped or restored (Step is
+// Checkpoint.Step).
+type Checkpoint struct {
+	Step       int64            `json:"step"`
+	Checkpoint checkpoint.Event `json:"checkpoint"`
+}
+
+// Stopped: the job stopped at Step (below its minimum of workers, or on
+// request), after its final checkpoint.
+type Stopped struct {
+	Step       int64  `json:"step"`
+	Generation uint64 `json:"generation"`
+	World      int    `json:"world"`
+}
+
+// Left: a worker left the job on request; the others go on.
+type Left struct {
+	ID  string `json:"id"`
+	Pid int    `json:"pid"`
+}
+
+// Failed is a worker's last word: why it failed. NonFinite is a step
+// whose reduced gradients or loss were not finite: every rank of the ring
+// fails it.
+type Failed struct {
+	Reason    string                 `json:"reason"`
+	NonFinite *worker.NonFiniteError `json:"non_finite,omitempty"`
+}
+
+// ReportKind is "registered".
+func (Registered) ReportKind() string { return "registered" }
+
+// ReportKind is "training".
+func (Training) ReportKind() string { return "training" }
+
+// ReportKind is "checkpoint".
+func (Checkpoint) ReportKind() string { return "checkpoint" }
+
+// ReportKind is "stopped".
+func (Stopped) ReportKind() string { return "stopped" }
+
+// ReportKind is "left".
+func (Left) ReportKind() string { return "left" }
+
+// ReportKind is "failed".
+func (Failed) ReportKind() string { return "failed" }
+
+// Event is checkpoint_saved, _failed, _skipped or _restored.
+func (r Checkpoint) Event(int) (string, []events.Field) {
+	e := &r.Checkpoint
+	switch e.Kind {
+	case "saved":
+		return "checkpoint_saved", []events.Field{events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
+			events.F("url", e.URL), events.F("world", e.WorldAfter), events.F("checkpoint", e.ID), events.F("manifest_crc32c", e.ManifestCRC)}
+	case "failed":
+		return "checkpoint_failed", []events.Field{events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err)}
+	case "skipped":
+		return "checkpoint_skipped", []events.Field{events.F("checkpoint", e.ID), events.F("error", e.Err)}
+	case "restored":
+		return "checkpoint_restored", []events.Field{events.F("step", e.Step), events.F("world_before", e.WorldBefore),
+			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes), events.F("config_changed", e.ConfigChanged)}
+	}
+	return "", nil
+}
+
+// Event is stopped.
+func (r Stopped) Event(int) (string, []events.Field) {
+	return "stopped", []events.Field{events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World)}
+}
+
+// Event is worker_failed.
+func (r Failed) Event(worker int) (string, []events.Field) {
+	return "worker_failed", []events.Field{events.F("worker", worker), events.F("reason", r.Reason), events.F("non_finite", r.NonFinite)}
+}
+
+// Text says what the worker registered as.
+func (r Registered) Text(*Progress) string {
+	return fmt.Sprintf("registered as %s (pid %d); waiting for a ring\n", r.ID, r.Pid)
+}
+
+// Text is the checkpoint's line (CheckpointText).
+func (r Checkpoint) Text(*Progress) string { return CheckpointText(&r.Checkpoint) }
+
+// Text says where the job stopped.
+func (r Stopped) Text(*Progress) string { return fmt.Sprintf("the job stopped at step %d\n", r.Step) }
+
+// Text says the worker left.
+func (Left) Text(*Progress) string { return "left the job; the others go on\n" }
+
+// Text says why the worker failed.
+func (r Failed) Text(*Progress) string { return fmt.Sprintf("failed: %s\n", r.Reason) }
+
+// ReportTypes reads report lines back into typed reports: the common
+// kinds and those of one job kind.
+type ReportTypes map[string]reflect.Type
+
+// NewReportTypes reads the common reports and the kinds of protos (each a
+// report value of its type, usually the zero value).
+func NewReportTypes(protos ...Report) ReportTypes {
+	t := ReportTypes{}
+	for _, p := range append([]Report{Registered{}, Training{}, Checkpoint{}, Stopped{}, Left{}, Failed{}}, protos...) {
+		t[p.ReportKind()] = reflect.TypeOf(p)
+	}
+	return t
+}
+
+// Parse reads a launched process's report line; anything else it printed
+// on stdout, or a report of a kind t does not know, is an error naming the
+// process.
+func (t ReportTypes) Parse(l launch.Line) (Report, error) {
+	var head struct {
+		Kind string `json:"kind"`
+	}
+	if err := json.Unmarshal(l.Text, &head); err != nil {
+		return nil, fmt.Errorf("phalanx: %s %d printed %q, not a report: %w", l.Role, l.Index, l.Text, err)
+	}
+	typ, ok := t[head.Kind]
+	if !ok {
+		return nil, fmt.Errorf("phalanx: %s %d printed a report of unknown kind %q: %q", l.Role, l.Index, head.Kind, l.Text)
+	}
+	v := reflect.New(typ)
+	if err := json.Unmarshal(l.Text, v.Interface()); err != nil {
+		return nil, fmt.Errorf("phalanx: %s %d printed a malformed %s report %q: %w", l.Role, l.Index, head.Kind, l.Text, err)
+	}
+	return v.Elem().Interface().(Report), nil
+}
+
+// MarshalReport is r as a launched worker prints it: one JSON object of
+// its kind ("kind") and its fields.
+func MarshalReport(r Report) ([]byte, error) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("phalanx: a %s report: %w", r.ReportKind(), err)
+	}
+	if len(body) < 2 || body[0] != '{' {
+		return nil, fmt.Errorf("phalanx: a %s report is %s, not a JSON object", r.ReportKind(), body)
+	}
+	kind, _ := json.Marshal(r.ReportKind())
+	out := append([]byte(`{"kind":`), kind...)
+	if len(body) > 2 {
+		out = append(out, ',')
+	}
+	return append(out, body[1:]...), nil
 }
 
 // Reporter hands reports to Config.Reports, one at a time.
@@ -99,93 +256,27 @@ func (r *Reporter) Send(rep Report) {
 	r.f(rep)
 }
 
-// ReportLines writes reports as JSON lines to w: how a launched worker
-// tells its launcher (for Config.Reports).
+// ReportLines writes reports as JSON lines to w (MarshalReport): how a
+// launched worker tells its launcher (for Config.Reports).
 func ReportLines(w io.Writer) func(Report) {
-	enc := json.NewEncoder(w)
-	return func(r Report) { enc.Encode(r) }
+	return func(r Report) {
+		b, err := MarshalReport(r)
+		if err != nil {
+			b, _ = MarshalReport(Failed{Reason: err.Error()})
+		}
+		w.Write(append(b, '\n'))
+	}
 }
 
 // ReportText writes reports as plain lines to w, for a person watching one
-// worker (phalanx worker without --json): what it registered as, its
-// generations, a progress line every every steps of the job's steps (rank
-// 0 alone reports steps; samples/s is what was trained since the previous
-// line), its restarts, checkpoints and end.
+// worker (phalanx worker without --json): each TextReport's Text, a
+// step's every every steps of the job's steps (rank 0 alone reports steps;
+// samples/s is what was trained since the previous line).
 func ReportText(w io.Writer, steps, every int64) func(Report) {
-	every = max(every, 1)
-	var samples, secs float64
+	p := &Progress{Steps: steps, Every: max(every, 1)}
 	return func(r Report) {
-		switch r.Kind {
-		case "registered":
-			fmt.Fprintf(w, "registered as %s (pid %d); waiting for a ring\n", r.ID, r.Pid)
-		case "restored":
-			fmt.Fprintf(w, "generation %d: rank 0 of %d workers, at step %d (%d redone), over %s\n", r.Generation, r.World, r.Step, r.Redone, r.DataPlane)
-		case "step", "ps_step":
-			if r.Replayed {
-				return
-			}
-			samples += r.SamplesPS * r.StepS
-			secs += r.StepS
-			if r.Step%every != 0 && r.Step != steps {
-				return
-			}
-			line := fmt.Sprintf("step %d/%d  loss %.4f", r.Step, cmp.Or(r.Steps, steps), r.Loss)
-			if r.Kind == "step" {
-				line += fmt.Sprintf("  acc %5.1f%%  %d workers", 100*r.Accuracy, r.World)
-			}
-			if secs > 0 {
-				line += fmt.Sprintf("  %.0f samples/s", samples/secs)
-			}
-			samples, secs = 0, 0
-			fmt.Fprintln(w, line)
-		case "restart":
-			fmt.Fprintf(w, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", r.Rank, r.Reason, r.Step)
-		case "checkpoint":
-			if r.Checkpoint != nil {
-				fmt.Fprint(w, CheckpointText(r.Checkpoint))
-			}
-		case "stopped":
-			fmt.Fprintf(w, "the job stopped at step %d\n", r.Step)
-		case "left":
-			fmt.Fprintln(w, "left the job; the others go on")
-		case "done":
-			fmt.Fprintf(w, "done: step %d on %d workers; held-out loss %.4f, accuracy %.2f%%\n", r.Step, r.World, r.Loss, 100*r.Accuracy)
-		case "ps_done":
-			var parts []string
-			for _, k := range slices.Sorted(maps.Keys(r.Metrics)) {
-				parts = append(parts, fmt.Sprintf("%s %.4f", k, r.Metrics[k]))
-			}
-			fmt.Fprintf(w, "done: step %d; %s\n", r.Step, strings.Join(parts, ", "))
-		case "failed":
-			fmt.Fprintf(w, "failed: %s\n", r.Reason)
+		if t, ok := r.(TextReport); ok {
+			io.WriteString(w, t.Text(p))
 		}
 	}
-}
-
-// PSShareReport is a worker's report of a share it claimed (ps_share) or
-// finished (ps_share_done).
-type PSShareReport struct {
-	Share int `json:"share"`
-	// Reason is own (the worker's own share) or adopted (a share whose
-	// worker died).
-	Reason string `json:"reason"`
-	// From is the step the share resumes after; ReplayedTo the last step
-	// some shard already applied (steps From+1..ReplayedTo are pushed
-	// again, as duplicates where applied).
-	From       int64 `json:"from"`
-	ReplayedTo int64 `json:"replayed_to"`
-	// Steps (done) is the share's last step; Duplicates how many pushes
-	// the shards answered as applied already.
-	Steps      int64 `json:"steps,omitempty"`
-	Duplicates int64 `json:"duplicates,omitempty"`
-}
-
-// ParseReport reads a launched process's report line; anything else it
-// printed on stdout is an error naming the process.
-func ParseReport(l launch.Line) (Report, error) {
-	var rep Report
-	if err := json.Unmarshal(l.Text, &rep); err != nil {
-		return rep, fmt.Errorf("phalanx: %s %d printed %q, not a report: %w", l.Role, l.Index, l.Text, err)
-	}
-	return rep, nil
 }

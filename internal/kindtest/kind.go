@@ -113,7 +113,8 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	}
 	env.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(env.Endpoints)),
 		events.F("workers", lc.Workers), events.F("model", lc.Model))
-	var done *job.Report
+	var done *Done
+	types := job.NewReportTypes(Step{}, Done{})
 	var first uint64 // the first generation's number
 	for running := lc.Workers; running > 0; {
 		select {
@@ -125,17 +126,17 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 			}
 			job.GenerationEvents(env.Events, g, first)
 		case l := <-env.Procs.Lines():
-			rep, err := job.ParseReport(l)
+			rep, err := types.Parse(l)
 			if err != nil {
 				return nil, err
 			}
-			switch rep.Kind {
-			case "step":
-				env.Events.Emit("step", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
-			case "done":
+			switch rep := rep.(type) {
+			case Step:
+				job.Emit(env.Events, l.Index, rep)
+			case Done:
 				done = &rep
-				env.Events.Emit("done", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
-			case "failed":
+				job.Emit(env.Events, l.Index, rep)
+			case job.Failed:
 				env.Procs.Signal("", syscall.SIGKILL)
 				return nil, fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)
 			}
@@ -147,8 +148,10 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	for {
 		select {
 		case l := <-env.Procs.Lines():
-			if rep, err := job.ParseReport(l); err == nil && rep.Kind == "done" && done == nil {
-				done = &rep
+			if rep, err := types.Parse(l); err == nil && done == nil {
+				if d, ok := rep.(Done); ok {
+					done = &d
+				}
 			}
 			continue
 		default:
@@ -204,12 +207,12 @@ func runWorker(ctx context.Context, cfg job.Config, _ *job.Registry) (*job.Resul
 			}
 			step++
 			if r.Rank == 0 {
-				rep.Send(job.Report{Kind: "step", Step: step, Generation: gen, World: world})
+				rep.Send(Step{Step: step, Generation: gen, World: world})
 			}
 		}
 		res = job.Result{Step: step, Generation: gen, World: world}
 		if r.Rank == 0 {
-			rep.Send(job.Report{Kind: "done", Step: step, Generation: gen, World: world})
+			rep.Send(Done{Step: step, Generation: gen, World: world})
 		}
 		return r.Group.Barrier(ctx) // no rank leaves while another still steps
 	})
@@ -217,4 +220,31 @@ func runWorker(ctx context.Context, cfg job.Config, _ *job.Registry) (*job.Resul
 		return nil, err
 	}
 	return &res, nil
+}
+
+// Step: rank 0 of a ring passed a barrier step; Done: it reached the
+// job's last step. The barrier kind's own reports.
+type (
+	Step struct {
+		Step       int64  `json:"step"`
+		Generation uint64 `json:"generation"`
+		World      int    `json:"world"`
+	}
+	Done Step
+)
+
+// ReportKind is "step".
+func (Step) ReportKind() string { return "step" }
+
+// ReportKind is "done".
+func (Done) ReportKind() string { return "done" }
+
+// Event is step.
+func (r Step) Event(int) (string, []events.Field) {
+	return "step", []events.Field{events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World)}
+}
+
+// Event is done.
+func (r Done) Event(int) (string, []events.Field) {
+	return "done", []events.Field{events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World)}
 }

@@ -2,12 +2,10 @@ package psjob
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"sort"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -230,41 +228,35 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Res
 		rec.Model, lc.Workers, rec.Servers, rec.Shards, rec.Replicas, rec.Partition, rec.Consistency, lc.Job, job.JoinEndpoints(p.Endpoints))
 	start := time.Now()
 	running := lc.Workers
-	var done *job.Report
+	var done *Done
+	types := reportTypes()
 	var failed error // the first worker's failure: the job's, if no worker is left to finish it
 	failures := map[int]string{}
 	take := func(l launch.Line) {
 		if l.Role != "ps-worker" {
 			return
 		}
-		var r job.Report
-		if err := json.Unmarshal(l.Text, &r); err != nil {
+		r, err := types.Parse(l)
+		if err != nil {
 			fmt.Fprintf(p.Out, "worker %d: %s\n", l.Index, l.Text)
 			return
 		}
-		switch r.Kind {
-		case "ps_step":
-			p.Events.Emit("step", events.F("step", r.Step), events.F("worker", r.Worker), events.F("epoch", r.Epoch), events.F("loss", r.Loss),
-				events.F("samples_per_s", r.SamplesPS), events.F("stale", r.Stale))
+		switch r := r.(type) {
+		case Step:
+			job.Emit(p.Events, l.Index, r)
 			eta := time.Duration(float64(time.Since(start)) * float64(r.Steps-r.Step) / float64(max(r.Step, 1)))
 			fmt.Fprintf(p.Out, "step %6d/%d  epoch %d  loss %.4f  %8.0f examples/s  ETA %s\n", r.Step, r.Steps, r.Epoch, r.Loss, r.SamplesPS, eta.Round(time.Second))
-		case "ps_checkpoint":
-			p.Events.Emit("checkpoint_saved", events.F("step", r.Step), events.F("shards", len(r.Shards)))
-			fmt.Fprintf(p.Out, "checkpoint of step %d saved (%d shards)\n", r.Step, len(r.Shards))
-		case "ps_done":
+		case Checkpoint:
+			job.Emit(p.Events, l.Index, r)
+			fmt.Fprint(p.Out, r.text())
+		case Done:
 			done = &r
-		case "ps_share", "ps_share_done":
-			if sh := r.PSShare; sh != nil {
-				fields := []events.Field{events.F("share", sh.Share), events.F("worker", r.Worker), events.F("pid", r.Pid), events.F("reason", sh.Reason),
-					events.F("from", sh.From), events.F("replayed_to", sh.ReplayedTo)}
-				if r.Kind == "ps_share_done" {
-					fields = append(fields, events.F("steps", sh.Steps), events.F("duplicates", sh.Duplicates))
-				} else if sh.Reason != "own" {
-					fmt.Fprintf(p.Out, "worker %d took over share %d at step %d\n", r.Worker, sh.Share, sh.From)
-				}
-				p.Events.Emit(r.Kind, fields...)
-			}
-		case "failed":
+		case Share:
+			job.Emit(p.Events, l.Index, r)
+			fmt.Fprint(p.Out, r.takeover())
+		case ShareDone:
+			job.Emit(p.Events, l.Index, r)
+		case job.Failed:
 			failures[l.Index] = r.Reason
 		}
 	}
@@ -322,40 +314,37 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Res
 		}
 		return nil, errors.New("phalanx: every worker ended and none reported the job done")
 	}
-	p.pushAccounts(ctx, done)
-	fields := []events.Field{events.F("steps", done.Steps), events.F("shards", done.Shards)}
-	var names []string
+	fields := []events.Field{events.F("steps", done.Steps), events.F("shards", p.pushAccounts(ctx, done.Steps))}
+	names := make([]string, 0, len(done.Metrics))
 	for k := range done.Metrics {
 		names = append(names, k)
 	}
 	sort.Strings(names)
-	var parts []string
 	for _, k := range names {
 		fields = append(fields, events.F(k, done.Metrics[k]))
-		parts = append(parts, fmt.Sprintf("%s %.4f", k, done.Metrics[k]))
 	}
 	p.Events.Emit("done", fields...)
-	fmt.Fprintf(p.Out, "done: %d steps in %s; held-out %s\n", done.Steps, time.Since(start).Round(time.Millisecond), strings.Join(parts, ", "))
+	fmt.Fprintf(p.Out, "done: %d steps in %s; held-out %s\n", done.Steps, time.Since(start).Round(time.Millisecond), done.metrics())
 	return &job.Result{Step: done.Steps, World: lc.Workers, Metrics: done.Metrics}, nil
 }
 
 // pushAccounts reads every shard's account of the pushes once the workers
-// are done, reports it (ps_pushes, one event a shard and table) and puts
-// the first table's in done.Shards.
-func (p *psLaunch) pushAccounts(ctx context.Context, done *job.Report) {
+// are done, after steps, reports it (ps_pushes, one event a shard and
+// table) and returns the first table's (nil if they could not be read).
+func (p *psLaunch) pushAccounts(ctx context.Context, steps int64) []ShardAccount {
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	accounts, err := psAccounts(actx, p.Coord, p.rec, p.Log.Named("accounts"))
 	if err != nil {
 		p.Log.Warn("the shards' accounts of the pushes", zap.Error(err))
 		fmt.Fprintf(p.Out, "the shards' accounts of the pushes: %v\n", err)
-		return
+		return nil
 	}
 	mode, _ := ps.ParseMode(p.rec.Consistency)
-	done.Shards = nil
+	var first []ShardAccount
 	for _, a := range accounts {
 		if a.Table == p.rec.Tables[0].Id {
-			done.Shards = append(done.Shards, job.ShardAccount{Shard: a.Shard, Clock: a.Info.Clock, Rows: a.Info.Rows, Pushes: a.Info.LastIDs})
+			first = append(first, ShardAccount{Shard: a.Shard, Clock: a.Info.Clock, Rows: a.Info.Rows, Pushes: a.Info.LastIDs})
 		}
 		var pushes []map[string]any
 		for share, c := range a.Info.Pushes {
@@ -364,10 +353,11 @@ func (p *psLaunch) pushAccounts(ctx context.Context, done *job.Report) {
 		}
 		fields := []events.Field{events.F("table", a.Table), events.F("shard", a.Shard), events.F("clock", a.Info.Clock), events.F("pushes", pushes)}
 		if mode != ps.ASP {
-			fields = append(fields, events.F("exactly_once", a.exactlyOnce(mode, done.Steps)))
+			fields = append(fields, events.F("exactly_once", a.exactlyOnce(mode, steps)))
 		}
 		p.Events.Emit("ps_pushes", fields...)
 	}
+	return first
 }
 
 // shardMap reports a new shard map and its failovers.

@@ -260,8 +260,8 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 			return err
 		}
 	}
-	w.rep.Send(job.Report{Kind: "ps_share", Worker: w.index, Pid: os.Getpid(), Step: from, Steps: rec.Steps,
-		PSShare: &job.PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo}})
+	claim := Share{Worker: w.index, Pid: os.Getpid(), Share: share, Steps: rec.Steps, Reason: reason, From: from, ReplayedTo: replayedTo}
+	w.rep.Send(claim)
 	var saver *cluster.Saver
 	if rec.Checkpoint != "" && share == 0 {
 		store, err := checkpoint.OpenURL(ctx, rec.Checkpoint, w.cfg.Credentials)
@@ -294,7 +294,7 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 		stale += st
 		if share == 0 && (step%every == 0 || step == rec.Steps) {
 			secs := now().Sub(mark).Seconds()
-			w.rep.Send(job.Report{Kind: "ps_step", Worker: share, Step: step, Steps: rec.Steps, Epoch: int64(epoch), Loss: lossSum / float64(since),
+			w.rep.Send(Step{Worker: share, Step: step, Steps: rec.Steps, Epoch: int64(epoch), Loss: lossSum / float64(since),
 				SamplesPS: float64(since*b*n) / secs, Stale: stale})
 			lossSum, stale, since, mark = 0, 0, 0, now()
 		}
@@ -314,7 +314,7 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 			if err != nil {
 				return err
 			}
-			w.rep.Send(job.Report{Kind: "ps_checkpoint", Worker: 0, Step: step, Steps: rec.Steps, Shards: make([]job.ShardAccount, m.Shards)})
+			w.rep.Send(Checkpoint{Step: step, Steps: rec.Steps, Shards: int(m.Shards)})
 		}
 		return nil
 	}
@@ -323,14 +323,13 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 		return err
 	}
 	if share == 0 {
-		w.rep.Send(job.Report{Kind: "ps_done", Worker: 0, Step: rec.Steps, Steps: rec.Steps, Metrics: metrics})
+		w.rep.Send(Done{Steps: rec.Steps, Metrics: metrics})
 	}
 	var dups int64
 	for _, t := range rec.Tables {
 		dups += cl.Duplicates(t.Id)
 	}
-	w.rep.Send(job.Report{Kind: "ps_share_done", Worker: w.index, Pid: os.Getpid(), Step: rec.Steps, Steps: rec.Steps,
-		PSShare: &job.PSShareReport{Share: share, Reason: reason, From: from, ReplayedTo: replayedTo, Steps: rec.Steps, Duplicates: dups}})
+	w.rep.Send(ShareDone{Share: claim, Duplicates: dups})
 	return nil
 }
 

@@ -109,9 +109,9 @@ type ringJob struct {
 	winSamples, winSecs float64
 	first               uint64 // the first generation's number
 	byPid               map[int64]int
-	done                *job.Report
+	done                *Done
 	stopped             string // the coordinator's reason
-	stop                *job.Report
+	stop                *job.Stopped
 	stepGen             uint64 // the generation of the latest step report
 	lastStep            int64
 	said                map[string]bool // checkpoints whose skip the terminal was told of
@@ -125,7 +125,8 @@ type ringJob struct {
 	// seen is the newest generation read from etcd; pending the rings'
 	// resumptions reported for a newer one, told once it is read.
 	seen    uint64
-	pending []job.Report
+	pending []Restored
+	types   job.ReportTypes // what its workers report
 }
 
 // newRingJob is the launcher's side of a ring job in environment j, its
@@ -135,7 +136,8 @@ func newRingJob(j *job.Env, store checkpoint.Store) *ringJob {
 	if now == nil {
 		now = time.Now
 	}
-	return &ringJob{Env: j, store: store, now: now, start: now(), every: cmp.Or(j.LC.LogEvery, max(1, j.LC.Steps/20)), byPid: map[int64]int{}}
+	return &ringJob{Env: j, store: store, now: now, start: now(), every: cmp.Or(j.LC.LogEvery, max(1, j.LC.Steps/20)), byPid: map[int64]int{},
+		types: reportTypes()}
 }
 
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*job.Result, error) {
@@ -275,12 +277,12 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 	d := r.done
 	fmt.Fprintln(r.Out, r.doneLine(d))
 	return &job.Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
-		ParametersIdentical: d.Identical != nil && *d.Identical, ParametersCRC: d.ParamsCRC, RankCRCs: d.RankCRCs}, nil
+		ParametersIdentical: d.Identical, ParametersCRC: d.ParamsCRC, RankCRCs: d.RankCRCs}, nil
 }
 
 // doneLine says how the job ended: the steps this run trained (and, for a
 // resumed job, which), in how long, and the held-out figures.
-func (r *ringJob) doneLine(d *job.Report) string {
+func (r *ringJob) doneLine(d *Done) string {
 	took := r.now().Sub(r.start).Round(time.Millisecond)
 	steps := fmt.Sprintf("%d steps", d.Step)
 	if r.from > 0 {
@@ -292,7 +294,7 @@ func (r *ringJob) doneLine(d *job.Report) string {
 // progress prints a progress line every r.every steps and at the last: the
 // samples/s trained since the previous line, and an ETA from this run's own
 // pace (a resumed job's earlier steps took no time of this run's).
-func (r *ringJob) progress(rep job.Report) {
+func (r *ringJob) progress(rep Step) {
 	now := r.now()
 	if r.fromAt.IsZero() {
 		r.from, r.fromAt = rep.Step-1, now
@@ -364,31 +366,20 @@ func resumable(ctx context.Context, c *job.Config, store checkpoint.Store, spec 
 	return nil
 }
 
-// checkpointEvent logs a worker's checkpoint event.
-func (r *ringJob) checkpointEvent(e *checkpoint.Event) {
-	if e == nil {
-		return
-	}
-	switch e.Kind {
-	case "saved":
-		r.Events.Emit("checkpoint_saved", events.F("step", e.Step), events.F("bytes", e.Bytes), events.F("seconds", e.Seconds),
-			events.F("url", e.URL), events.F("world", e.WorldAfter), events.F("checkpoint", e.ID), events.F("manifest_crc32c", e.ManifestCRC))
-	case "failed":
-		r.Events.Emit("checkpoint_failed", events.F("step", e.Step), events.F("checkpoint", e.ID), events.F("error", e.Err))
-	case "skipped":
-		r.Events.Emit("checkpoint_skipped", events.F("checkpoint", e.ID), events.F("error", e.Err))
-		if r.said[e.ID] { // every rank that found it damaged says so: the terminal hears it once
+// checkpoint logs a worker's checkpoint report and says it on the
+// terminal (a damaged checkpoint once, however many ranks found it so).
+func (r *ringJob) checkpoint(worker int, rep job.Checkpoint) {
+	job.Emit(r.Events, worker, rep)
+	if e := rep.Checkpoint; e.Kind == "skipped" {
+		if r.said[e.ID] {
 			return
 		}
 		if r.said == nil {
 			r.said = map[string]bool{}
 		}
 		r.said[e.ID] = true
-	case "restored":
-		r.Events.Emit("checkpoint_restored", events.F("step", e.Step), events.F("world_before", e.WorldBefore),
-			events.F("world_after", e.WorldAfter), events.F("url", e.URL), events.F("bytes", e.Bytes), events.F("config_changed", e.ConfigChanged))
 	}
-	fmt.Fprint(r.Out, job.CheckpointText(e))
+	fmt.Fprint(r.Out, job.CheckpointText(&rep.Checkpoint))
 }
 
 func (r *ringJob) exited(x launch.Exit) {
@@ -473,44 +464,37 @@ func joinBad(bad []string) string {
 
 // handle takes one report line of a worker.
 func (r *ringJob) handle(l launch.Line) error {
-	rep, err := job.ParseReport(l)
+	rep, err := r.types.Parse(l)
 	if err != nil {
 		return err
 	}
-	switch rep.Kind {
-	case "registered":
+	switch rep := rep.(type) {
+	case job.Registered:
 		r.byPid[int64(rep.Pid)] = l.Index
-	case "restored":
-		r.Events.Emit("data_plane", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("plane", rep.DataPlane))
+	case Restored:
+		job.Emit(r.Events, l.Index, rep)
 		// Told after its generation: a worker's report may come before the
 		// launcher has read the generation from etcd.
 		r.pending = append(r.pending, rep)
 		r.resumed(r.seen)
-	case "step":
+	case Step:
 		if rep.Generation < r.stepGen || (rep.Replayed && rep.Step <= r.lastStep) {
 			return nil // from a rank 0 of a ring that steps no more, or already reported
 		}
 		r.stepGen, r.lastStep = rep.Generation, rep.Step
-		r.Events.Emit("step", events.F("step", rep.Step), events.F("generation", cmp.Or(rep.TrainedIn, rep.Generation)), events.F("world", rep.World),
-			events.F("loss", rep.Loss), events.F("samples_per_s", rep.SamplesPS),
-			events.F("step_s", rep.StepS), events.F("compute_s", rep.ComputeS), events.F("comm_s", rep.CommS),
-			events.F("epoch", rep.Epoch), events.F("offset", rep.Offset), events.F("fingerprint", rep.Fingerprint),
-			events.F("participants", cmp.Or(rep.Participants, rep.World)), events.F("stale", rep.Stale))
+		job.Emit(r.Events, l.Index, rep)
 		r.progress(rep)
-	case "restart":
-		r.Events.Emit("rank_restarted", events.F("rank", rep.Rank), events.F("committed_step", rep.Step),
-			events.F("reason", rep.Reason), events.F("restarts", rep.Restarts))
-		fmt.Fprintf(r.Out, "rank %d restarted by its supervisor (%s); resumed from the commit of step %d\n", rep.Rank, rep.Reason, rep.Step)
-	case "checkpoint":
-		r.checkpointEvent(rep.Checkpoint)
-	case "overlap_fallback":
-		r.Events.Emit("hybrid_overlap_fallback", events.F("step", rep.Step), events.F("late", rep.Late), events.F("deadline_s", rep.DeadlineS))
-	case "fed":
-		r.Events.Emit("straggler_fed", events.F("id", rep.ID), events.F("step", rep.Step))
-	case "left":
+	case Restart:
+		job.Emit(r.Events, l.Index, rep)
+		fmt.Fprint(r.Out, rep.Text(nil))
+	case job.Checkpoint:
+		r.checkpoint(l.Index, rep)
+	case OverlapFallback, Fed:
+		job.Emit(r.Events, l.Index, rep)
+	case job.Left:
 		fmt.Fprintf(r.Out, "worker %d (pid %d) left the job on request\n", l.Index, rep.Pid)
-	case "failed":
-		r.Events.Emit("worker_failed", events.F("worker", l.Index), events.F("reason", rep.Reason), events.F("non_finite", rep.NonFinite))
+	case job.Failed:
+		job.Emit(r.Events, l.Index, rep)
 		if r.failed != nil || r.done != nil {
 			return nil
 		}
@@ -523,17 +507,15 @@ func (r *ringJob) handle(l launch.Line) error {
 		}
 		r.failed = fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)
 		r.endFailed()
-	case "stopped":
+	case job.Stopped:
 		if r.stop == nil {
 			r.stop = &rep
-			r.Events.Emit("stopped", events.F("step", rep.Step), events.F("generation", rep.Generation), events.F("world", rep.World))
+			job.Emit(r.Events, l.Index, rep)
 		}
-	case "done":
+	case Done:
 		if r.done == nil && r.failed == nil { // a failed job is not done: its result and its error agree
 			r.done = &rep
-			r.Events.Emit("done", events.F("step", rep.Step), events.F("accuracy", rep.Accuracy), events.F("loss", rep.Loss),
-				events.F("generation", rep.Generation), events.F("world", rep.World), events.F("parameters_identical", rep.Identical != nil && *rep.Identical),
-				events.F("parameters_crc32c", rep.ParamsCRC), events.F("parameters_crc32c_by_rank", rep.RankCRCs))
+			job.Emit(r.Events, l.Index, rep)
 		}
 	}
 	return nil

@@ -24,25 +24,25 @@ func TestReplayedStepKeepsItsRing(t *testing.T) {
 		Position: worker.Position{Epoch: 1, Offset: 512}}
 	tests := []struct {
 		name  string
-		lines []job.Report
+		lines []Step
 		want  []map[string]any // the step events' checked fields
 	}{
-		{"never seen", []job.Report{
-			{Kind: "step", Step: 146, Generation: 1, World: 4, Participants: 3, Stale: 1},
+		{"never seen", []Step{
+			{Step: 146, Generation: 1, World: 4, Participants: 3, Stale: 1},
 			replayedStep(trained, 2),
-			{Kind: "step", Step: 148, Generation: 2, World: 3},
+			{Step: 148, Generation: 2, World: 3},
 		}, []map[string]any{
 			{"step": 146.0, "generation": 1.0, "world": 4.0, "participants": 3.0, "stale": 1.0},
 			{"step": 147.0, "generation": 1.0, "world": 4.0, "participants": 3.0, "stale": 1.0, "fingerprint": []any{96.0, 12473.0, 1051.0, 0.0, 11598.0}},
 			{"step": 148.0, "generation": 2.0, "world": 3.0, "participants": 3.0},
 		}},
-		{"seen already", []job.Report{
-			{Kind: "step", Step: 147, Generation: 1, World: 4, Participants: 3, Stale: 1},
+		{"seen already", []Step{
+			{Step: 147, Generation: 1, World: 4, Participants: 3, Stale: 1},
 			replayedStep(trained, 2),
 		}, []map[string]any{
 			{"step": 147.0, "generation": 1.0, "world": 4.0, "participants": 3.0, "stale": 1.0},
 		}},
-		{"a synchronous step", []job.Report{
+		{"a synchronous step", []Step{
 			replayedStep(worker.StepStats{Step: 9, World: 4, Generation: 3}, 4),
 		}, []map[string]any{
 			{"step": 9.0, "generation": 3.0, "world": 4.0, "participants": 4.0, "stale": 0.0},
@@ -53,7 +53,7 @@ func TestReplayedStepKeepsItsRing(t *testing.T) {
 			var buf bytes.Buffer
 			r := newRingJob(&job.Env{LC: &job.LaunchConfig{Config: job.Config{Steps: 300}, LogEvery: 1000}, Events: events.New(&buf, func() time.Time { return time.Unix(0, 0) }), Out: io.Discard}, nil)
 			for _, rep := range tc.lines {
-				b, err := json.Marshal(rep)
+				b, err := job.MarshalReport(rep)
 				if err != nil {
 					t.Fatal(err)
 				}

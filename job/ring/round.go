@@ -75,13 +75,13 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	world := 0
 	if r.Rank == 0 {
 		world = g.Size()
-		w.rep.Send(job.Report{Kind: "restored", Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root,
+		w.rep.Send(Restored{Generation: gen.Number, World: g.Size(), Step: res.Step, Redone: res.Redone, Root: res.Root,
 			DataPlane: g.DataPlane()})
 		if l := res.Last; l.Step > 0 && l.Step == res.Step { // in case the previous rank 0 never reported it
 			w.rep.Send(replayedStep(l, gen.Number))
 		}
 	}
-	w.rep.Send(job.Report{Kind: "training", Generation: gen.Number, World: g.Size(), Rank: r.Rank, Step: res.Step})
+	w.rep.Send(job.Training{Generation: gen.Number, World: g.Size(), Rank: r.Rank, Step: res.Step})
 	w.generation.Store(gen.Number)
 	ids := make([]string, len(gen.Members))
 	for i, m := range gen.Members {
@@ -97,7 +97,7 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	case stopped:
 		w.stoppedAt.Store(t.State().Step)
 		if r.Rank == 0 {
-			w.rep.Send(job.Report{Kind: "stopped", Step: t.State().Step, Generation: gen.Number, World: g.Size()})
+			w.rep.Send(job.Stopped{Step: t.State().Step, Generation: gen.Number, World: g.Size()})
 		}
 		w.sys.Quiet()
 		return nil // every rank stops at this boundary: the job is over for now
@@ -110,9 +110,8 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	}
 	res2.Step, res2.Generation = t.State().Step, gen.Number
 	if r.Rank == 0 {
-		same := res2.ParametersIdentical
-		w.rep.Send(job.Report{Kind: "done", Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
-			Identical: &same, ParamsCRC: res2.ParametersCRC, RankCRCs: res2.RankCRCs})
+		w.rep.Send(Done{Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
+			Identical: res2.ParametersIdentical, ParamsCRC: res2.ParametersCRC, RankCRCs: res2.RankCRCs})
 	}
 	w.mu.Lock()
 	w.result = res2
@@ -157,7 +156,7 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 				if plant.On(plant.HybridUnrecorded) && n < g.Size() {
 					n++ // planted: a late rank's samples dropped without a record
 				}
-				w.rep.Send(job.Report{Kind: "step", Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
+				w.rep.Send(Step{Step: st.Step, Generation: gen.Number, World: g.Size(), Loss: st.Loss,
 					Accuracy: st.Accuracy, SamplesPS: float64(st.Samples) / now.Sub(prev).Seconds(),
 					ComputeS: st.Compute.Seconds(), CommS: st.Comm.Seconds(), StepS: now.Sub(prev).Seconds(),
 					Epoch: st.Position.Epoch, Offset: st.Position.Offset, Fingerprint: st.Fingerprint,
@@ -177,7 +176,7 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 		// This worker's own failure: say so now, before it leaves the ring
 		// (its lease revoked on the way out), so the launcher ends the job
 		// before the others can train on without it and report it done.
-		w.rep.Send(job.Report{Kind: "failed", Reason: err.Error()})
+		w.rep.Send(job.Failed{Reason: err.Error()})
 	case <-g.Failed():
 		err = g.Err()
 	case <-ctx.Done():
@@ -395,9 +394,9 @@ func parametersAgree(ctx context.Context, g *collective.Group, params []*nn.Para
 // again by rank 0 of generation gen: its world, generation and
 // participants are the ring's that trained it (the sampler split its batch
 // that many ways), not the new ring's.
-func replayedStep(l worker.StepStats, gen uint64) job.Report {
+func replayedStep(l worker.StepStats, gen uint64) Step {
 	n := participants(l, l.World)
-	return job.Report{Kind: "step", Replayed: true, Step: l.Step, Generation: gen, TrainedIn: l.Generation, World: l.World, Loss: l.Loss,
+	return Step{Replayed: true, Step: l.Step, Generation: gen, TrainedIn: l.Generation, World: l.World, Loss: l.Loss,
 		Accuracy: l.Accuracy, Epoch: l.Position.Epoch, Offset: l.Position.Offset, Fingerprint: l.Fingerprint,
 		Participants: n, Stale: l.World - n}
 }
@@ -421,6 +420,6 @@ func shape64(s []int) []int64 {
 
 // checkpointReport tells of a checkpoint event, its step at the top level
 // as every report's.
-func checkpointReport(ev checkpoint.Event) job.Report {
-	return job.Report{Kind: "checkpoint", Step: ev.Step, Checkpoint: &ev}
+func checkpointReport(ev checkpoint.Event) job.Checkpoint {
+	return job.Checkpoint{Step: ev.Step, Checkpoint: ev}
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/hybrid"
-	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -42,7 +41,7 @@ func (w *ringWorker) probation(ctx context.Context) {
 				if step, err := w.requestFeed(ctx); err != nil {
 					w.log.Warn("receiving the ring's parameters", zap.Error(err))
 				} else {
-					w.rep.Send(job.Report{Kind: "fed", ID: w.id, Step: step})
+					w.rep.Send(Fed{ID: w.id, Step: step})
 				}
 			}
 			d, err := w.probe(ctx, &pr)

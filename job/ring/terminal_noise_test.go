@@ -1,7 +1,6 @@
 package ring
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -56,13 +55,13 @@ func TestTerminalNoise(t *testing.T) {
 			var out, evs strings.Builder
 			r := newRingJob(&job.Env{Out: &out, Events: events.New(&evs, time.Now), LC: &job.LaunchConfig{}}, nil)
 			if c.stop {
-				r.stop = &job.Report{Kind: "stopped", Step: 7}
+				r.stop = &job.Stopped{Step: 7}
 			}
 			for i, err := range c.exits {
 				r.exited(launch.Exit{Role: "worker", Index: i, Pid: 100 + i, Err: err})
 			}
 			for _, id := range c.skips {
-				r.checkpointEvent(&checkpoint.Event{Kind: "skipped", ID: id, Err: "damaged"})
+				r.checkpoint(0, job.Checkpoint{Checkpoint: checkpoint.Event{Kind: "skipped", ID: id, Err: "damaged"}})
 			}
 			for i, line := range c.want {
 				if n := strings.Count(out.String(), line); n != c.count[i] {
@@ -110,7 +109,7 @@ func TestProgressLines(t *testing.T) {
 				if step%5 == 0 {
 					secs = 0.045
 				}
-				r.progress(job.Report{Kind: "step", Step: step, World: 4, Loss: 0.5, Accuracy: 0.9, SamplesPS: 256 / secs, StepS: secs})
+				r.progress(Step{Step: step, World: 4, Loss: 0.5, Accuracy: 0.9, SamplesPS: 256 / secs, StepS: secs})
 			}
 			if n := strings.Count(out.String(), "step "); n != c.lines {
 				t.Errorf("%d progress lines, want %d:\n%s", n, c.lines, out.String())
@@ -120,7 +119,7 @@ func TestProgressLines(t *testing.T) {
 					t.Errorf("progress lacks %q:\n%s", w, out.String())
 				}
 			}
-			if got := r.doneLine(&job.Report{Step: 100, Loss: 0.25, Accuracy: 0.91}); !strings.HasPrefix(got, c.doneWant) {
+			if got := r.doneLine(&Done{Step: 100, Loss: 0.25, Accuracy: 0.91}); !strings.HasPrefix(got, c.doneWant) {
 				t.Errorf("done line %q, want it to begin %q", got, c.doneWant)
 			}
 		})
@@ -134,17 +133,17 @@ func TestProgressLines(t *testing.T) {
 func TestReportText(t *testing.T) {
 	var out strings.Builder
 	say := job.ReportText(&out, 10, 5)
-	say(job.Report{Kind: "registered", ID: "w-1", Pid: 42})
-	say(job.Report{Kind: "restored", Generation: 1, World: 2, DataPlane: "shm"})
+	say(job.Registered{ID: "w-1", Pid: 42})
+	say(Restored{Generation: 1, World: 2, DataPlane: "shm"})
 	for step := int64(1); step <= 10; step++ {
 		secs := 0.01
 		if step%5 == 0 {
 			secs = 0.03
 		}
-		say(job.Report{Kind: "step", Step: step, World: 2, Loss: 0.5, Accuracy: 0.75, SamplesPS: 256 / secs, StepS: secs})
+		say(Step{Step: step, World: 2, Loss: 0.5, Accuracy: 0.75, SamplesPS: 256 / secs, StepS: secs})
 	}
-	say(job.Report{Kind: "checkpoint", Checkpoint: &checkpoint.Event{Kind: "saved", Step: 10, URL: "/c/step-10", Bytes: 2048, Seconds: 0.5}})
-	say(job.Report{Kind: "done", Step: 10, World: 2, Loss: 0.25, Accuracy: 0.9})
+	say(job.Checkpoint{Step: 10, Checkpoint: checkpoint.Event{Kind: "saved", Step: 10, URL: "/c/step-10", Bytes: 2048, Seconds: 0.5}})
+	say(Done{Step: 10, World: 2, Loss: 0.25, Accuracy: 0.9})
 	want := `registered as w-1 (pid 42); waiting for a ring
 generation 1: rank 0 of 2 workers, at step 0 (0 redone), over shm
 step 5/10  loss 0.5000  acc  75.0%  2 workers  18286 samples/s
@@ -193,7 +192,7 @@ func TestResumedAfterItsGeneration(t *testing.T) {
 		return g
 	}
 	restored := func(n uint64) launch.Line {
-		b, _ := json.Marshal(job.Report{Kind: "restored", Generation: n, World: 1, Step: 40, Redone: 2})
+		b, _ := job.MarshalReport(Restored{Generation: n, World: 1, Step: 40, Redone: 2})
 		return launch.Line{Index: 0, Text: b}
 	}
 	r.generation(gen(1, "a", "b"))

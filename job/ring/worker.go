@@ -188,10 +188,10 @@ func (w *ringWorker) start(ctx context.Context) error {
 			for i, r := range f.Late {
 				late[i] = int(r)
 			}
-			w.rep.Send(job.Report{Kind: "overlap_fallback", Step: f.Step, Late: late, DeadlineS: f.Deadline.Seconds()})
+			w.rep.Send(OverlapFallback{Step: f.Step, Late: late, DeadlineS: f.Deadline.Seconds()})
 		},
 		OnRestart: func(r *phalanxpb.RankRestarted) {
-			w.rep.Send(job.Report{Kind: "restart", Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
+			w.rep.Send(Restart{Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
 		},
 	})})
 	if err != nil {
@@ -233,7 +233,7 @@ func (w *ringWorker) run(ctx context.Context) (*job.Result, error) {
 		goAux(w.probation)
 		goAux(w.watchFeeds)
 	}
-	w.rep.Send(job.Report{Kind: "registered", ID: w.id, Pid: os.Getpid()})
+	w.rep.Send(job.Registered{ID: w.id, Pid: os.Getpid()})
 	err := w.agent.Run(runCtx, w.round)
 	var stopped *elastic.StoppedError
 	switch {
@@ -241,7 +241,7 @@ func (w *ringWorker) run(ctx context.Context) (*job.Result, error) {
 		w.finalCheckpoint(runCtx, stopped)
 		return nil, stopped
 	case errors.Is(err, elastic.ErrLeft):
-		w.rep.Send(job.Report{Kind: "left", ID: w.id, Pid: os.Getpid()})
+		w.rep.Send(job.Left{ID: w.id, Pid: os.Getpid()})
 		return nil, job.ErrLeft
 	case err != nil:
 		if cause := context.Cause(runCtx); cause != nil && !errors.Is(err, cause) {
