@@ -397,82 +397,122 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 		c.log.Log(lvl, "stepped down", zap.String("election_key", f.key), zap.Int64("election_rev", f.rev), zap.Error(err))
 		c.observe(Leadership{Key: f.key, Rev: f.rev, Err: err})
 	}()
-	// Every request while leading goes through retry under the session's
-	// context: an election inside the etcd cluster fails requests for a
-	// second or two, and giving up leadership for it would revoke the
-	// session and hand the job to a standby for nothing. Leadership ends
-	// when the session does.
-	lctx := sess.Ctx()
-	retry := func(what string, op func(context.Context) error) error {
-		return sessionEnded(lctx, ctx, Retry(lctx, c.cfg.SessionTTL, func(err error) {
-			c.log.Warn(what+": etcd unavailable; retrying", zap.Error(err))
-		}, op))
-	}
-	ru := rules{rendezvous: c.cfg.Rendezvous, joinWindow: c.cfg.JoinWindow, minWorkersTimeout: c.cfg.MinWorkersTimeout,
-		firstRing: c.cfg.FirstRing, firstRingWait: c.cfg.FirstRingWait}
-	var clk clocks
-	wasExcluded := map[string]bool{} // stragglers left out by this coordinator, to name their readmission
-	detected := map[string]string{}
-	broken := false
+	t := &term{c: c, f: f, ctx: ctx, lctx: sess.Ctx(), wasExcluded: map[string]bool{}, detected: map[string]string{},
+		rules: rules{rendezvous: c.cfg.Rendezvous, joinWindow: c.cfg.JoinWindow, minWorkersTimeout: c.cfg.MinWorkersTimeout,
+			firstRing: c.cfg.FirstRing, firstRingWait: c.cfg.FirstRingWait}}
 	for {
-		var s *snapshot
-		if err := retry("reading the job", func(ctx context.Context) (err error) {
-			s, err = c.read(ctx, f)
-			return err
-		}); err != nil {
+		rev, wake, err := t.pass()
+		if err != nil {
 			return err
 		}
-		if s.done {
-			c.log.Info("the job is done")
-			return ErrDone
+		if rev == 0 {
+			continue // read the job again
 		}
-		if len(s.reports) > 0 {
-			b, err := c.verify(lctx, f, s, detected, retry)
-			if err != nil {
-				return err
-			}
-			broken = broken || b
-			continue // decide on what remains
-		}
-		now := c.cfg.Now()
-		v := decideRound(ru, round{now: now, current: s.cur, live: s.live, excluded: s.excluded, left: s.left,
-			broken: broken, detectedBy: detected, wasExcluded: wasExcluded, clocks: clk})
-		clk = v.clocks
-		write := func(ctx context.Context) error { return c.write(ctx, f, s.genRev, v.next) }
-		switch {
-		case v.stop:
-			if err := retry("writing the stop", write); err != nil {
-				return err
-			}
-			c.log.Error("job stopped", zap.String("reason", v.reason))
-		case v.next != nil:
-			for _, x := range v.next.Excluded {
-				wasExcluded[x.Id] = true
-			}
-			for _, id := range v.next.Readmitted {
-				delete(wasExcluded, id)
-			}
-			broken = false
-			clear(detected)
-			if err := retry("writing the generation", write); err != nil {
-				return err
-			}
-			c.log.Info("new generation", zap.Uint64("generation", v.next.Number), zap.Int("world", len(v.next.Members)), zap.String("reason", v.reason))
-		}
-		if v.next != nil {
-			if c.cfg.OnDecision != nil {
-				c.cfg.OnDecision(v.next)
-			}
-			continue // read the job as written
-		}
-		wake := time.Duration(-1)
-		if !v.wake.IsZero() {
-			wake = v.wake.Sub(now)
-		}
-		if err := c.wait(ctx, sess, s.rev, wake); err != nil {
+		if err := c.wait(ctx, sess, rev, wake); err != nil {
 			return err
 		}
 	}
+}
+
+// term is one leadership: its fence, and what its decisions carry from
+// one pass to the next.
+type term struct {
+	c     *Coordinator
+	f     fence
+	ctx   context.Context // Run's
+	lctx  context.Context // the election session's: its end ends the term
+	rules rules
+	clk   clocks
+	// wasExcluded: stragglers left out in this term, to name their
+	// readmission; detected: who reported each lost worker; broken: a
+	// verified loss not yet decided on.
+	wasExcluded map[string]bool
+	detected    map[string]string
+	broken      bool
+}
+
+// retry runs op under the session's context through transient etcd
+// errors. Every request while leading goes through it: an election inside
+// the etcd cluster fails requests for a second or two, and giving up
+// leadership for it would revoke the session and hand the job to a standby
+// for nothing. Leadership ends when the session does.
+func (t *term) retry(what string, op func(context.Context) error) error {
+	return sessionEnded(t.lctx, t.ctx, Retry(t.lctx, t.c.cfg.SessionTTL, func(err error) {
+		t.c.log.Warn(what+": etcd unavailable; retrying", zap.Error(err))
+	}, op))
+}
+
+// pass reads the job, verifies its loss reports or decides and writes the
+// next generation or a stop. It returns the revision to wait from and how
+// long to wait at most (-1: until something changes), or rev 0 to read
+// again at once; ErrDone once the job is done.
+func (t *term) pass() (rev int64, wake time.Duration, err error) {
+	c := t.c
+	var s *snapshot
+	if err := t.retry("reading the job", func(ctx context.Context) (err error) {
+		s, err = c.read(ctx, t.f)
+		return err
+	}); err != nil {
+		return 0, 0, err
+	}
+	if s.done {
+		c.log.Info("the job is done")
+		return 0, 0, ErrDone
+	}
+	if len(s.reports) > 0 {
+		b, err := c.verify(t.lctx, t.f, s, t.detected, t.retry)
+		if err != nil {
+			return 0, 0, err
+		}
+		t.broken = t.broken || b
+		return 0, 0, nil // decide on what remains
+	}
+	now := c.cfg.Now()
+	v := decideRound(t.rules, round{now: now, current: s.cur, live: s.live, excluded: s.excluded, left: s.left,
+		broken: t.broken, detectedBy: t.detected, wasExcluded: t.wasExcluded, clocks: t.clk})
+	t.clk = v.clocks
+	if err := t.apply(s, v); err != nil {
+		return 0, 0, err
+	}
+	if v.next != nil {
+		if c.cfg.OnDecision != nil {
+			c.cfg.OnDecision(v.next)
+		}
+		return 0, 0, nil // read the job as written
+	}
+	wake = -1
+	if !v.wake.IsZero() {
+		wake = v.wake.Sub(now)
+	}
+	return s.rev, wake, nil
+}
+
+// apply writes a verdict: a stop, or the next generation (whose
+// exclusions and readmissions the term remembers).
+func (t *term) apply(s *snapshot, v verdict) error {
+	c := t.c
+	write := func(ctx context.Context) error { return c.write(ctx, t.f, s.genRev, v.next) }
+	switch {
+	case v.stop:
+		if err := t.retry("writing the stop", write); err != nil {
+			return err
+		}
+		c.log.Error("job stopped", zap.String("reason", v.reason))
+	case v.next != nil:
+		for _, x := range v.next.Excluded {
+			t.wasExcluded[x.Id] = true
+		}
+		for _, id := range v.next.Readmitted {
+			delete(t.wasExcluded, id)
+		}
+		t.broken = false
+		clear(t.detected)
+		if err := t.retry("writing the generation", write); err != nil {
+			return err
+		}
+		c.log.Info("new generation", zap.Uint64("generation", v.next.Number), zap.Int("world", len(v.next.Members)), zap.String("reason", v.reason))
+	}
+	return nil
 }
 
 // sessionEnded is err, or ErrLeadershipLost when err is a request's
