@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -19,7 +18,6 @@ import (
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/job"
-	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // Kind is the barrier kind: a model names it (ModelSpec.Kind "barrier").
@@ -85,27 +83,11 @@ type prepared struct{}
 // generations into events, until rank 0 says done.
 func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *job.Env) (*job.Result, error) {
 	lc := env.LC
-	co, err := coordinator.New(env.Coord, coordinator.Config{ID: fmt.Sprintf("barrier-%d", os.Getpid()),
-		Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
-		JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL,
-		FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout, Logger: env.Log.Named("coordinator")})
+	el, err := env.StartElastic(ctx)
 	if err != nil {
 		return nil, err
 	}
-	coordDone := make(chan error, 1)
-	go func() { coordDone <- co.Run(ctx) }()
-	gens := make(chan *phalanxpb.Generation, 16)
-	followed := make(chan struct{})
-	go func() {
-		defer close(followed)
-		elastic.Follow(ctx, env.Coord, env.Log, func(g *phalanxpb.Generation) {
-			select {
-			case gens <- g:
-			case <-ctx.Done():
-			}
-		})
-	}()
-	defer func() { cancel(); <-followed; <-coordDone }()
+	defer func() { cancel(); el.Wait() }()
 	for i := range lc.Workers {
 		if err := env.Spawn(ctx, job.ProcessSpec{Role: "barrier-worker", Config: lc.Config, Index: i, RankHint: i}); err != nil {
 			return nil, err
@@ -120,7 +102,7 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 		select {
 		case <-outer.Done():
 			return nil, context.Cause(outer)
-		case g := <-gens:
+		case g := <-el.Generations:
 			if first == 0 {
 				first = g.Number
 			}
