@@ -30,7 +30,7 @@ mkdir -p bench/out
 go build -o bench/out/phalanx ./cmd/phalanx
 phalanx=bench/out/phalanx
 transports=(tcp)
-if "$phalanx" bench allreduce --help 2>&1 | grep -A1 -E '^ +-transport ' | grep -qw shm; then
+if "$phalanx" bench allreduce --help 2>&1 | grep -A1 -E '^ +--?transport ' | grep -qw shm; then
   transports+=(shm)
 else
   echo "reference.sh: warning: this phalanx has no 'bench allreduce --transport shm'; measuring TCP only" >&2
