@@ -6,14 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
+	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -409,5 +416,135 @@ func TestLauncherEndFailed(t *testing.T) {
 	}
 	if err := g.r.drainLines(); err != nil {
 		t.Fatalf("draining no lines: %v", err)
+	}
+}
+
+// exitError is a child's exit as os/exec reports it, of wait status ws
+// (an exit code shifted left by 8, or a signal's number), made without a
+// child: os.ProcessState's status is set in place.
+func exitError(t *testing.T, ws syscall.WaitStatus) error {
+	t.Helper()
+	ps := &os.ProcessState{}
+	f := reflect.ValueOf(ps).Elem().FieldByName("status")
+	if !f.IsValid() || f.Type() != reflect.TypeFor[syscall.WaitStatus]() {
+		t.Fatalf("os.ProcessState has no status field of type syscall.WaitStatus (Go %s): make this helper anew", runtime.Version())
+	}
+	*(*syscall.WaitStatus)(unsafe.Pointer(f.UnsafeAddr())) = ws
+	return &exec.ExitError{ProcessState: ps}
+}
+
+// TestLauncherExit: a worker's exit, judged once its last lines are read:
+// its own failure (an exit status but 4, not a signal) ends the job and is
+// its failure, unless the job failed or was done before; a stopped
+// worker's exit 4 and a killed one's are not failures.
+func TestLauncherExit(t *testing.T) {
+	status := func(code int) error { return exitError(t, syscall.WaitStatus(code<<8)) }
+	killed := exitError(t, syscall.WaitStatus(syscall.SIGKILL))
+	if got := killed.Error() + ", " + status(4).Error(); got != "signal: killed, exit status 4" {
+		t.Fatalf("made exits say %q", got)
+	}
+	tests := []struct {
+		name    string
+		before  []step
+		exit    error
+		failure string // "": the job did not fail
+	}{
+		{"a clean exit", nil, nil, ""},
+		{"its own failure", nil, status(1), "worker 1 (pid 101) failed: exit status 1"},
+		{"stopped (exit 4)", nil, status(job.ExitStopped), ""},
+		{"killed", nil, killed, ""},
+		{"after the job was done", []step{line(0, `{"kind":"done","step":10}`)}, status(1), ""},
+		{"after another's failure, which stays the job's", []step{line(0, `{"kind":"failed","reason":"first"}`)}, status(1), "worker 0 failed: first"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newLauncherRig(10, 0)
+			for _, s := range tc.before {
+				if err := s(g); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cancels := g.cancels
+			if err := g.r.exit(launch.Exit{Role: "worker", Index: 1, Pid: 101, Err: tc.exit}); err != nil {
+				t.Fatal(err)
+			}
+			got := ""
+			if g.r.failed != nil {
+				got = g.r.failed.Error()
+			}
+			if got != tc.failure {
+				t.Errorf("the job's failure is %q, want %q", got, tc.failure)
+			}
+			ownFailure := tc.failure != "" && tc.before == nil
+			if ended := g.cancels > cancels; ended != ownFailure {
+				t.Errorf("the exit ended the job: %v, want %v", ended, ownFailure)
+			}
+			if evs := g.ev.all(); len(evs) == 0 || evs[len(evs)-1].kind != "worker_exited" {
+				t.Errorf("events %v: want the exit's last", evs)
+			}
+		})
+	}
+}
+
+// TestLauncherEnd: once every worker exited, the job's end: its failure;
+// a requested stop whose final checkpoint is not in the store (here: no
+// store) is an error saying so; a stop by the coordinator is a
+// *job.StoppedError with its reason; no done is an error; a done is the
+// job's result, said in a done line after any resumption still held.
+func TestLauncherEnd(t *testing.T) {
+	tests := []struct {
+		name    string
+		feed    []step
+		wantErr string
+		check   func(t *testing.T, err error)
+		want    *job.Result
+		out     string
+	}{
+		{name: "failed", feed: []step{line(1, `{"kind":"failed","reason":"boom"}`), line(0, `{"kind":"done","step":10}`)},
+			wantErr: "worker 1 failed: boom"},
+		{name: "stopped on request, no final checkpoint", feed: []step{line(0, `{"kind":"stopped","step":5,"generation":1,"world":2}`)},
+			wantErr: "phalanx: stopped at step 5 without a final checkpoint: the job has no checkpoint store",
+			out:     "stopped at step 5 WITHOUT a final checkpoint: the job has no checkpoint store\n"},
+		{name: "stopped by the coordinator", feed: []step{stoppedGen(2, "below MinWorkers")}, wantErr: "below MinWorkers",
+			check: func(t *testing.T, err error) {
+				var s *job.StoppedError
+				if !errors.As(err, &s) || s.Reason != "below MinWorkers" {
+					t.Errorf("%v: want a *job.StoppedError of the coordinator's reason", err)
+				}
+			},
+			out: "generation 2: job stopped: below MinWorkers\n"},
+		{name: "none done", wantErr: "phalanx: every worker ended and none reported the job done"},
+		{name: "done", feed: []step{
+			gen(1, "a", "b"),
+			line(0, `{"kind":"restored","generation":2,"world":2,"step":3,"steps_redone":1}`),
+			tick(90 * time.Second),
+			line(0, `{"kind":"done","step":10,"generation":2,"world":2,"loss":0.25,"accuracy":0.9,"identical":true,"params_crc32c":7,"rank_crc32c":[7,7]}`),
+		},
+			want: &job.Result{Step: 10, Generation: 2, World: 2, Loss: 0.25, Accuracy: 0.9, ParametersIdentical: true, ParametersCRC: 7, RankCRCs: []uint32{7, 7}},
+			out: "generation 1: 2 workers (reason 1)\ngeneration 2: resumed at step 3 on 2 workers, 1 steps redone\n" +
+				"done: 10 steps in 1m30s; held-out loss 0.2500, accuracy 90.00%\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newLauncherRig(10, 1000)
+			for _, s := range tc.feed {
+				if err := s(g); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := g.r.end(testwait.Context(t, time.Minute))
+			switch {
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("end: %+v, %v; want an error containing %q", res, err, tc.wantErr)
+			case tc.wantErr == "" && (err != nil || !reflect.DeepEqual(res, tc.want)):
+				t.Fatalf("end: %+v, %v; want %+v", res, err, tc.want)
+			}
+			if tc.check != nil {
+				tc.check(t, err)
+			}
+			if g.out.String() != tc.out {
+				t.Errorf("the terminal said\n%s\nwant\n%s", g.out.String(), tc.out)
+			}
+		})
 	}
 }
