@@ -211,6 +211,7 @@ type reports struct {
 	all  []job.Report
 	reg  chan struct{} // closed at its registration
 	once sync.Once
+	tell chan<- job.Report // also told of each report, when set (a buffer the test reads)
 }
 
 func (r *reports) add(rep job.Report) {
@@ -219,6 +220,12 @@ func (r *reports) add(rep job.Report) {
 	r.all = append(r.all, rep)
 	if rep.Kind == "registered" {
 		close(r.registered())
+	}
+	if r.tell != nil {
+		select {
+		case r.tell <- rep:
+		default: // the test reads what it waits for; all keeps every one
+		}
 	}
 }
 

@@ -117,11 +117,12 @@ func TestRestoreOnAFreshRing(t *testing.T) {
 }
 
 // TestSurvivorsGoOnWhenAWorkerLeaves: of a ring of three, worker 2 is asked
-// to leave (its context cancelled) while it computes step 10; it leaves
-// gracefully (job.ErrLeft, a "left" report, recorded by the coordinator as
-// left, not lost). The survivors roll back to their last commit (step 9),
-// resynchronise in a ring of two and train on to the last step, ending with
-// bitwise the same parameters.
+// to leave (its context cancelled) while it computes step 10, and held
+// there until the survivors are in their new ring; it leaves gracefully
+// (job.ErrLeft, a "left" report, recorded by the coordinator as left, not
+// lost). The survivors roll back to their last commit (step 9: step 10
+// never completed), resynchronise in a ring of two and train on to the
+// last step, ending with bitwise the same parameters.
 func TestSurvivorsGoOnWhenAWorkerLeaves(t *testing.T) {
 	skipInProcessWorkersUnderRace(t)
 	ctx := testwait.Context(t, inProcessLimit)
@@ -131,10 +132,14 @@ func TestSurvivorsGoOnWhenAWorkerLeaves(t *testing.T) {
 	defer askToLeave()
 	at, open := make(chan struct{}), make(chan struct{})
 	reps := make([]*reports, workers)
+	survivors := make(chan job.Report, 1024) // workers 0 and 1's reports
 	var ends []<-chan outcome
 	for i := range workers {
 		cfg := c.workerConfig(i, steps)
 		reps[i] = &reports{}
+		if i < 2 {
+			reps[i].tell = survivors
+		}
 		cfg.Reports = reps[i].add
 		task, m := regressionTask(cfg.Seed)
 		wctx := ctx
@@ -150,6 +155,11 @@ func TestSurvivorsGoOnWhenAWorkerLeaves(t *testing.T) {
 	askToLeave()
 	leaverID := registeredID(t, reps[2])
 	g2 := c.awaitGeneration(t, "a generation without worker 2", func(g *phalanxpb.Generation) bool { return len(g.Lost) > 0 })
+	// Let worker 2 go once the survivors are in their new ring: step 10
+	// cannot then complete in the old one with its gradient.
+	for rep := testwait.Recv(t, survivors, inProcessLimit, "the ring of two to resume"); rep.Kind != "restored" || rep.Generation != g2.Number; {
+		rep = testwait.Recv(t, survivors, inProcessLimit, "the ring of two to resume")
+	}
 	close(open)
 	if len(g2.Members) != 2 || len(g2.Lost) != 1 || g2.Lost[0].Id != leaverID || !g2.Lost[0].Left {
 		t.Fatalf("generation %d: members %v, lost %v; want worker 2 (%s) left, two members", g2.Number, g2.Members, g2.Lost, leaverID)
