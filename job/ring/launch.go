@@ -140,25 +140,17 @@ func newRingJob(j *job.Env, store checkpoint.Store) *ringJob {
 		types: reportTypes()}
 }
 
+// run runs the job to its end: its coordinator, the following of its
+// generations and its workers, then the event loop, then the end's
+// decision.
 func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*job.Result, error) {
-	lc := r.LC
 	r.cancel = cancel
-	if err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
-		r.Log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
-	}, func(ctx context.Context) error { return r.Coord.ClearEnd(ctx) }); err != nil {
+	if err := r.clearEnd(ctx); err != nil {
 		return nil, err
 	}
-	var co *coordinator.Coordinator
-	if !lc.NoCoordinator {
-		host, _ := os.Hostname()
-		var err error
-		co, err = coordinator.New(r.Coord, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
-			Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
-			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.Log.Named("coordinator"),
-			FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout})
-		if err != nil {
-			return nil, err
-		}
+	co, err := r.newCoordinator()
+	if err != nil {
+		return nil, err
 	}
 	var coordDone chan error // nil once the coordinator ended (or without one)
 	followDone := make(chan struct{})
@@ -173,9 +165,43 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 		coordDone = make(chan error, 1)
 		go func() { coordDone <- co.Run(ctx) }()
 	}
+	gens := r.follow(ctx, followDone)
+	if err := r.startWorkers(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.loop(outer, ctx, gens, &coordDone); err != nil {
+		return nil, err
+	}
+	return r.end(ctx)
+}
+
+// clearEnd clears the last run's end from etcd, through its transient
+// errors.
+func (r *ringJob) clearEnd(ctx context.Context) error {
+	return coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
+		r.Log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
+	}, func(ctx context.Context) error { return r.Coord.ClearEnd(ctx) })
+}
+
+// newCoordinator is the job's own coordinator (nil when it runs elsewhere).
+func (r *ringJob) newCoordinator() (*coordinator.Coordinator, error) {
+	lc := r.LC
+	if lc.NoCoordinator {
+		return nil, nil
+	}
+	host, _ := os.Hostname()
+	return coordinator.New(r.Coord, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
+		Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
+		JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.Log.Named("coordinator"),
+		FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout})
+}
+
+// follow hands the generations read from etcd to the event loop until ctx
+// ends; done is closed once it has stopped.
+func (r *ringJob) follow(ctx context.Context, done chan<- struct{}) <-chan *phalanxpb.Generation {
 	gens := make(chan *phalanxpb.Generation, 16)
 	go func() {
-		defer close(followDone)
+		defer close(done)
 		elastic.Follow(ctx, r.Coord, r.Log, func(g *phalanxpb.Generation) {
 			select {
 			case gens <- g:
@@ -183,10 +209,17 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 			}
 		})
 	}()
+	return gens
+}
+
+// startWorkers starts the job's worker processes and says so: the
+// job_started event, the terminal's first lines.
+func (r *ringJob) startWorkers(ctx context.Context) error {
+	lc := r.LC
 	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers)
 	for i := range lc.Workers {
 		if err := r.Spawn(ctx, job.ProcessSpec{Role: "worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	spec := lc.Config
@@ -196,31 +229,30 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 	fmt.Fprintf(r.Out, "phalanx: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
 		lc.Model, lc.Workers, lc.MinWorkers, lc.MaxWorkers, lc.Steps, lc.Batch, lc.Job, job.JoinEndpoints(r.Endpoints))
 	fmt.Fprintf(r.Out, "data plane %s, gradients as %s; matrix products on %s\n", lc.Transport, lc.WireDType, nn.BLAS())
+	return nil
+}
 
-	running := lc.Workers
+// loop is the job's event loop, until every worker has exited: a stop
+// asked by the caller (outer), the workers' report lines and exits, the
+// generations read from etcd, the coordinator's end (*coordDone, nil once
+// it ended), the job's own end.
+func (r *ringJob) loop(outer, ctx context.Context, gens <-chan *phalanxpb.Generation, coordDone *chan error) error {
+	running := r.LC.Workers
 	stopAsked := outer.Done()
 	var grace <-chan time.Time
 	for running > 0 {
 		select {
 		case <-stopAsked:
 			stopAsked = nil
-			if lc.Checkpoint.Location == "" {
-				return nil, context.Cause(outer)
+			var err error
+			if grace, err = r.askStop(outer, ctx); err != nil {
+				return err
 			}
-			fmt.Fprintln(r.Out, "stopping: the workers take a final checkpoint at the next step boundary")
-			r.Events.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
-			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-			err := r.Coord.RequestStop(sctx, context.Cause(outer).Error())
-			scancel()
-			if err != nil {
-				return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)
-			}
-			grace = time.After(lc.Checkpoint.Wait + time.Minute)
 		case <-grace:
-			return nil, fmt.Errorf("asked to stop, the workers did not within %v; killed", lc.Checkpoint.Wait+time.Minute)
+			return fmt.Errorf("asked to stop, the workers did not within %v; killed", r.LC.Checkpoint.Wait+time.Minute)
 		case l := <-r.Procs.Lines():
 			if err := r.handle(l); err != nil {
-				return nil, err
+				return err
 			}
 		case <-r.killAt:
 			r.killAt = nil
@@ -228,30 +260,64 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 		case g := <-gens:
 			r.generation(g)
 		case x := <-r.Procs.Exits():
-			// A child's lines all come before its exit: its last word (a
-			// failure's reason) is read before its exit is judged.
-			if err := r.drainLines(); err != nil {
-				return nil, err
-			}
 			running--
-			r.exited(x)
-			if r.failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != job.ExitStopped {
-				// One worker's own failure (not a kill) ends the job.
-				r.failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, x.Err)
-				r.endFailed()
+			if err := r.exit(x); err != nil {
+				return err
 			}
-		case err := <-coordDone:
-			coordDone = nil
+		case err := <-*coordDone:
+			*coordDone = nil
 			if err != nil && ctx.Err() == nil {
-				return nil, fmt.Errorf("coordinator: %w", err)
+				return fmt.Errorf("coordinator: %w", err)
 			}
 		case <-ctx.Done():
 			if r.failed != nil {
 				continue
 			}
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
+	return nil
+}
+
+// askStop asks the workers, once the caller's context (outer) ended, to
+// stop at the next step boundary after a final checkpoint; it returns
+// when they are killed if they have not. A job without checkpoints ends
+// at once (the caller's cause).
+func (r *ringJob) askStop(outer, ctx context.Context) (<-chan time.Time, error) {
+	lc := r.LC
+	if lc.Checkpoint.Location == "" {
+		return nil, context.Cause(outer)
+	}
+	fmt.Fprintln(r.Out, "stopping: the workers take a final checkpoint at the next step boundary")
+	r.Events.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	err := r.Coord.RequestStop(sctx, context.Cause(outer).Error())
+	scancel()
+	if err != nil {
+		return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)
+	}
+	return time.After(lc.Checkpoint.Wait + time.Minute), nil
+}
+
+// exit judges a worker's exit once its last lines are read.
+func (r *ringJob) exit(x launch.Exit) error {
+	// A child's lines all come before its exit: its last word (a
+	// failure's reason) is read before its exit is judged.
+	if err := r.drainLines(); err != nil {
+		return err
+	}
+	r.exited(x)
+	if r.failed == nil && r.done == nil && x.Err != nil && !launch.Signalled(x.Err) && launch.ExitStatus(x.Err) != job.ExitStopped {
+		// One worker's own failure (not a kill) ends the job.
+		r.failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, x.Err)
+		r.endFailed()
+	}
+	return nil
+}
+
+// end decides, once every worker has exited, how the job ended: failed,
+// stopped (with its final checkpoint, or not), done, or none of those.
+func (r *ringJob) end(ctx context.Context) (*job.Result, error) {
 	if err := r.drainLines(); err != nil {
 		return nil, err
 	}
