@@ -218,7 +218,7 @@ func (r *reports) add(rep job.Report) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.all = append(r.all, rep)
-	if rep.Kind == "registered" {
+	if _, ok := rep.(job.Registered); ok {
 		close(r.registered())
 	}
 	if r.tell != nil {
@@ -235,14 +235,14 @@ func (r *reports) registered() chan struct{} {
 	return r.reg
 }
 
-// of are the reports of kind so far.
-func (r *reports) of(kind string) []job.Report {
+// reportsOf are r's reports of type T so far.
+func reportsOf[T job.Report](r *reports) []T {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []job.Report
+	var out []T
 	for _, rep := range r.all {
-		if rep.Kind == kind {
-			out = append(out, rep)
+		if t, ok := rep.(T); ok {
+			out = append(out, t)
 		}
 	}
 	return out
@@ -267,7 +267,7 @@ func runWorker(ctx context.Context, cfg job.Config, task job.Task) <-chan outcom
 // registeredID is the id a worker registered under.
 func registeredID(t *testing.T, r *reports) string {
 	t.Helper()
-	reg := r.of("registered")
+	reg := reportsOf[job.Registered](r)
 	if len(reg) == 0 {
 		t.Fatal("the worker never reported its registration")
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/coordinator"
-	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/job"
@@ -148,28 +146,18 @@ func (r *ringJob) run(outer, ctx context.Context, cancel context.CancelFunc) (*j
 	if err := r.clearEnd(ctx); err != nil {
 		return nil, err
 	}
-	co, err := r.newCoordinator()
+	el, err := r.StartElastic(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var coordDone chan error // nil once the coordinator ended (or without one)
-	followDone := make(chan struct{})
 	defer func() { // stop following and deciding before the client and etcd close
 		cancel()
-		<-followDone
-		if coordDone != nil {
-			<-coordDone
-		}
+		el.Wait()
 	}()
-	if co != nil {
-		coordDone = make(chan error, 1)
-		go func() { coordDone <- co.Run(ctx) }()
-	}
-	gens := r.follow(ctx, followDone)
 	if err := r.startWorkers(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.loop(outer, ctx, gens, &coordDone); err != nil {
+	if err := r.loop(outer, ctx, el); err != nil {
 		return nil, err
 	}
 	return r.end(ctx)
@@ -181,35 +169,6 @@ func (r *ringJob) clearEnd(ctx context.Context) error {
 	return coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
 		r.Log.Warn("clearing the last run's end: etcd unavailable; retrying", zap.Error(err))
 	}, func(ctx context.Context) error { return r.Coord.ClearEnd(ctx) })
-}
-
-// newCoordinator is the job's own coordinator (nil when it runs elsewhere).
-func (r *ringJob) newCoordinator() (*coordinator.Coordinator, error) {
-	lc := r.LC
-	if lc.NoCoordinator {
-		return nil, nil
-	}
-	host, _ := os.Hostname()
-	return coordinator.New(r.Coord, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
-		Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
-		JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: r.Log.Named("coordinator"),
-		FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout})
-}
-
-// follow hands the generations read from etcd to the event loop until ctx
-// ends; done is closed once it has stopped.
-func (r *ringJob) follow(ctx context.Context, done chan<- struct{}) <-chan *phalanxpb.Generation {
-	gens := make(chan *phalanxpb.Generation, 16)
-	go func() {
-		defer close(done)
-		elastic.Follow(ctx, r.Coord, r.Log, func(g *phalanxpb.Generation) {
-			select {
-			case gens <- g:
-			case <-ctx.Done():
-			}
-		})
-	}()
-	return gens
 }
 
 // startWorkers starts the job's worker processes and says so: the
@@ -234,10 +193,11 @@ func (r *ringJob) startWorkers(ctx context.Context) error {
 
 // loop is the job's event loop, until every worker has exited: a stop
 // asked by the caller (outer), the workers' report lines and exits, the
-// generations read from etcd, the coordinator's end (*coordDone, nil once
-// it ended), the job's own end.
-func (r *ringJob) loop(outer, ctx context.Context, gens <-chan *phalanxpb.Generation, coordDone *chan error) error {
+// generations read from etcd and the coordinator's end (el), the job's own
+// end.
+func (r *ringJob) loop(outer, ctx context.Context, el *job.Elastic) error {
 	running := r.LC.Workers
+	coordDone := el.Ended
 	stopAsked := outer.Done()
 	var grace <-chan time.Time
 	for running > 0 {
@@ -257,15 +217,15 @@ func (r *ringJob) loop(outer, ctx context.Context, gens <-chan *phalanxpb.Genera
 		case <-r.killAt:
 			r.killAt = nil
 			r.endFailed()
-		case g := <-gens:
+		case g := <-el.Generations:
 			r.generation(g)
 		case x := <-r.Procs.Exits():
 			running--
 			if err := r.exit(x); err != nil {
 				return err
 			}
-		case err := <-*coordDone:
-			*coordDone = nil
+		case err := <-coordDone:
+			coordDone = nil
 			if err != nil && ctx.Err() == nil {
 				return fmt.Errorf("coordinator: %w", err)
 			}

@@ -82,19 +82,20 @@ func TestRestoreOnAFreshRing(t *testing.T) {
 		results = append(results, o.res)
 	}
 	checkSameEnd(t, results, steps, workers)
-	var restored, ringReports []job.Report // rank 0's: its checkpoint's restore, its ring
+	var restored []job.Checkpoint // rank 0's: its checkpoint's restore, its ring
+	var ringReports []Restored
 	for i, r := range reps {
-		for _, rep := range r.of("checkpoint") {
-			if rep.Checkpoint != nil && rep.Checkpoint.Kind == "restored" {
+		for _, rep := range reportsOf[job.Checkpoint](r) {
+			if rep.Checkpoint.Kind == "restored" {
 				restored = append(restored, rep)
 			}
 		}
-		for _, tr := range r.of("training") { // every rank holds step 30's state
+		for _, tr := range reportsOf[job.Training](r) { // every rank holds step 30's state
 			if tr.Step != from || tr.Generation != 1 {
 				t.Errorf("worker %d began training in generation %d at step %d, want generation 1 at step %d", i, tr.Generation, tr.Step, from)
 			}
 		}
-		ringReports = append(ringReports, r.of("restored")...)
+		ringReports = append(ringReports, reportsOf[Restored](r)...)
 	}
 	if len(restored) != 1 || restored[0].Step != from || restored[0].Checkpoint.WorldAfter != workers || restored[0].Checkpoint.ConfigChanged {
 		t.Errorf("restores reported %+v: want one (rank 0's), of step %d onto %d workers, same settings", restored, from, workers)
@@ -102,9 +103,9 @@ func TestRestoreOnAFreshRing(t *testing.T) {
 	if len(ringReports) != 1 || ringReports[0].Step != from || ringReports[0].World != workers || ringReports[0].Redone != 0 {
 		t.Fatalf("rank 0's ring reports %+v: want one, of a ring of %d at step %d", ringReports, workers, from)
 	}
-	var first *job.Report
+	var first *Step
 	for _, r := range reps {
-		if s := r.of("step"); len(s) > 0 {
+		if s := reportsOf[Step](r); len(s) > 0 {
 			first = &s[0]
 		}
 	}
@@ -157,8 +158,11 @@ func TestSurvivorsGoOnWhenAWorkerLeaves(t *testing.T) {
 	g2 := c.awaitGeneration(t, "a generation without worker 2", func(g *phalanxpb.Generation) bool { return len(g.Lost) > 0 })
 	// Let worker 2 go once the survivors are in their new ring: step 10
 	// cannot then complete in the old one with its gradient.
-	for rep := testwait.Recv(t, survivors, inProcessLimit, "the ring of two to resume"); rep.Kind != "restored" || rep.Generation != g2.Number; {
-		rep = testwait.Recv(t, survivors, inProcessLimit, "the ring of two to resume")
+	for {
+		rep, ok := testwait.Recv(t, survivors, inProcessLimit, "the ring of two to resume").(Restored)
+		if ok && rep.Generation == g2.Number {
+			break
+		}
 	}
 	close(open)
 	if len(g2.Members) != 2 || len(g2.Lost) != 1 || g2.Lost[0].Id != leaverID || !g2.Lost[0].Left {
@@ -179,17 +183,17 @@ func TestSurvivorsGoOnWhenAWorkerLeaves(t *testing.T) {
 		results = append(results, o.res)
 	}
 	checkSameEnd(t, results, steps, workers-1)
-	if left := reps[2].of("left"); len(left) != 1 || left[0].ID != leaverID {
+	if left := reportsOf[job.Left](reps[2]); len(left) != 1 || left[0].ID != leaverID {
 		t.Errorf("worker 2's departure reports %+v, want one", left)
 	}
-	var resumed []job.Report
+	var resumed []Restored
 	for _, r := range reps[:2] {
-		for _, rep := range r.of("restored") {
+		for _, rep := range reportsOf[Restored](r) {
 			if rep.Generation == g2.Number {
 				resumed = append(resumed, rep)
 			}
 		}
-		for _, tr := range r.of("training") {
+		for _, tr := range reportsOf[job.Training](r) {
 			if tr.Generation == g2.Number && tr.Step != leaveAt-1 {
 				t.Errorf("a survivor began generation %d at step %d, want the last commit, %d", g2.Number, tr.Step, leaveAt-1)
 			}

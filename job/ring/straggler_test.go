@@ -12,8 +12,8 @@ import (
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
-// TestStragglerProbation: in hybrid mode (a fixed 300 ms step deadline,
-// a quorum of two of three), worker 2 is made to pause 1.5 s in each of
+// TestStragglerProbation: in hybrid mode (a fixed 1 s step deadline,
+// a quorum of two of three), worker 2 is made to pause 3 s in each of
 // steps 3..12 (Faults.Inject, whatever its rank). It is late, and the ring
 // excludes it through the coordinator (late in 2 of its last 3 steps). On
 // probation it is fed the ring's parameters ("fed", from rank 0) and times
@@ -28,7 +28,7 @@ import (
 func TestStragglerProbation(t *testing.T) {
 	skipInProcessWorkersUnderRace(t)
 	if testing.Short() {
-		t.Skip("pauses of 1.5 s are the fault injected: a job of several seconds")
+		t.Skip("pauses of 3 s are the fault injected: a job of several seconds")
 	}
 	ctx := testwait.Context(t, inProcessLimit)
 	const workers, holdAt, steps = 3, 300, 340
@@ -38,7 +38,7 @@ func TestStragglerProbation(t *testing.T) {
 	var ends []<-chan outcome
 	for i := range workers {
 		cfg := c.workerConfig(i, steps)
-		cfg.Sync.Mode, cfg.Sync.Deadline, cfg.Sync.Quorum = "hybrid", 300*time.Millisecond, 0.6
+		cfg.Sync.Mode, cfg.Sync.Deadline, cfg.Sync.Quorum = "hybrid", time.Second, 0.6
 		cfg.Sync.ExcludeAfter, cfg.Sync.ExcludeWindow, cfg.Sync.ReadmitAfter = 2, 3, 3
 		reps[i] = &reports{}
 		cfg.Reports = reps[i].add
@@ -46,7 +46,7 @@ func TestStragglerProbation(t *testing.T) {
 		if i == 2 {
 			for rank := range workers {
 				for step := int64(3); step <= 12; step++ {
-					cfg.Faults.Inject.Pause = append(cfg.Faults.Inject.Pause, failure.Pause{Rank: rank, At: step, For: 1500 * time.Millisecond})
+					cfg.Faults.Inject.Pause = append(cfg.Faults.Inject.Pause, failure.Pause{Rank: rank, At: step, For: 3 * time.Second})
 				}
 			}
 		} else {
@@ -80,7 +80,7 @@ func TestStragglerProbation(t *testing.T) {
 			}
 		}
 	}
-	fed := reps[2].of("fed")
+	fed := reportsOf[Fed](reps[2])
 	if len(fed) == 0 || fed[0].ID != slow || fed[0].Step < 1 {
 		t.Fatalf("worker 2's feed reports %+v: on probation it should receive the ring's parameters", fed)
 	}
