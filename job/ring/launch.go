@@ -120,10 +120,12 @@ type ringJob struct {
 	failed error
 	killAt <-chan time.Time
 	cancel context.CancelFunc // ends the job's own context
-	// seen is the newest generation read from etcd; pending the rings'
-	// resumptions reported for a newer one, told once it is read.
+	// seen is the newest generation read from etcd; pending what the
+	// rings' rank 0 reported for a newer one (resumptions, steps, the
+	// end: Restored, Step, Done), told in order once it is read, so that
+	// the events and lines of a generation follow it.
 	seen    uint64
-	pending []Restored
+	pending []job.Report
 	types   job.ReportTypes // what its workers report
 }
 
@@ -432,24 +434,62 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 	fmt.Fprintf(r.Out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
 }
 
-// resumed tells of the rings resumed in generations up to seen (the
-// newest read from etcd; every one, at the job's end), in order.
+// after tells what rank 0 of generation gen reported once the generation
+// is read (a worker's report may come before the launcher has read its
+// generation from etcd): now, or held in pending.
+func (r *ringJob) after(gen uint64, rep job.Report) {
+	if gen > r.seen {
+		r.pending = append(r.pending, rep)
+		return
+	}
+	r.tell(rep)
+}
+
+// resumed tells, in order, what was held for the generations up to seen
+// (the newest read from etcd; every one, at the job's end).
 func (r *ringJob) resumed(seen uint64) {
 	r.seen = max(r.seen, seen)
 	n := 0
 	for _, rep := range r.pending {
-		if rep.Generation > r.seen {
+		if generationOf(rep) > r.seen {
 			r.pending[n] = rep
 			n++
 			continue
 		}
+		r.tell(rep)
+	}
+	r.pending = r.pending[:n]
+}
+
+// tell emits a report of rank 0 whose generation was read, and says it:
+// a ring's resumption (after the first ring), a step, the end.
+func (r *ringJob) tell(rep job.Report) {
+	switch rep := rep.(type) {
+	case Restored:
 		if r.first != 0 && rep.Generation > r.first {
 			r.Events.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
 				events.F("steps_redone", rep.Redone), events.F("root", rep.Root))
 			fmt.Fprintf(r.Out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", rep.Generation, rep.Step, rep.World, rep.Redone)
 		}
+	case Step:
+		job.Emit(r.Events, 0, rep)
+		r.progress(rep)
+	case Done:
+		job.Emit(r.Events, 0, rep)
 	}
-	r.pending = r.pending[:n]
+}
+
+// generationOf is the generation whose rank 0 reported rep (0: none).
+func generationOf(rep job.Report) uint64 {
+	switch rep := rep.(type) {
+	case Restored:
+		return rep.Generation
+	case Step:
+		return rep.Generation
+	case Done:
+		return rep.Generation
+	}
+	return 0
 }
 
 // finalCheckpoint returns the name of the complete checkpoint of step in
@@ -499,17 +539,13 @@ func (r *ringJob) handle(l launch.Line) error {
 		r.byPid[int64(rep.Pid)] = l.Index
 	case Restored:
 		job.Emit(r.Events, l.Index, rep)
-		// Told after its generation: a worker's report may come before the
-		// launcher has read the generation from etcd.
-		r.pending = append(r.pending, rep)
-		r.resumed(r.seen)
+		r.after(rep.Generation, rep)
 	case Step:
 		if rep.Generation < r.stepGen || (rep.Replayed && rep.Step <= r.lastStep) {
 			return nil // from a rank 0 of a ring that steps no more, or already reported
 		}
 		r.stepGen, r.lastStep = rep.Generation, rep.Step
-		job.Emit(r.Events, l.Index, rep)
-		r.progress(rep)
+		r.after(rep.Generation, rep)
 	case Restart:
 		job.Emit(r.Events, l.Index, rep)
 		fmt.Fprint(r.Out, rep.Text(nil))
@@ -541,7 +577,7 @@ func (r *ringJob) handle(l launch.Line) error {
 	case Done:
 		if r.done == nil && r.failed == nil { // a failed job is not done: its result and its error agree
 			r.done = &rep
-			job.Emit(r.Events, l.Index, rep)
+			r.after(rep.Generation, rep)
 		}
 	}
 	return nil

@@ -123,6 +123,15 @@ func tick(d time.Duration) step {
 	}
 }
 
+// read: the generations up to n were read from etcd (their events and
+// lines left out of the case).
+func read(n uint64) step {
+	return func(g *launcherRig) error {
+		g.r.resumed(n)
+		return nil
+	}
+}
+
 // atEnd is what the job's end does first: every resumption still held is
 // told.
 func atEnd(g *launcherRig) error {
@@ -179,6 +188,7 @@ func TestLauncherStateMachine(t *testing.T) {
 		{
 			name: "steps: an event each, a stale ring's and a replayed one dropped, a progress line every 2", steps: 4, every: 2,
 			feed: []step{
+				read(3),
 				line(0, `{"kind":"step","step":1,"generation":2,"world":2,"loss":0.9,"accuracy":0.5,"samples_per_s":100,"step_s":1}`),
 				tick(time.Second),
 				line(0, `{"kind":"step","step":2,"generation":2,"world":2,"loss":0.8,"accuracy":0.6,"samples_per_s":300,"step_s":1,"participants":1,"stale":1}`),
@@ -220,6 +230,35 @@ func TestLauncherStateMachine(t *testing.T) {
 			check: func(t *testing.T, g *launcherRig) {
 				if len(g.r.pending) != 0 {
 					t.Errorf("%d resumptions still held after their generation was read", len(g.r.pending))
+				}
+			},
+		},
+		{
+			name: "a ring's steps and end reported before its generation is read are told after it and its resumption, in order",
+			feed: []step{
+				gen(1, "a", "b"),
+				line(0, `{"kind":"step","step":80,"generation":1,"world":2}`),
+				line(0, `{"kind":"restored","generation":2,"world":1,"step":80,"steps_redone":0}`),
+				line(0, `{"kind":"step","step":81,"generation":2,"world":1}`),
+				line(0, `{"kind":"done","step":81,"generation":2,"world":1}`),
+				gen(2, "a", "-", "b"),
+			},
+			events: []ev{
+				{"generation", f{"generation": 1}},
+				{"step", f{"step": 80, "generation": 1}},
+				{"data_plane", f{"generation": 2}},
+				{"generation", f{"generation": 2}},
+				{"worker_lost", f{"generation": 2, "id": "b"}},
+				{"restored", f{"generation": 2, "step": 80}},
+				{"step", f{"step": 81, "generation": 2}},
+				{"done", f{"step": 81, "generation": 2}},
+			},
+			out: "generation 1: 2 workers (reason 1)\n" +
+				"step  80/100  loss 0.0000  acc   0.0%         - samples/s  2 workers  ETA -\n" +
+				"generation 2: 1 workers (reason 2)\ngeneration 2: resumed at step 80 on 1 workers, 0 steps redone\n",
+			check: func(t *testing.T, g *launcherRig) {
+				if len(g.r.pending) != 0 || g.r.done == nil {
+					t.Errorf("%d reports still held after their generation was read; done %+v", len(g.r.pending), g.r.done)
 				}
 			},
 		},
@@ -285,6 +324,7 @@ func TestLauncherStateMachine(t *testing.T) {
 		{
 			name: "done is taken once; a failure after it is not the job's",
 			feed: []step{
+				read(3),
 				line(0, `{"kind":"done","step":10,"generation":2,"world":2,"loss":0.25,"accuracy":0.9,"identical":true,"params_crc32c":7,"rank_crc32c":[7,7]}`),
 				line(0, `{"kind":"done","step":11,"generation":3,"world":1}`),
 				line(1, `{"kind":"failed","reason":"late"}`),
@@ -301,7 +341,7 @@ func TestLauncherStateMachine(t *testing.T) {
 		},
 		{
 			name: "a done without identical is not parameters_identical",
-			feed: []step{line(0, `{"kind":"done","step":10,"generation":2,"world":2}`)},
+			feed: []step{read(2), line(0, `{"kind":"done","step":10,"generation":2,"world":2}`)},
 			events: []ev{
 				{"done", f{"step": 10, "parameters_identical": false}},
 			},
@@ -361,6 +401,7 @@ func TestLauncherStateMachine(t *testing.T) {
 		{
 			name: "exits: each an event; a failure's said, a clean one's and those after done are not",
 			feed: []step{
+				read(1),
 				exit(0, nil),
 				exit(1, errors.New("exit status 1")),
 				line(0, `{"kind":"done","step":10,"generation":1,"world":1}`),
