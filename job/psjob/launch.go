@@ -372,8 +372,10 @@ func (p *psLaunch) take(l launch.Line, start time.Time, failures map[int]string)
 
 // exited judges a process's exit: a worker's is one fewer running, and a
 // failure (ps_worker_lost) unless its status is 0; a server's is warned of
-// unless it was killed.
+// unless it was killed. A child's lines all come before its exit: its last
+// word (a failure's reason) is taken before its exit is judged.
 func (p *psLaunch) exited(s *psRun, x launch.Exit) {
+	p.drain(s)
 	role := "worker"
 	if x.Role == "ps-server" {
 		role = "ps"

@@ -166,12 +166,14 @@ func TestTake(t *testing.T) {
 // TestExited: a worker's exit is one fewer running; a non-zero one is a
 // lost worker (ps_worker_lost, a line of Output) whose reason is the one
 // it reported, else its exit status, the first failure kept as the job's;
-// a server's exit leaves the workers' count and is warned of.
+// a server's exit leaves the workers' count and is warned of. A child's
+// lines all come before its exit: those not yet taken are, first.
 func TestExited(t *testing.T) {
 	cases := []struct {
 		name     string
 		failures map[int]string
-		failed   error // an earlier failure
+		pending  []launch.Line // written before the exit, not yet taken
+		failed   error         // an earlier failure
 		exit     launch.Exit
 		running  int
 		events   []string
@@ -182,6 +184,11 @@ func TestExited(t *testing.T) {
 		{name: "a worker's clean exit", exit: launch.Exit{Role: "ps-worker", Index: 0, Pid: 100}, running: 1,
 			events: []string{"worker_exited worker=0 pid=100 role=worker status=exit 0"}},
 		{name: "a worker fails, having said why", failures: map[int]string{1: "out of memory"},
+			exit: launch.Exit{Role: "ps-worker", Index: 1, Pid: 101, Err: errors.New("exit status 1")}, running: 1,
+			events: []string{"ps_worker_lost worker=1 pid=101 status=exit status 1 reason=out of memory workers_left=1",
+				"worker_exited worker=1 pid=101 role=worker status=exit status 1"},
+			out: "worker 1 (pid 101) lost: out of memory; 1 workers left\n", failure: "worker 1 (pid 101) failed: out of memory"},
+		{name: "a worker fails, its last word not yet taken", pending: []launch.Line{worker(1, failLine)},
 			exit: launch.Exit{Role: "ps-worker", Index: 1, Pid: 101, Err: errors.New("exit status 1")}, running: 1,
 			events: []string{"ps_worker_lost worker=1 pid=101 status=exit status 1 reason=out of memory workers_left=1",
 				"worker_exited worker=1 pid=101 role=worker status=exit status 1"},
@@ -205,6 +212,11 @@ func TestExited(t *testing.T) {
 			s := p.run()
 			maps.Copy(s.failures, tc.failures)
 			s.failed = tc.failed
+			lines := make(chan launch.Line, len(tc.pending))
+			for _, l := range tc.pending {
+				lines <- l
+			}
+			s.lines = lines
 			p.exited(s, tc.exit)
 			if s.running != tc.running {
 				t.Errorf("%d workers running, want %d", s.running, tc.running)
