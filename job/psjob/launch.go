@@ -145,12 +145,31 @@ type prepared struct{ rec *phalanxpb.PSJob }
 func (p prepared) Run(outer, _ context.Context, _ context.CancelFunc, env *job.Env) (*job.Result, error) {
 	ctx, cancel := context.WithCancel(outer)
 	defer cancel()
-	return (&psLaunch{Env: env, rec: p.rec}).run(ctx, cancel)
+	return (&psLaunch{Env: env, rec: p.rec, now: time.Now, types: reportTypes()}).run(ctx, cancel)
 }
 
 type psLaunch struct {
 	*job.Env
 	rec *phalanxpb.PSJob
+	// now is the launcher's clock: the job's start, its progress lines'
+	// ETA and its duration.
+	now   func() time.Time
+	types job.ReportTypes // what its workers report
+}
+
+// psRun is what a running job's event loop reads and keeps.
+type psRun struct {
+	maps    <-chan *phalanxpb.ShardMap // the shard-map writer's maps
+	mapDone <-chan error               // the writer's end; nil once it ended
+	lines   <-chan launch.Line         // the processes' stdout lines
+	exits   <-chan launch.Exit         // and their exits
+	start   time.Time
+	running int   // workers not yet exited
+	done    *Done // the job's end (ps_done)
+	// failed is the first worker's failure: the job's, if no worker is
+	// left to finish it; failures the reasons workers reported.
+	failed   error
+	failures map[int]string
 }
 
 // restore points the job at the newest checkpoint that verifies, if any.
@@ -181,13 +200,42 @@ func (p *psLaunch) restore(ctx context.Context) error {
 }
 
 func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Result, error) {
-	lc, rec := p.LC, p.rec
+	lc := p.LC
 	if err := p.restore(ctx); err != nil {
 		return nil, err
 	}
-	if err := cluster.WriteJob(ctx, p.Coord, rec); err != nil {
+	if err := cluster.WriteJob(ctx, p.Coord, p.rec); err != nil {
 		return nil, err
 	}
+	s := &psRun{lines: p.Procs.Lines(), exits: p.Procs.Exits(), running: lc.Workers, failures: map[int]string{}}
+	s.maps, s.mapDone = p.writeShardMaps(ctx)
+	defer func() { // the shard map's writer ends before the client and etcd close
+		cancel()
+		if s.mapDone != nil {
+			<-s.mapDone
+		}
+	}()
+	if err := p.startProcesses(ctx); err != nil {
+		return nil, err
+	}
+	p.announce()
+	s.start = p.now()
+	if err := p.loop(ctx, s); err != nil {
+		return nil, err
+	}
+	p.drain(s)
+	done, err := s.end()
+	if err != nil {
+		return nil, err
+	}
+	p.reportDone(done, p.pushAccounts(ctx, done.Steps), s.start)
+	return &job.Result{Step: done.Steps, World: lc.Workers, Metrics: done.Metrics}, nil
+}
+
+// writeShardMaps runs the shard map's writer until ctx ends: maps delivers
+// each new map, mapDone the writer's end.
+func (p *psLaunch) writeShardMaps(ctx context.Context) (<-chan *phalanxpb.ShardMap, <-chan error) {
+	lc, rec := p.LC, p.rec
 	maps := make(chan *phalanxpb.ShardMap, 16)
 	mapDone := make(chan error, 1)
 	host, _ := os.Hostname()
@@ -201,120 +249,173 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Res
 				}
 			}})
 	}()
-	defer func() { // the shard map's writer ends before the client and etcd close
-		cancel()
-		if mapDone != nil {
-			<-mapDone
-		}
-	}()
+	return maps, mapDone
+}
+
+// startProcesses clears the shares' claims of an earlier run and starts
+// the servers, then the workers.
+func (p *psLaunch) startProcesses(ctx context.Context) error {
+	lc, rec := p.LC, p.rec
 	if err := p.Coord.ClearPSShares(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	for i := range int(rec.Servers) {
 		if err := p.Spawn(ctx, job.ProcessSpec{Role: "ps-server", Config: lc.Config, Index: i}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers+int(rec.Servers))
 	for i := range lc.Workers {
 		if err := p.Spawn(ctx, job.ProcessSpec{Role: "ps-worker", Config: lc.Config, Index: i, Threads: threads}); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
+
+// announce tells of the started job: job_started and a line of Output.
+func (p *psLaunch) announce() {
+	lc, rec := p.LC, p.rec
 	p.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(p.Endpoints)),
 		events.F("workers", lc.Workers), events.F("ps_servers", rec.Servers), events.F("ps_shards", rec.Shards), events.F("ps_replicas", rec.Replicas),
 		events.F("consistency", rec.Consistency), events.F("model", rec.Model))
 	fmt.Fprintf(p.Out, "phalanx: %s on %d workers and %d parameter servers (%d shards, %d backups each, %s, %s); job %s, etcd %s\n",
 		rec.Model, lc.Workers, rec.Servers, rec.Shards, rec.Replicas, rec.Partition, rec.Consistency, lc.Job, job.JoinEndpoints(p.Endpoints))
-	start := time.Now()
-	running := lc.Workers
-	var done *Done
-	types := reportTypes()
-	var failed error // the first worker's failure: the job's, if no worker is left to finish it
-	failures := map[int]string{}
-	take := func(l launch.Line) {
-		if l.Role != "ps-worker" {
-			return
-		}
-		r, err := types.Parse(l)
-		if err != nil {
-			fmt.Fprintf(p.Out, "worker %d: %s\n", l.Index, l.Text)
-			return
-		}
-		switch r := r.(type) {
-		case Step:
-			job.Emit(p.Events, l.Index, r)
-			eta := time.Duration(float64(time.Since(start)) * float64(r.Steps-r.Step) / float64(max(r.Step, 1)))
-			fmt.Fprintf(p.Out, "step %6d/%d  epoch %d  loss %.4f  %8.0f examples/s  ETA %s\n", r.Step, r.Steps, r.Epoch, r.Loss, r.SamplesPS, eta.Round(time.Second))
-		case Checkpoint:
-			job.Emit(p.Events, l.Index, r)
-			fmt.Fprint(p.Out, r.text())
-		case Done:
-			done = &r
-		case Share:
-			job.Emit(p.Events, l.Index, r)
-			fmt.Fprint(p.Out, r.takeover())
-		case ShareDone:
-			job.Emit(p.Events, l.Index, r)
-		case job.Failed:
-			failures[l.Index] = r.Reason
-		}
-	}
-	for running > 0 {
+}
+
+// loop follows the job until every worker has exited: the shard maps, the
+// processes' report lines and exits. It ends early, with the error, when
+// the shard map's writer fails or ctx ends.
+func (p *psLaunch) loop(ctx context.Context, s *psRun) error {
+	for s.running > 0 {
 		select {
-		case m := <-maps:
+		case m := <-s.maps:
 			p.shardMap(m)
-		case err := <-mapDone:
+		case err := <-s.mapDone:
 			if err != nil && ctx.Err() == nil {
-				return nil, fmt.Errorf("phalanx: shard map: %w", err)
+				return fmt.Errorf("phalanx: shard map: %w", err)
 			}
-			mapDone = nil
-		case l := <-p.Procs.Lines():
-			take(l)
-		case x := <-p.Procs.Exits():
-			role := "worker"
-			if x.Role == "ps-server" {
-				role = "ps"
-				if running > 0 && !launch.Signalled(x.Err) {
-					p.Log.Warn("a parameter server ended", zap.Int("server", x.Index), zap.Int("pid", x.Pid), zap.Error(x.Err))
-				}
-			} else {
-				running--
-				if x.Err != nil {
-					// Its shares go to the workers left (ps_workers.go); the
-					// job fails only if none is left to finish them.
-					why := failures[x.Index]
-					if why == "" {
-						why = x.Err.Error()
-					}
-					if failed == nil {
-						failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, why)
-					}
-					p.Events.Emit("ps_worker_lost", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)),
-						events.F("reason", why), events.F("workers_left", running))
-					fmt.Fprintf(p.Out, "worker %d (pid %d) lost: %s; %d workers left\n", x.Index, x.Pid, why, running)
-				}
-			}
-			p.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("role", role), events.F("status", job.ExitText(x.Err)))
+			s.mapDone = nil
+		case l := <-s.lines:
+			p.line(s, l)
+		case x := <-s.exits:
+			p.exited(s, x)
 		case <-ctx.Done():
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		}
 	}
+	return nil
+}
+
+// drain takes the lines already written.
+func (p *psLaunch) drain(s *psRun) {
 	for drained := false; !drained; {
 		select {
-		case l := <-p.Procs.Lines():
-			take(l)
+		case l := <-s.lines:
+			p.line(s, l)
 		default:
 			drained = true
 		}
 	}
-	if done == nil {
-		if failed != nil {
-			return nil, failed
+}
+
+// line takes one stdout line of a process (take), keeping the job's end.
+func (p *psLaunch) line(s *psRun, l launch.Line) {
+	if done := p.take(l, s.start, s.failures); done != nil {
+		s.done = done
+	}
+}
+
+// take turns a worker's report line into events and progress lines; done
+// is the job's end (ps_done), and a worker's failure's reason goes in
+// failures. A worker's line that is no report is passed on to Output; a
+// server's lines are ignored.
+func (p *psLaunch) take(l launch.Line, start time.Time, failures map[int]string) (done *Done) {
+	if l.Role != "ps-worker" {
+		return
+	}
+	r, err := p.types.Parse(l)
+	if err != nil {
+		fmt.Fprintf(p.Out, "worker %d: %s\n", l.Index, l.Text)
+		return
+	}
+	switch r := r.(type) {
+	case Step:
+		job.Emit(p.Events, l.Index, r)
+		eta := time.Duration(float64(p.now().Sub(start)) * float64(r.Steps-r.Step) / float64(max(r.Step, 1)))
+		fmt.Fprintf(p.Out, "step %6d/%d  epoch %d  loss %.4f  %8.0f examples/s  ETA %s\n", r.Step, r.Steps, r.Epoch, r.Loss, r.SamplesPS, eta.Round(time.Second))
+	case Checkpoint:
+		job.Emit(p.Events, l.Index, r)
+		fmt.Fprint(p.Out, r.text())
+	case Done:
+		done = &r
+	case Share:
+		job.Emit(p.Events, l.Index, r)
+		fmt.Fprint(p.Out, r.takeover())
+	case ShareDone:
+		job.Emit(p.Events, l.Index, r)
+	case job.Failed:
+		failures[l.Index] = r.Reason
+	}
+	return done
+}
+
+// exited judges a process's exit: a worker's is one fewer running, and a
+// failure (ps_worker_lost) unless its status is 0; a server's is warned of
+// unless it was killed. A child's lines all come before its exit: its last
+// word (a failure's reason) is taken before its exit is judged.
+func (p *psLaunch) exited(s *psRun, x launch.Exit) {
+	p.drain(s)
+	role := "worker"
+	if x.Role == "ps-server" {
+		role = "ps"
+		if s.running > 0 && !launch.Signalled(x.Err) {
+			p.Log.Warn("a parameter server ended", zap.Int("server", x.Index), zap.Int("pid", x.Pid), zap.Error(x.Err))
+		}
+	} else {
+		p.workerExited(s, x)
+	}
+	p.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("role", role), events.F("status", job.ExitText(x.Err)))
+}
+
+// workerExited counts a worker's exit; a failed one is lost
+// (ps_worker_lost), the first failure kept as the job's.
+func (p *psLaunch) workerExited(s *psRun, x launch.Exit) {
+	s.running--
+	if x.Err == nil {
+		return
+	}
+	// Its shares go to the workers left (ps_workers.go); the
+	// job fails only if none is left to finish them.
+	why := s.failures[x.Index]
+	if why == "" {
+		why = x.Err.Error()
+	}
+	if s.failed == nil {
+		s.failed = fmt.Errorf("worker %d (pid %d) failed: %s", x.Index, x.Pid, why)
+	}
+	p.Events.Emit("ps_worker_lost", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)),
+		events.F("reason", why), events.F("workers_left", s.running))
+	fmt.Fprintf(p.Out, "worker %d (pid %d) lost: %s; %d workers left\n", x.Index, x.Pid, why, s.running)
+}
+
+// end is the job's end, once every worker has exited: done if a worker
+// reported it, else the first worker's failure, else an error saying none
+// reported it.
+func (s *psRun) end() (*Done, error) {
+	if s.done == nil {
+		if s.failed != nil {
+			return nil, s.failed
 		}
 		return nil, errors.New("phalanx: every worker ended and none reported the job done")
 	}
-	fields := []events.Field{events.F("steps", done.Steps), events.F("shards", p.pushAccounts(ctx, done.Steps))}
+	return s.done, nil
+}
+
+// reportDone tells of the job's end: the done event with the held-out
+// measures and the first table's shards' accounts, and a line of Output.
+func (p *psLaunch) reportDone(done *Done, shards []ShardAccount, start time.Time) {
+	fields := []events.Field{events.F("steps", done.Steps), events.F("shards", shards)}
 	names := make([]string, 0, len(done.Metrics))
 	for k := range done.Metrics {
 		names = append(names, k)
@@ -324,8 +425,7 @@ func (p *psLaunch) run(ctx context.Context, cancel context.CancelFunc) (*job.Res
 		fields = append(fields, events.F(k, done.Metrics[k]))
 	}
 	p.Events.Emit("done", fields...)
-	fmt.Fprintf(p.Out, "done: %d steps in %s; held-out %s\n", done.Steps, time.Since(start).Round(time.Millisecond), done.metrics())
-	return &job.Result{Step: done.Steps, World: lc.Workers, Metrics: done.Metrics}, nil
+	fmt.Fprintf(p.Out, "done: %d steps in %s; held-out %s\n", done.Steps, p.now().Sub(start).Round(time.Millisecond), done.metrics())
 }
 
 // pushAccounts reads every shard's account of the pushes once the workers

@@ -81,26 +81,14 @@ func (w *psWorkerProc) run(ctx context.Context) error {
 // session is run under one lease.
 func (w *psWorkerProc) session(ctx context.Context) error {
 	host, _ := os.Hostname()
-	var lease *coordinator.Lease
-	err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
-		w.log.Warn("registering: etcd unavailable; retrying", zap.Error(err))
-	}, func(ctx context.Context) (err error) {
-		lease, err = coordinator.RegisterAt(ctx, w.coord.Client(), w.coord.Keys().PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
-		return err
-	})
+	lease, err := w.register(ctx, host)
 	if err != nil {
 		return err
 	}
 	w.lease = lease.ID()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	defer func() {
-		rctx, c := context.WithTimeout(context.WithoutCancel(ctx), min(max(w.cfg.LeaseTTL, time.Second), 5*time.Second))
-		defer c()
-		if err := lease.Close(rctx); err != nil {
-			w.log.Warn("revoking the registration's lease: it goes when the lease expires", zap.Error(err))
-		}
-	}()
+	defer w.release(ctx, lease)
 	go func() {
 		select {
 		case <-lease.Lost():
@@ -108,6 +96,44 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
+	tables, watched := w.watchShares(ctx)
+	s := &shareRuns{w: w, host: host, running: map[int]bool{}, ends: make(chan shareEnd, int(w.job.Workers))}
+	defer func() { // no share's goroutine outlives run
+		cancel(nil)
+		s.wait()
+	}()
+	if err := s.start(ctx, w.index, "own"); err != nil {
+		return leaseCause(ctx, err)
+	}
+	return s.follow(ctx, tables, watched)
+}
+
+// register registers this worker under a new lease, retrying through
+// etcd's unavailability.
+func (w *psWorkerProc) register(ctx context.Context, host string) (*coordinator.Lease, error) {
+	var lease *coordinator.Lease
+	err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
+		w.log.Warn("registering: etcd unavailable; retrying", zap.Error(err))
+	}, func(ctx context.Context) (err error) {
+		lease, err = coordinator.RegisterAt(ctx, w.coord.Client(), w.coord.Keys().PSWorker(w.id), &phalanxpb.PSServer{Id: w.id, Pid: int64(os.Getpid()), Host: host}, w.cfg.LeaseTTL)
+		return err
+	})
+	return lease, err
+}
+
+// release revokes the registration's lease, within a bound even once ctx
+// ended.
+func (w *psWorkerProc) release(ctx context.Context, lease *coordinator.Lease) {
+	rctx, c := context.WithTimeout(context.WithoutCancel(ctx), min(max(w.cfg.LeaseTTL, time.Second), 5*time.Second))
+	defer c()
+	if err := lease.Close(rctx); err != nil {
+		w.log.Warn("revoking the registration's lease: it goes when the lease expires", zap.Error(err))
+	}
+}
+
+// watchShares follows the shares' claim table until ctx ends: tables holds
+// the newest table not yet taken, watched the watch's end.
+func (w *psWorkerProc) watchShares(ctx context.Context) (<-chan coordinator.PSShares, <-chan error) {
 	tables := make(chan coordinator.PSShares, 1) // the newest table not yet taken
 	watched := make(chan error, 1)
 	go func() {
@@ -121,86 +147,106 @@ func (w *psWorkerProc) session(ctx context.Context) error {
 			return true
 		})
 	}()
-	n := int(w.job.Workers)
-	running := map[int]bool{}
-	ends := make(chan shareEnd, n)
-	defer func() { // no share's goroutine outlives run
-		cancel(nil)
-		for range running {
-			<-ends
-		}
-	}()
-	start := func(share int, reason string) error {
-		err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
-			w.log.Warn("claiming a share: etcd unavailable; retrying", zap.Int("share", share), zap.Error(err))
-		}, func(ctx context.Context) error {
-			return w.coord.ClaimPSShare(ctx, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: host}, w.lease)
-		})
-		var held *coordinator.ClaimedError
-		switch {
-		case errors.As(err, &held), errors.Is(err, coordinator.ErrShareDone):
-			return nil
-		case err != nil:
-			return err
-		}
-		running[share] = true
-		w.log.Info("training a share", zap.Int("share", share), zap.String("reason", reason))
-		go func() { ends <- shareEnd{share, w.runShare(ctx, share, reason)} }()
-		return nil
+	return tables, watched
+}
+
+// leaseCause is a session's failure: a failure after the lease lapsed is
+// the lapse's.
+func leaseCause(ctx context.Context, err error) error {
+	if c := context.Cause(ctx); c != nil {
+		return c
 	}
-	// A failure after the lease lapsed is the lapse's.
-	fail := func(err error) error {
-		if c := context.Cause(ctx); c != nil {
-			return c
-		}
+	return err
+}
+
+// shareRuns are a session's runs of shares: those running, and their ends.
+type shareRuns struct {
+	w       *psWorkerProc
+	host    string
+	running map[int]bool
+	ends    chan shareEnd
+}
+
+// start claims share and, if it got it, runs it; a share another worker
+// holds or one done already is no error.
+func (s *shareRuns) start(ctx context.Context, share int, reason string) error {
+	w := s.w
+	err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
+		w.log.Warn("claiming a share: etcd unavailable; retrying", zap.Int("share", share), zap.Error(err))
+	}, func(ctx context.Context) error {
+		return w.coord.ClaimPSShare(ctx, coordinator.PSShareClaim{Share: share, Owner: w.id, Index: w.index, Pid: os.Getpid(), Host: s.host}, w.lease)
+	})
+	var held *coordinator.ClaimedError
+	switch {
+	case errors.As(err, &held), errors.Is(err, coordinator.ErrShareDone):
+		return nil
+	case err != nil:
 		return err
 	}
-	if err := start(w.index, "own"); err != nil {
-		return fail(err)
+	s.running[share] = true
+	w.log.Info("training a share", zap.Int("share", share), zap.String("reason", reason))
+	go func() { s.ends <- shareEnd{share, w.runShare(ctx, share, reason)} }()
+	return nil
+}
+
+// wait waits for the running shares' ends (their context ended).
+func (s *shareRuns) wait() {
+	for range s.running {
+		<-s.ends
 	}
-	grace := time.NewTimer(orphanGrace * max(w.cfg.LeaseTTL, time.Second))
+}
+
+// follow follows the claim table and the shares' runs until every share
+// is done: it marks the shares it finishes done, and takes the orphaned
+// ones (and, after the grace, those nobody ever claimed).
+func (s *shareRuns) follow(ctx context.Context, tables <-chan coordinator.PSShares, watched <-chan error) error {
+	n := int(s.w.job.Workers)
+	grace := time.NewTimer(orphanGrace * max(s.w.cfg.LeaseTTL, time.Second))
 	defer grace.Stop()
 	graceOver := false
 	var last coordinator.PSShares
 	have := false
 	for {
 		select {
-		case s := <-tables:
-			last, have = s, true
-		case e := <-ends:
-			delete(running, e.share)
-			if e.err != nil {
-				return fail(fmt.Errorf("phalanx: share %d: %w", e.share, e.err))
-			}
-			if err := coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
-				w.log.Warn("marking a share done: etcd unavailable; retrying", zap.Int("share", e.share), zap.Error(err))
-			}, func(ctx context.Context) error {
-				return w.coord.MarkPSShareDone(ctx, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease)
-			}); err != nil {
-				return fail(err)
+		case t := <-tables:
+			last, have = t, true
+		case e := <-s.ends:
+			if err := s.ended(ctx, e); err != nil {
+				return leaseCause(ctx, err)
 			}
 		case <-grace.C:
 			graceOver = true
 		case err := <-watched:
-			if c := context.Cause(ctx); c != nil {
-				return c
-			}
-			return fmt.Errorf("phalanx: following the shares' claims: %w", err)
+			return leaseCause(ctx, fmt.Errorf("phalanx: following the shares' claims: %w", err))
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
 		if !have {
 			continue
 		}
-		if len(last.Done) >= n && len(running) == 0 {
+		if len(last.Done) >= n && len(s.running) == 0 {
 			return nil
 		}
-		for _, share := range sharesToTake(last, n, running, graceOver) {
-			if err := start(share, "adopted"); err != nil {
-				return fail(err)
+		for _, share := range sharesToTake(last, n, s.running, graceOver) {
+			if err := s.start(ctx, share, "adopted"); err != nil {
+				return leaseCause(ctx, err)
 			}
 		}
 	}
+}
+
+// ended takes a share's run's end: a failure, or the share marked done.
+func (s *shareRuns) ended(ctx context.Context, e shareEnd) error {
+	w := s.w
+	delete(s.running, e.share)
+	if e.err != nil {
+		return fmt.Errorf("phalanx: share %d: %w", e.share, e.err)
+	}
+	return coordinator.Retry(ctx, job.EtcdRetryBudget, func(err error) {
+		w.log.Warn("marking a share done: etcd unavailable; retrying", zap.Int("share", e.share), zap.Error(err))
+	}, func(ctx context.Context) error {
+		return w.coord.MarkPSShareDone(ctx, coordinator.PSShareDone{Share: e.share, Owner: w.id, Steps: w.job.Steps}, w.lease)
+	})
 }
 
 // sharesToTake are the shares of n a worker running those in running
@@ -244,36 +290,79 @@ func (w *psWorkerProc) progress(ctx context.Context, cl *ps.Client, share int) (
 
 // runShare trains share from its progress to the job's last step.
 func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) error {
-	rec, spec := w.job, w.spec
-	cl, err := ps.NewClient(ps.ClientConfig{Worker: share, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
-		Sync: spec.Sync, Directory: w.dir, Logger: w.log.Named("ps-client").With(zap.Int("share", share)), CacheRows: int(rec.CacheRows), CacheStaleness: rec.CacheStaleness})
+	rec := w.job
+	cl, err := w.shareClient(share)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	from, replayedTo, err := w.progress(ctx, cl, share)
+	from, replayedTo, err := w.resume(ctx, cl, share)
 	if err != nil {
 		return err
 	}
-	for _, t := range rec.Tables {
+	w.rep.Send(w.claim(share, reason, from, replayedTo))
+	saver, err := w.shareSaver(ctx, cl, share)
+	if err != nil {
+		return err
+	}
+	pw := &job.PSWorker{Client: cl, Options: job.Options(rec.Options), Index: share, Workers: int(rec.Workers), Batch: int(rec.Batch), Seed: rec.Seed,
+		From: from, Steps: rec.Steps}
+	pw.Step = w.stepper(share, replayedTo, saver)
+	metrics, err := w.model.PS.Run(ctx, pw)
+	if err != nil {
+		return err
+	}
+	w.shareDone(share, reason, from, replayedTo, metrics, duplicates(cl, rec))
+	return nil
+}
+
+// shareClient is a ps client pushing as share's worker.
+func (w *psWorkerProc) shareClient(share int) (*ps.Client, error) {
+	rec, spec := w.job, w.spec
+	return ps.NewClient(ps.ClientConfig{Worker: share, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
+		Sync: spec.Sync, Directory: w.dir, Logger: w.log.Named("ps-client").With(zap.Int("share", share)), CacheRows: int(rec.CacheRows), CacheStaleness: rec.CacheStaleness})
+}
+
+// resume sets the client's clocks to the share's progress as the shards
+// hold it: the share resumes after from; steps up to replayedTo some shard
+// already applied.
+func (w *psWorkerProc) resume(ctx context.Context, cl *ps.Client, share int) (from, replayedTo int64, err error) {
+	from, replayedTo, err = w.progress(ctx, cl, share)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, t := range w.job.Tables {
 		if err := cl.SetClock(t.Id, from); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	claim := Share{Worker: w.index, Pid: os.Getpid(), Share: share, Steps: rec.Steps, Reason: reason, From: from, ReplayedTo: replayedTo}
-	w.rep.Send(claim)
-	var saver *cluster.Saver
-	if rec.Checkpoint != "" && share == 0 {
-		store, err := checkpoint.OpenURL(ctx, rec.Checkpoint, w.cfg.Credentials)
-		if err != nil {
-			return err
-		}
-		var tables []uint32
-		for _, t := range rec.Tables {
-			tables = append(tables, t.Id)
-		}
-		saver = &cluster.Saver{Store: store, Client: cl, Tables: tables, Spec: spec}
+	return from, replayedTo, nil
+}
+
+// shareSaver takes share 0's checkpoints, if the job has a store (nil
+// otherwise).
+func (w *psWorkerProc) shareSaver(ctx context.Context, cl *ps.Client, share int) (*cluster.Saver, error) {
+	rec := w.job
+	if rec.Checkpoint == "" || share != 0 {
+		return nil, nil
 	}
+	store, err := checkpoint.OpenURL(ctx, rec.Checkpoint, w.cfg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	var tables []uint32
+	for _, t := range rec.Tables {
+		tables = append(tables, t.Id)
+	}
+	return &cluster.Saver{Store: store, Client: cl, Tables: tables, Spec: w.spec}, nil
+}
+
+// stepper is what a share does after each step it trained: share 0
+// reports progress every ReportEvery steps (ps_step: the mean loss and the
+// examples per second since the last report), waits at the last step for
+// the other shares (but under bsp), and saves the checkpoints that are due.
+func (w *psWorkerProc) stepper(share int, replayedTo int64, saver *cluster.Saver) func(ctx context.Context, step int64, epoch int, loss float64, st int) error {
+	rec, spec := w.job, w.spec
 	every := int64(rec.ReportEvery)
 	if every <= 0 {
 		every = max(1, rec.Steps/20)
@@ -286,9 +375,7 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 		now = time.Now
 	}
 	mark := now()
-	pw := &job.PSWorker{Client: cl, Options: job.Options(rec.Options), Index: share, Workers: n, Batch: b, Seed: rec.Seed,
-		From: from, Steps: rec.Steps}
-	pw.Step = func(ctx context.Context, step int64, epoch int, loss float64, st int) error {
+	return func(ctx context.Context, step int64, epoch int, loss float64, st int) error {
 		since++
 		lossSum += loss
 		stale += st
@@ -318,19 +405,31 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 		}
 		return nil
 	}
-	metrics, err := w.model.PS.Run(ctx, pw)
-	if err != nil {
-		return err
-	}
+}
+
+// shareDone reports a share's end: the job's (ps_done, with the held-out
+// metrics) from share 0, and the share's own (ps_share_done).
+func (w *psWorkerProc) shareDone(share int, reason string, from, replayedTo int64, metrics map[string]float64, dups int64) {
+	rec := w.job
 	if share == 0 {
 		w.rep.Send(Done{Steps: rec.Steps, Metrics: metrics})
 	}
+	w.rep.Send(ShareDone{Share: w.claim(share, reason, from, replayedTo), Duplicates: dups})
+}
+
+// claim is this worker's claim of share (ps_share): why, and where it
+// resumes.
+func (w *psWorkerProc) claim(share int, reason string, from, replayedTo int64) Share {
+	return Share{Worker: w.index, Pid: os.Getpid(), Share: share, Steps: w.job.Steps, Reason: reason, From: from, ReplayedTo: replayedTo}
+}
+
+// duplicates are the pushes the shards answered as applied already.
+func duplicates(cl *ps.Client, rec *phalanxpb.PSJob) int64 {
 	var dups int64
 	for _, t := range rec.Tables {
 		dups += cl.Duplicates(t.Id)
 	}
-	w.rep.Send(ShareDone{Share: claim, Duplicates: dups})
-	return nil
+	return dups
 }
 
 // awaitOtherShares waits until every share but 0 is done.
