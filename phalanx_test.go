@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -18,8 +16,7 @@ import (
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/kindtest"
-	"github.com/phalanx-rt/phalanx/nn"
-	"github.com/phalanx-rt/phalanx/worker"
+	"github.com/phalanx-rt/phalanx/internal/testmodel"
 )
 
 // TestMain makes the test binary a worker when a test's Launch re-executes
@@ -27,80 +24,6 @@ import (
 func TestMain(m *testing.M) {
 	phalanx.Main(registry())
 	os.Exit(m.Run())
-}
-
-// regression is a linear model of its own for these tests: y = w·x + b over
-// features inputs, squared error, its samples x and y in each row.
-type regression struct {
-	features int
-	w        *nn.Param
-	// nanAt, when positive, is the call of Step (one a step) whose loss
-	// and gradient element 1 are NaN, on every rank alike.
-	nanAt, calls int
-}
-
-func (m *regression) Params() []*nn.Param { return []*nn.Param{m.w} }
-
-func (m *regression) Step(b *worker.Batch, scale float32, _ func(int)) (r worker.Result, _ error) {
-	f := m.features
-	if b.Features != f+1 {
-		return r, fmt.Errorf("regression: %d columns, want %d", b.Features, f+1)
-	}
-	for i := range b.N {
-		row := b.X[i*(f+1) : (i+1)*(f+1)]
-		e := m.w.Value[f] - row[f]
-		for k := range f {
-			e += m.w.Value[k] * row[k]
-		}
-		r.LossSum += float64(e * e)
-		if e*e < 0.01 {
-			r.Correct++
-		}
-		for k := range f {
-			m.w.Grad[k] += scale * 2 * e * row[k]
-		}
-		m.w.Grad[f] += scale * 2 * e
-	}
-	if scale != 0 {
-		if m.calls++; m.calls == m.nanAt {
-			r.LossSum, m.w.Grad[1] = math.NaN(), float32(math.NaN())
-		}
-	}
-	return r, nil
-}
-
-func (m *regression) Evaluate(b *worker.Batch) (worker.Result, error) { return m.Step(b, 0, nil) }
-
-// rows are n samples of y = Σ (k+1)·x_k + 0.5 with x uniform in [0, 1).
-type rows struct {
-	features int
-	x        []float32
-}
-
-func newRows(n, features int, seed uint64) *rows {
-	rng := rand.New(rand.NewPCG(seed, 9))
-	r := &rows{features: features, x: make([]float32, n*(features+1))}
-	for i := range n {
-		row := r.x[i*(features+1) : (i+1)*(features+1)]
-		y := float32(0.5)
-		for k := range features {
-			row[k] = rng.Float32()
-			y += float32(k+1) * row[k]
-		}
-		row[features] = y
-	}
-	return r
-}
-
-func (r *rows) Len() int { return len(r.x) / (r.features + 1) }
-
-func (r *rows) Fill(idx []int, b *worker.Batch) error {
-	w := r.features + 1
-	b.Reset(len(idx), w)
-	for k, i := range idx {
-		copy(b.X[k*w:(k+1)*w], r.x[i*w:(i+1)*w])
-	}
-	return nil
 }
 
 // registry is the test binary's models: the regression, and barriers of a
@@ -133,7 +56,9 @@ func regressionSpec() phalanx.ModelSpec {
 			if say := o.String("say"); say != "" {
 				fmt.Fprintln(os.Stderr, say)
 			}
-			return phalanx.Task{Model: &regression{features: f, w: nn.NewParam("w", f+1), nanAt: nanAt}, Train: newRows(2000, f, seed), Test: newRows(200, f, seed+1)}, nil
+			m := testmodel.NewRegression(f)
+			m.NaNAt = nanAt
+			return phalanx.Task{Model: m, Train: testmodel.NewRows(2000, f, seed), Test: testmodel.NewRows(200, f, seed+1)}, nil
 		},
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/internal/testclock"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -59,24 +60,6 @@ func (r *recorder) text() string {
 	return strings.Join(r.lines, "\n")
 }
 
-// clock is a test's clock: it reads at starts and moves when set.
-type clock struct {
-	mu sync.Mutex
-	at time.Time
-}
-
-func (c *clock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.at
-}
-
-func (c *clock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.at = t
-}
-
 // testLaunch is a launcher of a job of two workers and two servers with no
 // processes: its events, Output and warnings are recorded.
 type testLaunch struct {
@@ -84,18 +67,16 @@ type testLaunch struct {
 	events *recorder
 	out    *bytes.Buffer
 	logs   *observer.ObservedLogs
-	clock  *clock
+	clock  *testclock.Manual
 }
 
 func newTestLaunch() *testLaunch {
 	lc := job.DefaultLaunchConfig()
 	lc.Job, lc.Workers = "j1", 2
 	core, logs := observer.New(zapcore.WarnLevel)
-	// The clock reads the real time at first: a progress line's ETA is
-	// time.Since the job's start.
-	t := &testLaunch{events: &recorder{}, out: &bytes.Buffer{}, logs: logs, clock: &clock{at: time.Now()}}
+	t := &testLaunch{events: &recorder{}, out: &bytes.Buffer{}, logs: logs, clock: testclock.New(time.Unix(1000, 0))}
 	t.psLaunch = &psLaunch{Env: &job.Env{LC: &lc, Endpoints: []string{"127.0.0.1:2379"}, Log: zap.New(core), Events: t.events, Out: t.out},
-		rec: &phalanxpb.PSJob{Model: "lr", Servers: 2, Shards: 4, Replicas: 1, Partition: "range", Consistency: "bsp", Workers: 2, Steps: 10}, now: t.clock.now, types: reportTypes()}
+		rec: &phalanxpb.PSJob{Model: "lr", Servers: 2, Shards: 4, Replicas: 1, Partition: "range", Consistency: "bsp", Workers: 2, Steps: 10}, now: t.clock.Now, types: reportTypes()}
 	return t
 }
 
@@ -351,7 +332,7 @@ func TestLoop(t *testing.T) {
 				case tc.endErr != "" && (err == nil || err.Error() != tc.endErr):
 					t.Fatalf("the job's end: %v, want %s", err, tc.endErr)
 				case err == nil:
-					p.clock.set(s.start.Add(1500 * time.Millisecond))
+					p.clock.Advance(s.start.Add(1500 * time.Millisecond).Sub(p.clock.Now()))
 					p.reportDone(done, nil, s.start)
 				}
 			}

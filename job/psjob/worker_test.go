@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/internal/testclock"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
@@ -126,9 +127,9 @@ func (p *printed) matches(t *testing.T, want []string) {
 
 // testWorker is a worker of a bsp job of 2 workers, batch 4 each, 4
 // steps, reporting every `every` steps, with a clock moved by hand.
-func testWorker(every uint32, out *printed, c *clock) *psWorkerProc {
+func testWorker(every uint32, out *printed, c *testclock.Manual) *psWorkerProc {
 	return &psWorkerProc{job: &phalanxpb.PSJob{Workers: 2, Batch: 4, Steps: 4, ReportEvery: every, Tables: []*phalanxpb.PSTable{{Id: 1}}},
-		spec: cluster.Spec{Sync: ps.SyncSpec{Mode: ps.BSP}}, cfg: job.Config{Now: c.now}, rep: job.NewReporter(job.ReportLines(out)), index: 1}
+		spec: cluster.Spec{Sync: ps.SyncSpec{Mode: ps.BSP}}, cfg: job.Config{Now: c.Now}, rep: job.NewReporter(job.ReportLines(out)), index: 1}
 }
 
 // TestStepper: share 0 reports progress (ps_step) every ReportEvery steps
@@ -156,11 +157,11 @@ func TestStepper(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var out printed
-			c := &clock{at: time.Unix(1000, 0)}
+			c := testclock.New(time.Unix(1000, 0))
 			step := testWorker(tc.every, &out, c).stepper(tc.share, 0, nil)
 			ctx := testwait.Context(t, time.Minute)
 			for i := range int64(4) {
-				c.set(time.Unix(1001+i, 0)) // a second a step: 2 workers × 4 examples
+				c.Advance(time.Second) // a second a step: 2 workers × 4 examples
 				if err := step(ctx, i+1, int(i/2), float64(i+1), int(i)); err != nil {
 					t.Fatalf("step %d: %v", i+1, err)
 				}
@@ -188,7 +189,7 @@ func TestShareDone(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var out printed
-			w := testWorker(1, &out, &clock{at: time.Unix(1000, 0)})
+			w := testWorker(1, &out, testclock.New(time.Unix(1000, 0)))
 			from, replayedTo, dups := int64(0), int64(0), int64(0)
 			if tc.share != 0 {
 				from, replayedTo, dups = 1, 3, 2
@@ -203,12 +204,12 @@ func TestShareDone(t *testing.T) {
 // 0's progress and end, and a share's end, become the job's events.
 func TestWorkerToLauncher(t *testing.T) {
 	var out printed
-	c := &clock{at: time.Unix(1000, 0)}
+	c := testclock.New(time.Unix(1000, 0))
 	w := testWorker(2, &out, c)
 	step := w.stepper(0, 0, nil)
 	ctx := testwait.Context(t, time.Minute)
 	for i := range int64(4) {
-		c.set(time.Unix(1001+i, 0))
+		c.Advance(time.Second)
 		if err := step(ctx, i+1, 0, 1, 0); err != nil {
 			t.Fatal(err)
 		}

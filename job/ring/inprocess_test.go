@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -13,11 +12,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/internal/testmodel"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/job"
-	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
-	"github.com/phalanx-rt/phalanx/worker"
 )
 
 // The tests here run ring workers in this process (RunWorker, each on a
@@ -38,92 +36,13 @@ func skipInProcessWorkersUnderRace(t *testing.T) {
 	}
 }
 
-// regression is a linear model y = w·x + b over features inputs, squared
-// error; a sample is within 0.1 (Correct) when its error's square is below
-// 0.01. onStep, when set, is called before each training step (calls
-// counted from 1, rollbacks' replays included) and may hold it or fail it.
-type regression struct {
-	features int
-	w        *nn.Param
-	onStep   func(call int) error
-	calls    int
-}
-
-func newRegression(features int) *regression {
-	return &regression{features: features, w: nn.NewParam("w", features+1)}
-}
-
-func (m *regression) Params() []*nn.Param { return []*nn.Param{m.w} }
-
-func (m *regression) Step(b *worker.Batch, scale float32, _ func(int)) (r worker.Result, _ error) {
-	if scale != 0 && m.onStep != nil {
-		m.calls++
-		if err := m.onStep(m.calls); err != nil {
-			return r, err
-		}
-	}
-	f := m.features
-	if b.Features != f+1 {
-		return r, fmt.Errorf("regression: %d columns, want %d", b.Features, f+1)
-	}
-	for i := range b.N {
-		row := b.X[i*(f+1) : (i+1)*(f+1)]
-		e := m.w.Value[f] - row[f]
-		for k := range f {
-			e += m.w.Value[k] * row[k]
-		}
-		r.LossSum += float64(e * e)
-		if e*e < 0.01 {
-			r.Correct++
-		}
-		for k := range f {
-			m.w.Grad[k] += scale * 2 * e * row[k]
-		}
-		m.w.Grad[f] += scale * 2 * e
-	}
-	return r, nil
-}
-
-func (m *regression) Evaluate(b *worker.Batch) (worker.Result, error) { return m.Step(b, 0, nil) }
-
-// rows are n samples of y = Σ (k+1)·x_k + 0.5, x uniform in [0, 1).
-type rows struct {
-	features int
-	x        []float32
-}
-
-func newRows(n, features int, seed uint64) *rows {
-	rng := rand.New(rand.NewPCG(seed, 9))
-	r := &rows{features: features, x: make([]float32, n*(features+1))}
-	for i := range n {
-		row := r.x[i*(features+1) : (i+1)*(features+1)]
-		y := float32(0.5)
-		for k := range features {
-			row[k] = rng.Float32()
-			y += float32(k+1) * row[k]
-		}
-		row[features] = y
-	}
-	return r
-}
-
-func (r *rows) Len() int { return len(r.x) / (r.features + 1) }
-
-func (r *rows) Fill(idx []int, b *worker.Batch) error {
-	w := r.features + 1
-	b.Reset(len(idx), w)
-	for k, i := range idx {
-		copy(b.X[k*w:(k+1)*w], r.x[i*w:(i+1)*w])
-	}
-	return nil
-}
-
+// features are the regression's inputs.
 const features = 4
 
 // regressionTask is a worker's task: its own model, the job's data.
-func regressionTask(seed uint64) (job.Task, *regression) {
-	m := newRegression(features)
-	return job.Task{Model: m, Train: newRows(2000, features, seed), Test: newRows(200, features, seed+1)}, m
+func regressionTask(seed uint64) (job.Task, *testmodel.Regression) {
+	m := testmodel.NewRegression(features)
+	return job.Task{Model: m, Train: testmodel.NewRows(2000, features, seed), Test: testmodel.NewRows(200, features, seed+1)}, m
 }
 
 // cluster is a job's etcd (embedded) and coordinator, in this process; it

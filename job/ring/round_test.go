@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/internal/testmodel"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -19,11 +20,11 @@ import (
 // model trained a few steps from its zero start is far from.
 func saveSolution(t *testing.T, ctx context.Context, dir string, cfg job.Config, step int64) {
 	t.Helper()
-	m := newRegression(features)
+	m := testmodel.NewRegression(features)
 	for k := range features {
-		m.w.Value[k] = float32(k + 1)
+		m.W.Value[k] = float32(k + 1)
 	}
-	m.w.Value[features] = 0.5
+	m.W.Value[features] = 0.5
 	params := m.Params()
 	opt, err := nn.NewOptimizer(cfg.Optimizer, params)
 	if err != nil {
@@ -147,7 +148,7 @@ func TestSurvivorsGoOnWhenAWorkerLeaves(t *testing.T) {
 		if i == 2 {
 			// Held in step 10 until its departure is decided: the ring cannot
 			// finish before it leaves, and it leaves mid-job.
-			m.onStep = holdUntil(ctx, leaveAt, at, open)
+			m.OnStep = holdUntil(ctx, leaveAt, at, open)
 			wctx = leaverCtx
 		}
 		ends = append(ends, runWorker(wctx, cfg, task))

@@ -50,7 +50,7 @@ func TestStragglerProbation(t *testing.T) {
 				}
 			}
 		} else {
-			m.onStep = holdUntil(ctx, holdAt, nil, open)
+			m.OnStep = holdUntil(ctx, holdAt, nil, open)
 		}
 		ends = append(ends, runWorker(ctx, cfg, task))
 	}
