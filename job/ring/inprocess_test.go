@@ -183,6 +183,21 @@ func runWorker(ctx context.Context, cfg job.Config, task job.Task) <-chan outcom
 	return done
 }
 
+// finished are the workers' results once each has finished the job; a
+// worker's error fails the test.
+func finished(t *testing.T, ends []<-chan outcome) []*job.Result {
+	t.Helper()
+	var results []*job.Result
+	for i, end := range ends {
+		o := testwait.Recv(t, end, inProcessLimit, fmt.Sprintf("worker %d to finish the job", i))
+		if o.err != nil {
+			t.Fatalf("worker %d: %v", i, o.err)
+		}
+		results = append(results, o.res)
+	}
+	return results
+}
+
 // registeredID is the id a worker registered under.
 func registeredID(t *testing.T, r *reports) string {
 	t.Helper()

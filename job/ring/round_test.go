@@ -74,14 +74,7 @@ func TestRestoreOnAFreshRing(t *testing.T) {
 		task, _ := regressionTask(cfg.Seed)
 		ends = append(ends, runWorker(ctx, cfg, task))
 	}
-	var results []*job.Result
-	for i, end := range ends {
-		o := testwait.Recv(t, end, inProcessLimit, fmt.Sprintf("worker %d to finish the job", i))
-		if o.err != nil {
-			t.Fatalf("worker %d: %v", i, o.err)
-		}
-		results = append(results, o.res)
-	}
+	results := finished(t, ends)
 	checkSameEnd(t, results, steps, workers)
 	var restored []job.Checkpoint // rank 0's: its checkpoint's restore, its ring
 	var ringReports []Restored

@@ -1,14 +1,12 @@
 package ring
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/phalanx-rt/phalanx/failure"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
-	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -59,14 +57,7 @@ func TestStragglerProbation(t *testing.T) {
 	excluded := c.awaitGeneration(t, "worker 2 excluded", func(g *phalanxpb.Generation) bool { return len(g.Excluded) > 0 })
 	readmitted := c.awaitGeneration(t, "worker 2 readmitted", func(g *phalanxpb.Generation) bool { return len(g.Readmitted) > 0 })
 	close(open)
-	var results []*job.Result
-	for i, end := range ends {
-		o := testwait.Recv(t, end, inProcessLimit, fmt.Sprintf("worker %d to finish the job", i))
-		if o.err != nil {
-			t.Fatalf("worker %d: %v", i, o.err)
-		}
-		results = append(results, o.res)
-	}
+	results := finished(t, ends)
 	if x := excluded.Excluded; len(x) != 1 || x[0].Id != slow || x[0].LateIn < 2 || x[0].Window != 3 || len(excluded.Members) != 2 {
 		t.Fatalf("generation %d excluded %v (members %v): want worker 2 (%s) alone, late in at least 2 of 3", excluded.Number, x, excluded.Members, slow)
 	}
