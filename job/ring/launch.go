@@ -120,12 +120,11 @@ type ringJob struct {
 	failed error
 	killAt <-chan time.Time
 	cancel context.CancelFunc // ends the job's own context
-	// seen is the newest generation read from etcd; pending what the
-	// rings' rank 0 reported for a newer one (resumptions, steps, the
-	// end: Restored, Step, Done), told in order once it is read, so that
-	// the events and lines of a generation follow it.
+	// seen is the newest generation read from etcd; pending the rings'
+	// resumptions reported for a newer one, whose lines are told once it
+	// is read (their events are emitted at once, before the ring's steps').
 	seen    uint64
-	pending []job.Report
+	pending []resumption
 	types   job.ReportTypes // what its workers report
 }
 
@@ -434,62 +433,39 @@ func (r *ringJob) generation(g *phalanxpb.Generation) {
 	fmt.Fprintf(r.Out, "generation %d: %d workers (%s)\n", g.Number, len(g.Members), g.Reason)
 }
 
-// after tells what rank 0 of generation gen reported once the generation
-// is read (a worker's report may come before the launcher has read its
-// generation from etcd): now, or held in pending.
-func (r *ringJob) after(gen uint64, rep job.Report) {
-	if gen > r.seen {
-		r.pending = append(r.pending, rep)
-		return
-	}
-	r.tell(rep)
+// resumption is a ring's resumption (a Restored report of its rank 0) as
+// the launcher tells it: its event, emitted at once when the first
+// generation was read already, and its line, after its generation's.
+type resumption struct {
+	Restored
+	emitted bool // its restored event
 }
 
-// resumed tells, in order, what was held for the generations up to seen
-// (the newest read from etcd; every one, at the job's end).
+// resumed tells of the rings resumed in generations up to seen (the
+// newest read from etcd; every one, at the job's end), in order.
 func (r *ringJob) resumed(seen uint64) {
 	r.seen = max(r.seen, seen)
 	n := 0
-	for _, rep := range r.pending {
-		if generationOf(rep) > r.seen {
-			r.pending[n] = rep
+	for _, res := range r.pending {
+		if res.Generation > r.seen {
+			r.pending[n] = res
 			n++
 			continue
 		}
-		r.tell(rep)
+		if r.first != 0 && res.Generation > r.first {
+			if !res.emitted {
+				r.restoredEvent(res.Restored)
+			}
+			fmt.Fprintf(r.Out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", res.Generation, res.Step, res.World, res.Redone)
+		}
 	}
 	r.pending = r.pending[:n]
 }
 
-// tell emits a report of rank 0 whose generation was read, and says it:
-// a ring's resumption (after the first ring), a step, the end.
-func (r *ringJob) tell(rep job.Report) {
-	switch rep := rep.(type) {
-	case Restored:
-		if r.first != 0 && rep.Generation > r.first {
-			r.Events.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
-				events.F("steps_redone", rep.Redone), events.F("root", rep.Root))
-			fmt.Fprintf(r.Out, "generation %d: resumed at step %d on %d workers, %d steps redone\n", rep.Generation, rep.Step, rep.World, rep.Redone)
-		}
-	case Step:
-		job.Emit(r.Events, 0, rep)
-		r.progress(rep)
-	case Done:
-		job.Emit(r.Events, 0, rep)
-	}
-}
-
-// generationOf is the generation whose rank 0 reported rep (0: none).
-func generationOf(rep job.Report) uint64 {
-	switch rep := rep.(type) {
-	case Restored:
-		return rep.Generation
-	case Step:
-		return rep.Generation
-	case Done:
-		return rep.Generation
-	}
-	return 0
+// restoredEvent is a ring's resumption in the event log.
+func (r *ringJob) restoredEvent(rep Restored) {
+	r.Events.Emit("restored", events.F("generation", rep.Generation), events.F("world", rep.World), events.F("step", rep.Step),
+		events.F("steps_redone", rep.Redone), events.F("root", rep.Root))
 }
 
 // finalCheckpoint returns the name of the complete checkpoint of step in
@@ -539,13 +515,22 @@ func (r *ringJob) handle(l launch.Line) error {
 		r.byPid[int64(rep.Pid)] = l.Index
 	case Restored:
 		job.Emit(r.Events, l.Index, rep)
-		r.after(rep.Generation, rep)
+		res := resumption{Restored: rep}
+		if r.first != 0 && rep.Generation > r.first {
+			r.restoredEvent(rep)
+			res.emitted = true
+		}
+		// Told after its generation's line: a worker's report may come
+		// before the launcher has read the generation from etcd.
+		r.pending = append(r.pending, res)
+		r.resumed(r.seen)
 	case Step:
 		if rep.Generation < r.stepGen || (rep.Replayed && rep.Step <= r.lastStep) {
 			return nil // from a rank 0 of a ring that steps no more, or already reported
 		}
 		r.stepGen, r.lastStep = rep.Generation, rep.Step
-		r.after(rep.Generation, rep)
+		job.Emit(r.Events, l.Index, rep)
+		r.progress(rep)
 	case Restart:
 		job.Emit(r.Events, l.Index, rep)
 		fmt.Fprint(r.Out, rep.Text(nil))
@@ -577,7 +562,7 @@ func (r *ringJob) handle(l launch.Line) error {
 	case Done:
 		if r.done == nil && r.failed == nil { // a failed job is not done: its result and its error agree
 			r.done = &rep
-			r.after(rep.Generation, rep)
+			job.Emit(r.Events, l.Index, rep)
 		}
 	}
 	return nil

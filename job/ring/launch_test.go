@@ -209,7 +209,7 @@ func TestLauncherStateMachine(t *testing.T) {
 				"step 4/4  loss 0.6000  acc  80.0%       100 samples/s  1 workers  ETA 0s\n",
 		},
 		{
-			name: "a resumption reported before its generation is read is told after that generation's line",
+			name: "a resumption reported before its generation is read: its event at once, its line after that generation's",
 			feed: []step{
 				gen(1, "a", "b"),
 				line(0, `{"kind":"restored","generation":1,"world":2,"step":0,"data_plane":"shm"}`), // the first ring: not a resumption
@@ -220,9 +220,9 @@ func TestLauncherStateMachine(t *testing.T) {
 				{"generation", f{"generation": 1, "world": 2}},
 				{"data_plane", f{"generation": 1, "world": 2, "plane": "shm"}},
 				{"data_plane", f{"generation": 2, "world": 1, "plane": "tcp"}},
+				{"restored", f{"generation": 2, "world": 1, "step": 40, "steps_redone": 2, "root": 0}},
 				{"generation", f{"generation": 2, "world": 1, "reason": "reason 2"}},
 				{"worker_lost", f{"generation": 2, "id": "b", "detected_by": "lease expired"}},
-				{"restored", f{"generation": 2, "world": 1, "step": 40, "steps_redone": 2, "root": 0}},
 			},
 			out: "generation 1: 2 workers (reason 1)\n" +
 				"generation 2: 1 workers (reason 2)\n" +
@@ -234,7 +234,7 @@ func TestLauncherStateMachine(t *testing.T) {
 			},
 		},
 		{
-			name: "a ring's steps and end reported before its generation is read are told after it and its resumption, in order",
+			name: "a ring's resumption, steps and end reported before its generation is read: their events at once, in order (the resumption's before the steps'), the resumption's line after the generation's",
 			feed: []step{
 				gen(1, "a", "b"),
 				line(0, `{"kind":"step","step":80,"generation":1,"world":2}`),
@@ -247,18 +247,18 @@ func TestLauncherStateMachine(t *testing.T) {
 				{"generation", f{"generation": 1}},
 				{"step", f{"step": 80, "generation": 1}},
 				{"data_plane", f{"generation": 2}},
-				{"generation", f{"generation": 2}},
-				{"worker_lost", f{"generation": 2, "id": "b"}},
 				{"restored", f{"generation": 2, "step": 80}},
 				{"step", f{"step": 81, "generation": 2}},
 				{"done", f{"step": 81, "generation": 2}},
+				{"generation", f{"generation": 2}},
+				{"worker_lost", f{"generation": 2, "id": "b"}},
 			},
 			out: "generation 1: 2 workers (reason 1)\n" +
 				"step  80/100  loss 0.0000  acc   0.0%         - samples/s  2 workers  ETA -\n" +
 				"generation 2: 1 workers (reason 2)\ngeneration 2: resumed at step 80 on 1 workers, 0 steps redone\n",
 			check: func(t *testing.T, g *launcherRig) {
 				if len(g.r.pending) != 0 || g.r.done == nil {
-					t.Errorf("%d reports still held after their generation was read; done %+v", len(g.r.pending), g.r.done)
+					t.Errorf("%d resumptions still held after their generation was read; done %+v", len(g.r.pending), g.r.done)
 				}
 			},
 		},
@@ -273,8 +273,8 @@ func TestLauncherStateMachine(t *testing.T) {
 			events: []ev{
 				{"generation", f{"generation": 1}},
 				{"data_plane", f{"generation": 3}},
-				{"generation", f{"generation": 2}},
 				{"restored", f{"generation": 3, "step": 12, "steps_redone": 1}},
+				{"generation", f{"generation": 2}},
 			},
 			out: "generation 1: 2 workers (reason 1)\ngeneration 2: 1 workers (reason 2)\ngeneration 3: resumed at step 12 on 2 workers, 1 steps redone\n",
 		},
