@@ -25,7 +25,7 @@ import (
 )
 
 // The report lines below are as a worker prints them (job.ReportLines):
-// the launcher reads the JSON wire, whatever Go type job.Report becomes.
+// the launcher reads the JSON wire (job.MarshalReport), as from a process.
 const (
 	stepLine = `{"kind":"ps_step","worker":0,"step":10,"steps":10,"epoch":1,"loss":0.25,"samples_per_s":800,"stale":2}`
 	midLine  = `{"kind":"ps_step","worker":0,"step":5,"steps":10,"epoch":1,"loss":0.5,"samples_per_s":800,"stale":0}`
