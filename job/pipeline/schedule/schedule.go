@@ -354,10 +354,10 @@ func Bound(c Config, stage int) int {
 //   - GPipe and 1F1B: (P−1)/(m+P−1);
 //   - interleaved: (P−1)/(v·m+P−1);
 //   - ZB-H1: the idle fraction of Simulate with unit costs. When m ≥ P it
-//     is exactly (P−1)/(3m+P−1): the makespan is 3m+P−1, each stage idles
-//     P−1 steps in all (stage s waits s steps for its first input and
-//     P−1−s at the end while its last B's gradient comes back one step per
-//     stage), since the deferred Ws fill every other wait. When m < P the
+//     is exactly (P−1)/(3m+P−1): the makespan is 3m+P−1 against 3m of
+//     work, as the first input reaches stage P−1 after P−1 steps and, B
+//     alone being on the backward chain, the deferred Ws fill the other
+//     waits (the tests check this for P ≤ 8, m ≤ 16). When m < P the
 //     warm-up cannot fill the pipe and it is higher (P=4, m=2: 5/11; 1F1B
 //     has 3/5).
 //
