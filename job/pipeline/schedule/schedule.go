@@ -262,12 +262,13 @@ func Build(c Config, stage int) ([]Instr, error) {
 }
 
 // zbh1 builds every stage's ZB-H1 list by list scheduling in unit time
-// (F = B = W = 1): at each step a free stage runs B if its next backward's
-// gradient has come, else F if its next forward's input has come and fewer
-// than min(P−s, m) micro-batches are between F and B (1F1B's memory),
-// else W if one is pending; otherwise it waits. W thus fills what would be
-// 1F1B's bubbles, and B, alone on the critical path, makes the backward
-// chain shorter.
+// (F = B = W = 1): at each step a stage runs B if its next backward's
+// gradient has come; else W if P Ws are pending (so a stage keeps the
+// weight-gradient inputs of at most P micro-batches); else F if its next
+// forward's input has come and fewer than min(P−s, m) micro-batches are
+// between F and B (1F1B's memory); else W if one is pending; otherwise it
+// waits. W thus fills what would be 1F1B's bubbles, and B, alone on the
+// critical path, makes the backward chain shorter.
 func zbh1(p, m int) [][]Instr {
 	const never = int(^uint(0) >> 1)
 	es := make([]*emitter, p)
@@ -300,6 +301,9 @@ func zbh1(p, m int) [][]Instr {
 					gradAt[s-1][i] = t + 1
 				}
 				nb[s]++
+			case nb[s]-nw[s] >= p:
+				e.add(BackwardWeight, nw[s], 0, -1)
+				nw[s]++
 			case nf[s] < m && actAt[s][nf[s]] <= t && nf[s]-nb[s] < min(p-s, m):
 				i := nf[s]
 				e.forward(i, 0)

@@ -233,6 +233,31 @@ func TestSimulateDeadlock(t *testing.T) {
 	}
 }
 
+// ZB-H1 keeps the weight-gradient inputs of at most P micro-batches (Bs
+// done whose W has not run).
+func TestZBH1PendingW(t *testing.T) {
+	for _, c := range configs() {
+		if c.Kind != ZBH1 {
+			continue
+		}
+		for s, list := range build(t, c) {
+			pending, peak := 0, 0
+			for _, in := range list {
+				switch in.Op {
+				case BackwardInput:
+					pending++
+				case BackwardWeight:
+					pending--
+				}
+				peak = max(peak, pending)
+			}
+			if peak > c.Stages {
+				t.Errorf("%s stage %d: %d Ws pending at once, want ≤ P", name(c), s, peak)
+			}
+		}
+	}
+}
+
 // Reduce and then OptimizerStep, once each, after the stage's last backward.
 func TestReduceLast(t *testing.T) {
 	for _, c := range configs() {
