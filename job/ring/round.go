@@ -149,7 +149,7 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 			now := c.Now()
 			if r.Rank == 0 && hybridMode {
 				w.publishPace(ctx, st.Step)
-				w.serveFeeds(ctx, st.Step)
+				w.serveFeeds(st.Step)
 			}
 			if r.Rank == 0 {
 				n := participants(st, g.Size())

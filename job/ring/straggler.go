@@ -160,8 +160,14 @@ func (w *ringWorker) watchFeeds(ctx context.Context) {
 }
 
 // serveFeeds answers the pending requests with a copy of the parameters,
-// taken now (between steps), sent on goroutines of their own.
-func (w *ringWorker) serveFeeds(ctx context.Context, step int64) {
+// taken now (between steps), sent on goroutines of their own. A feed
+// lives in the worker's context, not the round's: the round that serves
+// a straggler's first request often ends at once, since excluding it
+// makes a new ring, and a feed cut short with it left the straggler
+// trying to reach rank 0 for seconds (TestHybridExcludesStraggler
+// failed once so).
+func (w *ringWorker) serveFeeds(step int64) {
+	ctx := w.runCtx
 	w.feedMu.Lock()
 	reqs := w.feeds
 	w.feeds = map[string]*phalanxpb.FeedRequest{}
