@@ -123,15 +123,6 @@ func tick(d time.Duration) step {
 	}
 }
 
-// read: the generations up to n were read from etcd (their events and
-// lines left out of the case).
-func read(n uint64) step {
-	return func(g *launcherRig) error {
-		g.r.resumed(n)
-		return nil
-	}
-}
-
 // atEnd is what the job's end does first: every resumption still held is
 // told.
 func atEnd(g *launcherRig) error {
@@ -188,7 +179,6 @@ func TestLauncherStateMachine(t *testing.T) {
 		{
 			name: "steps: an event each, a stale ring's and a replayed one dropped, a progress line every 2", steps: 4, every: 2,
 			feed: []step{
-				read(3),
 				line(0, `{"kind":"step","step":1,"generation":2,"world":2,"loss":0.9,"accuracy":0.5,"samples_per_s":100,"step_s":1}`),
 				tick(time.Second),
 				line(0, `{"kind":"step","step":2,"generation":2,"world":2,"loss":0.8,"accuracy":0.6,"samples_per_s":300,"step_s":1,"participants":1,"stale":1}`),
@@ -324,7 +314,6 @@ func TestLauncherStateMachine(t *testing.T) {
 		{
 			name: "done is taken once; a failure after it is not the job's",
 			feed: []step{
-				read(3),
 				line(0, `{"kind":"done","step":10,"generation":2,"world":2,"loss":0.25,"accuracy":0.9,"identical":true,"params_crc32c":7,"rank_crc32c":[7,7]}`),
 				line(0, `{"kind":"done","step":11,"generation":3,"world":1}`),
 				line(1, `{"kind":"failed","reason":"late"}`),
@@ -341,7 +330,7 @@ func TestLauncherStateMachine(t *testing.T) {
 		},
 		{
 			name: "a done without identical is not parameters_identical",
-			feed: []step{read(2), line(0, `{"kind":"done","step":10,"generation":2,"world":2}`)},
+			feed: []step{line(0, `{"kind":"done","step":10,"generation":2,"world":2}`)},
 			events: []ev{
 				{"done", f{"step": 10, "parameters_identical": false}},
 			},
@@ -401,7 +390,6 @@ func TestLauncherStateMachine(t *testing.T) {
 		{
 			name: "exits: each an event; a failure's said, a clean one's and those after done are not",
 			feed: []step{
-				read(1),
 				exit(0, nil),
 				exit(1, errors.New("exit status 1")),
 				line(0, `{"kind":"done","step":10,"generation":1,"world":1}`),
