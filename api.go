@@ -7,8 +7,10 @@ import (
 
 	"github.com/phalanx-rt/phalanx/internal/services"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/pipeline"
 	"github.com/phalanx-rt/phalanx/job/psjob"
 	"github.com/phalanx-rt/phalanx/job/ring"
+	"github.com/phalanx-rt/phalanx/worker"
 )
 
 // The configuration of a job and of its processes (package job defines
@@ -25,6 +27,9 @@ type (
 	FaultConfig = job.FaultConfig
 	// PSConfig: a parameter-server job's servers and shards.
 	PSConfig = job.PSConfig
+	// PipelineConfig: a pipeline job's stages, replicas, schedule and
+	// cuts.
+	PipelineConfig = job.PipelineConfig
 	// LaunchConfig is a local job: its Config, its processes and where
 	// its progress, logs and events go.
 	LaunchConfig = job.LaunchConfig
@@ -56,6 +61,14 @@ type (
 	PSModel = job.PSModel
 	// PSWorker is what a parameter-server model's loop works with.
 	PSWorker = job.PSWorker
+	// PipelineModel is a pipeline model: ordered layers a pipeline cuts
+	// into stages, and its data (ModelSpec{Kind: "pipeline", Impl:
+	// &PipelineModel{...}}).
+	PipelineModel = pipeline.Model
+	// PipelineLayer describes one layer of a PipelineModel.
+	PipelineLayer = pipeline.Layer
+	// Dataset is indexed training data (a Task's, a PipelineModel's).
+	Dataset = worker.Dataset
 	// Result is how a job ended, as a worker saw it.
 	Result = job.Result
 	// StoppedError: the job stopped before its last step.
@@ -89,11 +102,12 @@ func DefaultConfig() Config { return job.DefaultConfig() }
 func DefaultLaunchConfig() LaunchConfig { return job.DefaultLaunchConfig() }
 
 // NewRegistry holds specs, whose kinds are the built-in ones: a ring model
-// (New) and a parameter-server model (PS). Registry.AddKind adds others. A
+// (New), a parameter-server model (PS) and a pipeline model (Kind
+// "pipeline", Impl a *PipelineModel). Registry.AddKind adds others. A
 // spec without a name, with both or neither of New and PS (unless it names
 // its Kind), or a name given twice is a programming error: it panics.
 func NewRegistry(specs ...ModelSpec) *Registry {
-	return job.NewRegistry([]job.Kind{ring.Kind{}, psjob.Kind{}}, specs...)
+	return job.NewRegistry([]job.Kind{ring.Kind{}, psjob.Kind{}, pipeline.Kind{}}, specs...)
 }
 
 // Launch runs a local job to its end: the job's etcd (embedded unless
@@ -180,4 +194,10 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 // resumes the job.
 func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
 	return job.Stop(ctx, etcd, jobName, reason)
+}
+
+// ParsePipelineCuts reads a --pp-cuts value for pipeline model name of
+// reg with options opts: layer indices or layer names, comma-separated.
+func ParsePipelineCuts(s, name string, opts map[string]string, reg *Registry) ([]int, error) {
+	return pipeline.ParseCuts(s, name, opts, reg)
 }

@@ -78,6 +78,8 @@ type Config struct {
 	Faults   FaultConfig   `json:"faults"`
 	// PS configures a parameter-server job (a model with ModelSpec.PS).
 	PS PSConfig `json:"ps"`
+	// Pipeline configures a pipeline job (a model of kind pipeline).
+	Pipeline PipelineConfig `json:"pipeline"`
 
 	// This process: its data-plane listen address (host:port; port 0
 	// picks one), its preferred place in the first ring (-1: none), its
@@ -169,6 +171,26 @@ type PSConfig struct {
 	ReportEvery    int   `json:"report_every"` // steps between progress reports (0: a twentieth of the job)
 }
 
+// PipelineConfig configures a pipeline job: Replicas (D) copies of a
+// pipeline of Stages (P) processes, D·P workers in all. MicroBatches is
+// the number of micro-batches a replica's share of a step is cut into.
+type PipelineConfig struct {
+	Stages   int    `json:"stages"`   // P, processes per replica (--pp)
+	Replicas int    `json:"replicas"` // D, pipeline replicas (--dp)
+	Schedule string `json:"schedule"` // gpipe, 1f1b, interleaved or zb-h1
+	Chunks   int    `json:"chunks"`   // v, model chunks per stage (interleaved; 0: 2 there, else 1)
+	// Cuts are the first layer of stages 1.. (of virtual stages under
+	// interleaved); empty: balanced by Balance.
+	Cuts []int `json:"cuts,omitempty"`
+	// Balance is how cuts are chosen when none are given: "params"
+	// (parameter count) or "time" (measured forward+backward time of each
+	// layer, by the launcher).
+	Balance string `json:"balance"`
+	// Recompute keeps only each micro-batch's stage input and runs the
+	// forward again before the backward.
+	Recompute bool `json:"recompute"`
+}
+
 // DefaultConfig is the configuration `phalanx train` starts from: 300
 // steps of a 256-sample global batch, momentum SGD at 0.05 with a cosine
 // schedule, BSP, no checkpoints.
@@ -198,6 +220,7 @@ func DefaultConfig() Config {
 		Faults:          FaultConfig{FailWorker: -1, FailTimes: 1},
 		PS: PSConfig{Servers: 2, Replicas: -1, Partition: "hash", Optimizer: "adagrad", LR: 0.2,
 			CacheStaleness: 1},
+		Pipeline: PipelineConfig{Stages: 1, Replicas: 1, Schedule: "1f1b", Balance: "params"},
 		Bind:     "127.0.0.1:0",
 		RankHint: -1,
 		Index:    -1,

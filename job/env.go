@@ -357,9 +357,10 @@ func credentialsEnv(c checkpoint.Credentials) []string {
 // WorkerSpecEnv is the environment variable (name=value) that makes this
 // program, started with it, one more worker of a running local job: the
 // job_started event carries it, so that a test or an operator can add a
-// worker by hand. index names the worker (for fault injection).
-func WorkerSpecEnv(cfg Config, index int, logLevel string) string {
-	b, _ := json.Marshal(ProcessSpec{Role: "worker", Config: cfg, Index: index, RankHint: -1, LogLevel: logLevel})
+// worker by hand. role is the kind's worker role; index names the
+// worker (for fault injection).
+func WorkerSpecEnv(role string, cfg Config, index int, logLevel string) string {
+	b, _ := json.Marshal(ProcessSpec{Role: role, Config: cfg, Index: index, RankHint: -1, LogLevel: logLevel})
 	return WorkerEnv + "=" + string(b)
 }
 

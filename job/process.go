@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/procenv"
 )
 
@@ -124,4 +125,36 @@ func RunModel(ctx context.Context, cfg Config, reg *Registry) (*Result, error) {
 		return nil, err
 	}
 	return kind.Roles()[kind.Worker()](ctx, cfg, reg)
+}
+
+// DataPlane is a worker's data plane: its TCP listener, the transport
+// over it (with shared memory beside it where Config.Transport allows),
+// and the host identity that says which peers share this host's memory
+// ("" with TCP alone).
+type DataPlane struct {
+	TCP       *collective.TCPTransport
+	Transport collective.Transport
+	HostID    string
+}
+
+// OpenDataPlane listens on c.Bind for c.Job's data plane; Close the TCP
+// listener when done.
+func OpenDataPlane(c *Config, log *zap.Logger) (*DataPlane, error) {
+	kind, err := collective.ParseTransportKind(string(c.Transport))
+	if err != nil {
+		return nil, Invalid("Transport", c.Transport, "%v", err)
+	}
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.Bind, Advertise: c.Advertise, Job: c.Job, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	d := &DataPlane{TCP: tr}
+	if d.Transport, err = collective.NewTransport(kind, tr, collective.ShmOptions{Logger: log}); err == nil && kind != collective.TransportTCP {
+		d.HostID, err = collective.HostIdentity()
+	}
+	if err != nil {
+		tr.Close()
+		return nil, fmt.Errorf("phalanx: data plane: %w", err)
+	}
+	return d, nil
 }

@@ -6,4 +6,12 @@
 // tag openblas), and the optimizers and learning-rate schedules that
 // update them. It is not a general autograd framework: a model is a fixed
 // stack of layers whose buffers are allocated once and reused every step.
+//
+// For pipeline parallelism a Stage runs a contiguous run of a model's layers
+// with several micro-batches in flight, each in its own cache slot: layers
+// that are Slotted (Dense, ReLU) keep one cache per slot, and a Splitter
+// (Dense) splits its backward into the input's gradient and, later, the
+// weights', as zero-bubble schedules need. A stage may instead recompute each
+// micro-batch's forward before its backward, keeping only its input and
+// output; a stage with any layer that is not Slotted always does.
 package nn

@@ -12,23 +12,32 @@ import (
 // Layer is one stage of a Sequential model. Forward keeps what Backward
 // needs; Backward adds the parameters' gradients into their Grad and returns
 // the gradient of the input. The returned matrices are the layer's own buffers,
-// valid until its next call.
+// valid until its next call (of a Slotted layer: the same slot's next call).
 type Layer interface {
 	Forward(x Matrix) Matrix
 	Backward(dy Matrix) Matrix
 	Params() []*Param
 }
 
-// Dense is y = x·W + b with W of shape [in, out].
+// Dense is y = x·W + b with W of shape [in, out]. It is Slotted and a
+// Splitter.
 type Dense struct {
 	W, B *Param
 	// SkipInputGrad leaves Backward's result empty: the first layer of a model
 	// has no one to pass it to.
 	SkipInputGrad bool
 
-	x       Matrix
-	y, dx   []float32
+	slots   []denseCache
+	slot    int
 	in, out int
+}
+
+// denseCache is what one forward pass of a Dense keeps for its backward,
+// and the buffers it returns.
+type denseCache struct {
+	x     Matrix // the input, the caller's: valid until the backward
+	dy    Matrix // BackwardInput's, the caller's: valid until BackwardWeight
+	y, dx []float32
 }
 
 // NewDense makes a Dense layer with He-uniform weights drawn from rng and zero
@@ -44,6 +53,20 @@ func NewDense(name string, in, out int, rng *rand.Rand) *Dense {
 
 func (d *Dense) Params() []*Param { return []*Param{d.W, d.B} }
 
+// UseSlot makes the following calls use cache slot i (see Slotted).
+func (d *Dense) UseSlot(i int) { useSlot(&d.slots, &d.slot, i) }
+
+// ActivationBytes is the size of the buffers of every slot allocated so far.
+func (d *Dense) ActivationBytes() int64 {
+	var n int
+	for _, c := range d.slots {
+		n += cap(c.y) + cap(c.dx)
+	}
+	return 4 * int64(n)
+}
+
+func (d *Dense) cache() *denseCache { return slotOf(&d.slots, d.slot) }
+
 func (d *Dense) weights() blas32.General {
 	return blas32.General{Rows: d.in, Cols: d.out, Stride: d.out, Data: d.W.Value}
 }
@@ -56,8 +79,9 @@ func (d *Dense) Forward(x Matrix) Matrix {
 	if x.Cols != d.in {
 		panic(fmt.Sprintf("nn: %s takes %d inputs, got %d", d.W.Name, d.in, x.Cols))
 	}
-	d.x = x
-	y := resize(&d.y, x.Rows, d.out)
+	c := d.cache()
+	c.x = x
+	y := resize(&c.y, x.Rows, d.out)
 	for i := range y.Rows {
 		copy(y.Row(i), d.B.Value)
 	}
@@ -68,10 +92,38 @@ func (d *Dense) Forward(x Matrix) Matrix {
 }
 
 func (d *Dense) Backward(dy Matrix) Matrix {
+	c := d.cache()
 	if dy.Rows == 0 {
-		return resize(&d.dx, 0, d.in)
+		return resize(&c.dx, 0, d.in)
 	}
-	gemm(blas.Trans, blas.NoTrans, 1, general(d.x), general(dy), 1,
+	d.weightGrads(c.x, dy)
+	return d.inputGrad(c, dy)
+}
+
+// BackwardInput is the input-gradient half of Backward (see Splitter); it
+// keeps dy, which must stay valid until the slot's BackwardWeight.
+func (d *Dense) BackwardInput(dy Matrix) Matrix {
+	c := d.cache()
+	c.dy = dy
+	if dy.Rows == 0 {
+		return resize(&c.dx, 0, d.in)
+	}
+	return d.inputGrad(c, dy)
+}
+
+// BackwardWeight adds W's and b's gradients of the slot's last
+// BackwardInput, once: a second call adds nothing.
+func (d *Dense) BackwardWeight() {
+	c := d.cache()
+	if c.dy.Rows > 0 {
+		d.weightGrads(c.x, c.dy)
+	}
+	c.dy = Matrix{}
+}
+
+// weightGrads adds xᵀ·dy into W's gradient and dy's column sums into b's.
+func (d *Dense) weightGrads(x, dy Matrix) {
+	gemm(blas.Trans, blas.NoTrans, 1, general(x), general(dy), 1,
 		blas32.General{Rows: d.in, Cols: d.out, Stride: d.out, Data: d.W.Grad})
 	for i := range dy.Rows {
 		row, g := dy.Row(i), d.B.Grad
@@ -79,23 +131,47 @@ func (d *Dense) Backward(dy Matrix) Matrix {
 			g[j] += v
 		}
 	}
+}
+
+// inputGrad is dy·Wᵀ into c's dx, or nothing when SkipInputGrad.
+func (d *Dense) inputGrad(c *denseCache, dy Matrix) Matrix {
 	if d.SkipInputGrad {
 		return Matrix{}
 	}
-	dx := resize(&d.dx, dy.Rows, d.in)
+	dx := resize(&c.dx, dy.Rows, d.in)
 	gemm(blas.NoTrans, blas.Trans, 1, general(dy), d.weights(), 0, general(dx))
 	return dx
 }
 
-// ReLU is max(x, 0), element-wise.
+// ReLU is max(x, 0), element-wise. It is Slotted; its zero value is ready.
 type ReLU struct {
+	slots []reluCache
+	slot  int
+}
+
+// reluCache is one forward pass's output (what the backward needs) and the
+// input gradient's buffer.
+type reluCache struct {
 	y, dx []float32
 }
 
 func (r *ReLU) Params() []*Param { return nil }
 
+// UseSlot makes the following calls use cache slot i (see Slotted).
+func (r *ReLU) UseSlot(i int) { useSlot(&r.slots, &r.slot, i) }
+
+// ActivationBytes is the size of the buffers of every slot allocated so far.
+func (r *ReLU) ActivationBytes() int64 {
+	var n int
+	for _, c := range r.slots {
+		n += cap(c.y) + cap(c.dx)
+	}
+	return 4 * int64(n)
+}
+
 func (r *ReLU) Forward(x Matrix) Matrix {
-	y := resize(&r.y, x.Rows, x.Cols)
+	c := slotOf(&r.slots, r.slot)
+	y := resize(&c.y, x.Rows, x.Cols)
 	for i, v := range x.Data {
 		y.Data[i] = max(v, 0)
 	}
@@ -103,8 +179,9 @@ func (r *ReLU) Forward(x Matrix) Matrix {
 }
 
 func (r *ReLU) Backward(dy Matrix) Matrix {
-	dx := resize(&r.dx, dy.Rows, dy.Cols)
-	y, out := r.y[:len(dy.Data)], dx.Data[:len(dy.Data)]
+	c := slotOf(&r.slots, r.slot)
+	dx := resize(&c.dx, dy.Rows, dy.Cols)
+	y, out := c.y[:len(dy.Data)], dx.Data[:len(dy.Data)]
 	for i, v := range dy.Data {
 		// A mask rather than a branch: the sign of an activation is a coin
 		// toss the branch predictor loses half the time.

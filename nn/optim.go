@@ -174,12 +174,16 @@ func GlobalNorm(params []*Param) float64 {
 func ClipGlobalNorm(params []*Param, max float64) float64 {
 	n := GlobalNorm(params)
 	if max > 0 && n > max {
-		f := float32(max / n)
-		for _, p := range params {
-			for i := range p.Grad {
-				p.Grad[i] *= f
-			}
-		}
+		ScaleGrads(params, float32(max/n))
 	}
 	return n
+}
+
+// ScaleGrads multiplies every gradient by f.
+func ScaleGrads(params []*Param, f float32) {
+	for _, p := range params {
+		for i := range p.Grad {
+			p.Grad[i] *= f
+		}
+	}
 }

@@ -23,14 +23,17 @@ import (
 type configFlags struct {
 	cfg                                    phalanx.Config
 	bucket, deadline, excludeAfter, failAt string
+	ppCuts                                 string
 	etcd                                   string
 	options                                map[string]string // model options set on the command line
+	registry                               *phalanx.Registry
 	s3                                     s3Flags
 }
 
 // register defines the flags on fs, with models' options from reg.
 func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	f.cfg = phalanx.DefaultConfig()
+	f.registry = reg
 	c := &f.cfg
 	fs.StringVar(&c.Model, "example", "mlp", "the model to train: "+strings.Join(reg.Names(), ", "))
 	fs.Int64Var(&c.Steps, "steps", c.Steps, "the job's total number of steps (resuming with more trains longer)")
@@ -98,6 +101,15 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	fs.Int64Var(&p.CacheStaleness, "ps-cache-staleness", p.CacheStaleness, "parameter servers: clocks a cached row may serve pulls after it was pulled")
 	fs.IntVar(&p.ReportEvery, "report-every", 0, "parameter servers: steps between progress reports (default: a twentieth of the job)")
 
+	pl := &c.Pipeline
+	fs.IntVar(&pl.Stages, "pp", pl.Stages, "pipeline models (deep-mlp): stages per replica, one worker process each")
+	fs.IntVar(&pl.Replicas, "dp", pl.Replicas, "pipeline models: replicas of the pipeline; --workers defaults to --dp × --pp")
+	fs.StringVar(&pl.Schedule, "pp-schedule", pl.Schedule, "pipeline models: micro-batch schedule: gpipe, 1f1b, interleaved or zb-h1 (zero bubble)")
+	fs.IntVar(&pl.Chunks, "pp-chunks", 0, "pipeline models, --pp-schedule interleaved: model chunks per stage (default 2)")
+	fs.StringVar(&f.ppCuts, "pp-cuts", "", "pipeline models: the first layer of each stage after the first, as indices or layer names\n(\"4,8,12\" or \"fc2,fc4,fc6\"); default: balanced by --pp-balance")
+	fs.StringVar(&pl.Balance, "pp-balance", pl.Balance, "pipeline models: how stages are balanced without --pp-cuts: params (parameter count) or time\n(each layer's forward and backward, measured by the launcher)")
+	fs.BoolVar(&pl.Recompute, "pp-recompute", false, "pipeline models: keep only each micro-batch's stage input and recompute the forward before\nthe backward (less memory, one more forward)")
+
 	// Every model's options, each once: a model refuses options it does not have.
 	f.options = map[string]string{}
 	seen := map[string]bool{}
@@ -151,6 +163,11 @@ func (f *configFlags) apply() error {
 			return usagef("--exclude-after: %v", err)
 		}
 	}
+	if f.ppCuts != "" {
+		if c.Pipeline.Cuts, err = phalanx.ParsePipelineCuts(f.ppCuts, c.Model, c.ModelOptions, f.registry); err != nil {
+			return usagef("--pp-cuts %q: %v", f.ppCuts, err)
+		}
+	}
 	if f.failAt != "" {
 		w, st, ok := strings.Cut(f.failAt, ":")
 		worker, err1 := strconv.Atoi(w)
@@ -171,6 +188,8 @@ var flagOf = map[string]string{
 	"ReferenceWorld": "--reference-world", "LeaseTTL": "--lease-ttl", "Unreachable": "--unreachable", "Job": "--job", "Etcd": "--etcd-endpoints", "EtcdDialTimeout": "--etcd-dial-timeout",
 	"Restarts.MaxRestarts": "--max-restarts", "Restarts.Window": "--restart-window", "Faults.FailStep": "--fail-at",
 	"Faults.FailTimes": "--fail-times", "Faults.FailWorker": "--fail-at",
+	"Pipeline.Stages": "--pp", "Pipeline.Replicas": "--dp", "Pipeline.Schedule": "--pp-schedule", "Pipeline.Chunks": "--pp-chunks",
+	"Pipeline.Cuts": "--pp-cuts", "Pipeline.Balance": "--pp-balance", "Pipeline": "--pp, --micro-batches, --pp-schedule",
 	"Checkpoint.Location": "--checkpoint", "Checkpoint.EverySteps": "--checkpoint-every-steps", "Checkpoint.Every": "--checkpoint-every",
 	"Checkpoint.KeepLast": "--checkpoint-keep", "Checkpoint.KeepEvery": "--checkpoint-keep-every", "Checkpoint.Wait": "--checkpoint-wait",
 	"Sync": "--sync", "Sync.Mode": "--sync", "Sync.Deadline": "--step-deadline", "Sync.ExcludeAfter": "--exclude-after", "Sync.Stale": "--stale",

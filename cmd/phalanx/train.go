@@ -52,6 +52,9 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 		}
 		lc.Config, lc.Registry, lc.NoCoordinator = f.cfg, reg, !*coordinate
 		lc.Output, lc.Stderr = stdout, stderr
+		if pl := lc.Pipeline; !fs.Changed("workers") && isPipeline(reg, lc.Model) {
+			lc.Workers = pl.Stages * pl.Replicas // a pipeline's processes
+		}
 		if *eventsPath != "" {
 			ev, err := os.OpenFile(*eventsPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 			if err != nil {
@@ -102,4 +105,14 @@ func workerCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 		_, err := phalanx.RunModel(ctx, f.cfg, reg)
 		return asUsage(err)
 	})
+}
+
+// isPipeline reports whether model name is of the pipeline kind.
+func isPipeline(reg *phalanx.Registry, name string) bool {
+	spec, err := reg.Lookup(name)
+	if err != nil {
+		return false
+	}
+	k, err := reg.KindOf(spec)
+	return err == nil && k.Name() == "pipeline"
 }

@@ -240,12 +240,12 @@ func (j *Job) Finish(t testing.TB) map[string][]Event {
 	return by
 }
 
-// WorkerPids are the pids of the launcher's workers seen so far, by
-// launch index.
+// WorkerPids are the pids of the launcher's workers (a ring's or a
+// pipeline's) seen so far, by launch index.
 func (j *Job) WorkerPids() map[int]int {
 	out := map[int]int{}
 	for _, e := range j.Seen {
-		if e["event"] == "worker_started" && (e["role"] == nil || e["role"] == "worker") {
+		if e["event"] == "worker_started" && (e["role"] == nil || e["role"] == "worker" || e["role"] == "pipeline-worker") {
 			out[Num(e, "worker")] = Num(e, "pid")
 		}
 	}

@@ -119,27 +119,15 @@ type ringWorker struct {
 // and its supervisor, the etcd client and the checkpoint store.
 func (w *ringWorker) start(ctx context.Context) error {
 	c := &w.cfg
-	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.Bind, Advertise: c.Advertise, Job: c.Job, Logger: w.log})
+	dp, err := job.OpenDataPlane(c, w.log)
 	if err != nil {
 		return err
 	}
-	w.tr = tr
+	tr, hostID := dp.TCP, dp.HostID
+	w.tr, w.data = tr, dp.Transport
 	w.undo = append(w.undo, func() { tr.Close() })
 	if plant.On(plant.LeakProcess) {
 		plant.Orphan() // planted: a helper process the worker forgets
-	}
-	kind, err := collective.ParseTransportKind(string(c.Transport))
-	if err != nil {
-		return job.Invalid("Transport", c.Transport, "%v", err)
-	}
-	if w.data, err = collective.NewTransport(kind, tr, collective.ShmOptions{Logger: w.log}); err != nil {
-		return fmt.Errorf("phalanx: data plane: %w", err)
-	}
-	hostID := ""
-	if kind != collective.TransportTCP {
-		if hostID, err = collective.HostIdentity(); err != nil {
-			return fmt.Errorf("phalanx: data plane: %w", err)
-		}
 	}
 	host, _, err := net.SplitHostPort(tr.Addr())
 	if err != nil {

@@ -324,3 +324,50 @@ func Example() {
 	// Output:
 	// Load(m0) F(m0) SendAct(m0,p1) Load(m1) F(m1) SendAct(m1,p1) RecvGrad(m0,p1) BW(m0) Load(m2) F(m2) SendAct(m2,p1) RecvGrad(m1,p1) BW(m1) Load(m3) F(m3) SendAct(m3,p1) RecvGrad(m2,p1) BW(m2) RecvGrad(m3,p1) BW(m3) Reduce OptimizerStep
 }
+
+// Transfers between a pair of stages are matched in order: for each
+// sender, receiver and direction (activations or gradients), the
+// micro-batches and chunks the receiver expects come in the order the
+// sender sends them, so a link that delivers in order (the data plane's
+// point-to-point messages) needs no tags.
+func TestTransfersInLinkOrder(t *testing.T) {
+	type link struct {
+		from, to int
+		grad     bool
+	}
+	for _, c := range configs() {
+		lists := build(t, c)
+		sent, recvd := map[link][]mc{}, map[link][]mc{}
+		for s, list := range lists {
+			for _, in := range list {
+				switch in.Op {
+				case SendAct, SendGrad:
+					l := link{s, in.Peer, in.Op == SendGrad}
+					// What the receiver will call it: the next (or
+					// previous) virtual stage's chunk.
+					k := in.Chunk
+					if in.Op == SendAct && s == c.Stages-1 {
+						k++
+					}
+					if in.Op == SendGrad && s == 0 {
+						k--
+					}
+					sent[l] = append(sent[l], mc{in.Micro, k})
+				case RecvAct, RecvGrad:
+					l := link{in.Peer, s, in.Op == RecvGrad}
+					recvd[l] = append(recvd[l], mc{in.Micro, in.Chunk})
+				}
+			}
+		}
+		for l, want := range sent {
+			if got := recvd[l]; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("%s: link %d→%d (grad %v) sends %v, receives %v", name(c), l.from, l.to, l.grad, want, got)
+			}
+		}
+		for l, got := range recvd {
+			if _, ok := sent[l]; !ok {
+				t.Errorf("%s: link %d→%d (grad %v) receives %v, sends nothing", name(c), l.from, l.to, l.grad, got)
+			}
+		}
+	}
+}

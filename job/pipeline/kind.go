@@ -1,0 +1,217 @@
+// Package pipeline is the pipeline-parallel job kind: D replicas of a
+// model cut into P consecutive stages, one worker process per stage of a
+// replica. A stage runs its micro-batch schedule (package schedule)
+// through an engine (package engine) that passes activations and
+// gradients to its neighbours as raw tensors over the data plane; each
+// stage's gradients are averaged across replicas on a group per stage,
+// overlapping the last backward passes. The layout of every generation
+// (package layout) keeps replicas whose stages all survived, so that when
+// a stage process dies its replica drops out and the others go on at the
+// next step.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/job"
+)
+
+// Kind is the pipeline kind: a model names it (ModelSpec.Kind
+// "pipeline", Impl a *Model).
+type Kind struct{}
+
+// Name is "pipeline".
+func (Kind) Name() string { return "pipeline" }
+
+// Owns a model whose Impl is a *Model.
+func (Kind) Owns(spec job.ModelSpec) bool {
+	_, ok := spec.Impl.(*Model)
+	return ok
+}
+
+// Worker is the role of a pipeline worker.
+func (Kind) Worker() string { return "pipeline-worker" }
+
+// Roles: every process of a pipeline job is a pipeline worker.
+func (Kind) Roles() map[string]job.Role {
+	return map[string]job.Role{"pipeline-worker": runRole}
+}
+
+// Prepare checks a pipeline launch against its model: the replicas and
+// stages against the workers started, the micro-batches against a
+// replica's batch, the cuts against the model's layers (choosing them
+// when none are given).
+func (Kind) Prepare(_ context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
+	m, ok := spec.Impl.(*Model)
+	if !ok {
+		return nil, fmt.Errorf("pipeline: model %s is not a pipeline model (ModelSpec.Impl is %T)", spec.Name, spec.Impl)
+	}
+	p := &lc.Pipeline
+	if p.Balance == "time" && len(p.Cuts) == 0 {
+		cuts, err := balanceByTime(lc, m, opts)
+		if err != nil {
+			return nil, err
+		}
+		p.Cuts = cuts
+	}
+	if _, err := check(&lc.Config, m, opts); err != nil {
+		return nil, err
+	}
+	if want := p.Stages * p.Replicas; lc.Workers != want {
+		return nil, job.Invalid("Workers", lc.Workers, "a pipeline job of %d replicas (--dp) × %d stages (--pp) needs %d workers", p.Replicas, p.Stages, want)
+	}
+	switch {
+	case lc.MinWorkers < 1 || lc.MaxWorkers < lc.MinWorkers:
+		return nil, job.Invalid("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
+	case lc.MinWorkersTimeout <= 0:
+		return nil, job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
+	case lc.Checkpoint.Location != "":
+		return nil, job.Invalid("Checkpoint.Location", lc.Checkpoint.Location, "pipeline jobs do not checkpoint yet")
+	}
+	return prepared{}, nil
+}
+
+type prepared struct{}
+
+// Run runs the coordinator and the workers, and turns their reports into
+// events and progress lines, until every worker has ended.
+func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *job.Env) (*job.Result, error) {
+	lc := env.LC
+	el, err := env.StartElastic(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { cancel(); el.Wait() }()
+	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers)
+	for i := range lc.Workers {
+		if err := env.Spawn(ctx, job.ProcessSpec{Role: "pipeline-worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
+			return nil, err
+		}
+	}
+	spec := lc.Config
+	spec.Etcd, spec.Job = env.Endpoints, lc.Job
+	env.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(env.Endpoints)),
+		events.F("workers", lc.Workers), events.F("model", lc.Model),
+		events.F("worker_env", job.WorkerSpecEnv("pipeline-worker", spec, lc.Workers, lc.LogLevel)), events.F("stages", lc.Pipeline.Stages),
+		events.F("replicas", lc.Pipeline.Replicas), events.F("schedule", lc.Pipeline.Schedule),
+		events.F("micro_batches", lc.MicroBatches), events.F("cuts", lc.Pipeline.Cuts))
+	fmt.Fprintf(env.Out, "pipeline: %d replicas × %d stages, schedule %s, %d micro-batches of %d, cuts at layers %v\n",
+		lc.Pipeline.Replicas, lc.Pipeline.Stages, lc.Pipeline.Schedule, lc.MicroBatches,
+		lc.Batch/lc.Pipeline.Replicas/lc.MicroBatches, lc.Pipeline.Cuts)
+	pj := &pipeJob{Env: env, types: job.NewReportTypes(Step{}, Done{}, StageDone{}, Layout{}), line: stepLine{stages: lc.Pipeline.Stages},
+		progress: job.Progress{Steps: lc.Steps, Every: every(lc)}}
+	var first uint64
+	for running := lc.Workers; running > 0; {
+		select {
+		case <-outer.Done():
+			return nil, context.Cause(outer)
+		case g := <-el.Generations:
+			if first == 0 {
+				first = g.Number
+			}
+			job.GenerationEvents(env.Events, g, first)
+		case l := <-env.Procs.Lines():
+			if err := pj.handle(l); err != nil {
+				env.Procs.Signal("", syscall.SIGKILL)
+				return nil, err
+			}
+		case x := <-env.Procs.Exits():
+			running--
+			// A worker that dies is the coordinator's to remove: the
+			// others close ranks (its replica drops out) and go on.
+			env.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)))
+			if x.Err != nil && pj.end.done == nil {
+				fmt.Fprintf(env.Out, "worker %d (pid %d) ended: %s; the others go on\n", x.Index, x.Pid, job.ExitText(x.Err))
+			}
+		case err := <-el.Ended:
+			if err != nil && ctx.Err() == nil {
+				return nil, fmt.Errorf("coordinator: %w", err)
+			}
+		}
+	}
+	for {
+		select {
+		case l := <-env.Procs.Lines():
+			if err := pj.handle(l); err != nil {
+				return nil, err
+			}
+			continue
+		default:
+		}
+		break
+	}
+	d := pj.end.done
+	if d == nil {
+		return nil, errors.New("pipeline: every worker ended and none said done")
+	}
+	pj.end.event(env.Events)
+	same, crc := pj.end.identical()
+	return &job.Result{Step: d.Step, Generation: d.Generation, World: d.Replicas * lc.Pipeline.Stages, Loss: d.Loss, Accuracy: d.Accuracy,
+		ParametersIdentical: same, ParametersCRC: crc}, nil
+}
+
+// every is the steps between progress lines.
+func every(lc *job.LaunchConfig) int64 {
+	if lc.LogEvery > 0 {
+		return lc.LogEvery
+	}
+	return max(lc.Steps/20, 1)
+}
+
+// pipeJob is a running pipeline job as its launcher sees it.
+type pipeJob struct {
+	*job.Env
+	types    job.ReportTypes
+	line     stepLine
+	progress job.Progress
+	end      ending
+}
+
+func (pj *pipeJob) handle(l launch.Line) error {
+	rep, err := pj.types.Parse(l)
+	if err != nil {
+		return err
+	}
+	switch rep := rep.(type) {
+	case Step:
+		job.Emit(pj.Events, l.Index, rep)
+		if all := pj.line.add(rep); all != nil {
+			fmt.Fprint(pj.Out, progressText(&pj.progress, all))
+		}
+	case Done:
+		if pj.end.done == nil {
+			pj.end.done = &rep
+			fmt.Fprint(pj.Out, rep.Text(nil))
+		}
+	case StageDone:
+		pj.end.stages = append(pj.end.stages, rep)
+	case Layout:
+		rep.events(pj.Events)
+		fmt.Fprint(pj.Out, rep.Text(nil))
+	case job.Failed:
+		job.Emit(pj.Events, l.Index, rep)
+		return fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)
+	}
+	return nil
+}
+
+// balanceByTime measures each layer's forward and backward time on a
+// micro-batch and cuts the model so the stages' times are even.
+func balanceByTime(lc *job.LaunchConfig, m *Model, opts job.Options) ([]int, error) {
+	c := lc.Config
+	c.Pipeline.Balance = "params"
+	sh, err := check(&c, m, opts)
+	if err != nil {
+		return nil, err
+	}
+	cost, err := measure(m, opts, c.Seed, sh.layers, sh.rows, 3)
+	if err != nil {
+		return nil, err
+	}
+	return cutByCost(sh.layers, cost, c.Pipeline.Stages*c.Pipeline.Chunks)
+}

@@ -1,0 +1,202 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// stepData is a replica's share of one step, cut into micro-batches: the
+// engine's Data. Every stage of the replica loads the same share (the
+// sampler is deterministic), so the last stage has its labels without
+// receiving them.
+type stepData struct {
+	b        worker.Batch
+	idx      []int
+	rows     []int // per micro-batch
+	offs     []int // per micro-batch: its first row in b
+	features int
+	scale    float32
+}
+
+func (d *stepData) Rows(micro int) int { return d.rows[micro] }
+func (d *stepData) Scale() float32     { return d.scale }
+
+func (d *stepData) Inputs(micro int, x []float32) error {
+	o, n := d.offs[micro]*d.features, d.rows[micro]*d.features
+	copy(x, d.b.X[o:o+n])
+	return nil
+}
+
+func (d *stepData) Labels(micro int) []int32 {
+	return d.b.Labels[d.offs[micro] : d.offs[micro]+d.rows[micro]]
+}
+
+// load fills d with replica's share of the global batch at pos and
+// returns the position after it. An epoch's last, short batch is split as
+// evenly as the replicas and micro-batches allow.
+func (d *stepData) load(s *worker.Sampler, train worker.Dataset, pos worker.Position, global, replicas, replica int) (worker.Position, error) {
+	idx, size, next, err := s.Batch(pos, global, replicas, replica, d.idx[:0])
+	if err != nil {
+		return pos, err
+	}
+	d.idx = idx
+	d.b.Reset(len(idx), d.features)
+	if err := train.Fill(idx, &d.b); err != nil {
+		return pos, fmt.Errorf("pipeline: loading samples: %w", err)
+	}
+	if d.b.Features != d.features || len(d.b.X) != len(idx)*d.features {
+		return pos, fmt.Errorf("pipeline: the dataset gave %d features for a model of %d inputs", d.b.Features, d.features)
+	}
+	m := len(d.rows)
+	for i := range m {
+		lo, hi := collective.ShardRange(len(idx), m, i)
+		d.offs[i], d.rows[i] = lo, hi-lo
+	}
+	d.scale = 1 / float32(size)
+	return next, nil
+}
+
+// steps runs the job's steps in this round, from the worker's step.
+func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
+	st := w.stage
+	c := &w.cfg
+	lastStage := rd.me.Stage == c.Pipeline.Stages-1
+	replicas := len(rd.lay.Ranks)
+	for w.step < c.Steps {
+		next, err := rd.data.load(w.sampler, w.train, w.pos, c.Batch, replicas, rd.me.Replica)
+		if err != nil {
+			return err
+		}
+		s, err := rd.eng.Step(ctx)
+		if err != nil {
+			return err
+		}
+		w.step, w.pos = w.step+1, next
+		loss, correct := s.LossSum, float64(s.Correct)
+		if rd.stats != nil && rd.fuser != nil {
+			// The replicas' loss and right answers, reduced with the
+			// gradients.
+			loss, correct = float64(rd.stats[0]), float64(rd.stats[1])
+		}
+		if rd.me.Replica == 0 {
+			rep := Step{Step: w.step, Stage: rd.me.Stage, Generation: w.gen, Replicas: replicas,
+				BusyS: s.Busy.Seconds(), ElapsedS: s.Elapsed.Seconds(), Bubble: s.Bubble(), Peak: s.Peak,
+				ParamBytes: 4 * paramCount(st.params), SlotBytes: 4 * slotCount(st), ActBytes: rd.activationBytes()}
+			if lastStage {
+				n := float64(rd.data.b.N)
+				if rd.fuser != nil {
+					n = 1 / float64(rd.data.scale)
+				}
+				rep.Loss, rep.Accuracy, rep.Samples = loss/n, correct/n, int(n)
+				rep.GradNorm = rd.norm[0]
+			}
+			w.rep.Send(rep)
+		}
+		if math.IsNaN(loss) || math.IsInf(loss, 0) {
+			return fmt.Errorf("pipeline: step %d's loss is %v", w.step, loss)
+		}
+	}
+	return w.finish(ctx, rd)
+}
+
+func paramCount(ps []*nn.Param) int64 {
+	var n int64
+	for _, p := range ps {
+		n += int64(len(p.Value))
+	}
+	return n
+}
+
+func slotCount(st *stageState) int64 {
+	var n int64
+	for _, s := range st.opt.Slots() {
+		n += int64(len(s.Data))
+	}
+	return n
+}
+
+// activationBytes is what the stage's chunks and engine hold for
+// micro-batches in flight.
+func (rd *roundState) activationBytes() int64 {
+	n := rd.eng.BufferBytes()
+	for _, c := range rd.eng.Chunks() {
+		n += c.Stage.ActivationBytes()
+	}
+	return n
+}
+
+// finish ends the job in this round: replica 0 measures the model on the
+// held-out data through its pipeline, its last stage reports the end, and
+// no member leaves before every stage is done with it.
+func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
+	c := &w.cfg
+	p := c.Pipeline.Stages
+	res := job.Result{Step: w.step, Generation: w.gen, World: len(rd.lay.Ranks) * p}
+	if rd.me.Replica == 0 && w.test != nil && w.test.Len() > 0 {
+		ev := &stepData{features: w.shape.layers[0].In}
+		n := w.test.Len()
+		batches := (n + w.shape.rows - 1) / w.shape.rows
+		all := make([]int, n)
+		for i := range all {
+			all[i] = i
+		}
+		ev.b.Reset(n, ev.features)
+		if err := w.test.Fill(all, &ev.b); err != nil {
+			return fmt.Errorf("pipeline: loading held-out samples: %w", err)
+		}
+		ev.rows, ev.offs = make([]int, batches), make([]int, batches)
+		for i := range batches {
+			ev.offs[i] = i * w.shape.rows
+			ev.rows[i] = min(w.shape.rows, n-ev.offs[i])
+		}
+		loss, correct, err := rd.eng.Infer(ctx, ev, batches)
+		if err != nil {
+			return err
+		}
+		res.Loss, res.Accuracy = loss/float64(n), float64(correct)/float64(n)
+	}
+	crcs := map[string]uint32{}
+	for _, pr := range w.stage.params {
+		crcs[pr.Name] = paramsCRC([]*nn.Param{pr})
+	}
+	res.ParametersCRC = paramsCRC(w.stage.params)
+	w.rep.Send(StageDone{Replica: rd.me.Replica, Stage: rd.me.Stage, CRCs: crcs})
+	if rd.me.Stage == p-1 && rd.me.Replica == 0 {
+		w.rep.Send(Done{Step: w.step, Generation: w.gen, Replicas: len(rd.lay.Ranks), Loss: res.Loss, Accuracy: res.Accuracy})
+	}
+	if rd.replica != nil {
+		if err := rd.replica.Barrier(ctx); err != nil {
+			return err
+		}
+	}
+	if rd.dp != nil {
+		if err := rd.dp.Barrier(ctx); err != nil {
+			return err
+		}
+	}
+	w.result = res
+	return nil
+}
+
+// paramsCRC is the CRC32C of the parameters, in order, as float32
+// little-endian.
+func paramsCRC(ps []*nn.Param) uint32 {
+	t := crc32.MakeTable(crc32.Castagnoli)
+	var crc uint32
+	var b [4]byte
+	for _, p := range ps {
+		for _, v := range p.Value {
+			binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
+			crc = crc32.Update(crc, t, b[:])
+		}
+	}
+	return crc
+}

@@ -1,0 +1,228 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/elastic"
+	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/pipeline/layout"
+	"github.com/phalanx-rt/phalanx/job/pipeline/schedule"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// runRole runs a pipeline worker of a registered model.
+func runRole(ctx context.Context, cfg job.Config, reg *job.Registry) (*job.Result, error) {
+	spec, opts, err := reg.Check(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	m, ok := spec.Impl.(*Model)
+	if !ok {
+		return nil, fmt.Errorf("pipeline: model %s is not a pipeline model (ModelSpec.Impl is %T, want *pipeline.Model)", spec.Name, spec.Impl)
+	}
+	return RunWorker(ctx, cfg, m, opts)
+}
+
+// RunWorker runs one worker process of a pipeline job on model m: it
+// joins the job through its etcd, takes the place each generation's layout
+// gives it (a stage of a replica, or a spare), and trains there until the
+// job's last step.
+func RunWorker(ctx context.Context, cfg job.Config, m *Model, opts job.Options) (*job.Result, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Bind == "" {
+		cfg.Bind = "127.0.0.1:0"
+	}
+	shape, err := check(&cfg, m, opts)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Job == "" {
+		return nil, job.Invalid("Job", "", "a worker joins a named job")
+	}
+	if len(cfg.Etcd) == 0 {
+		return nil, job.Invalid("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
+	}
+	w := &pipeWorker{cfg: cfg, log: cfg.Logger, model: m, opts: opts, shape: shape, rep: job.NewReporter(cfg.Reports),
+		place: layout.Spare}
+	defer w.close()
+	if err := w.start(ctx); err != nil {
+		return nil, err
+	}
+	err = w.agent.Run(ctx, w.round)
+	if err != nil {
+		return nil, err
+	}
+	return &w.result, nil
+}
+
+// pipeWorker is one worker process's runtime: what outlives a round (its
+// place, its stage's layers and optimizer, the sampler's position).
+type pipeWorker struct {
+	cfg   job.Config
+	log   *zap.Logger
+	model *Model
+	opts  job.Options
+	shape *shape
+	rep   *job.Reporter
+	undo  []func()
+
+	tr    *collective.TCPTransport
+	data  collective.Transport
+	agent *elastic.Agent
+
+	train, test worker.Dataset
+	sampler     *worker.Sampler
+
+	// The place it trained in last (generation gen), and its stage there
+	// with its state after step.
+	place  layout.Place
+	gen    uint64
+	step   int64
+	pos    worker.Position
+	stage  *stageState
+	result job.Result
+}
+
+func (w *pipeWorker) close() {
+	for i := len(w.undo) - 1; i >= 0; i-- {
+		w.undo[i]()
+	}
+}
+
+func (w *pipeWorker) start(ctx context.Context) error {
+	c := &w.cfg
+	var err error
+	if w.train, w.test, err = w.model.Data(w.opts, c.Seed); err != nil {
+		return fmt.Errorf("pipeline: model %s's data: %w", c.Model, err)
+	}
+	if w.sampler, err = worker.NewSampler(w.train.Len(), c.Seed); err != nil {
+		return err
+	}
+	dp, err := job.OpenDataPlane(c, w.log)
+	if err != nil {
+		return err
+	}
+	tr, hostID := dp.TCP, dp.HostID
+	w.tr, w.data = tr, dp.Transport
+	w.undo = append(w.undo, func() { tr.Close() })
+	cli, err := coordinator.Dial(ctx, c.Etcd, coordinator.DialOptions{Logger: w.log, Wait: c.EtcdDialTimeout})
+	if err != nil {
+		return err
+	}
+	w.undo = append(w.undo, func() { cli.Close() })
+	keys, err := coordinator.KeysFor(c.Job)
+	if err != nil {
+		return job.Invalid("Job", c.Job, "%v", err)
+	}
+	w.agent, err = elastic.New(elastic.Config{Coord: coordinator.NewJob(cli, keys), Job: c.Job, Transport: w.data,
+		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
+		DataAddr: tr.Addr(), ControlAddr: tr.Addr(), RankHint: c.RankHint, ConfigHash: configHash(c),
+		Capabilities: []string{"pipeline", "model:" + c.Model},
+		LeaseTTL:     c.LeaseTTL, Unreachable: c.Unreachable, Logger: w.log, Now: c.Now})
+	return err
+}
+
+// round is one generation: the members state their places, every one
+// computes the same layout, and each trains in its new place (or waits,
+// a spare, for the next generation).
+func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
+	lay, members, err := w.layout(ctx, r)
+	var few *layout.TooFewError
+	switch {
+	case errors.As(err, &few):
+		w.log.Info("too few workers for a replica; waiting as a spare", zap.Error(err))
+		w.place, w.stage = layout.Spare, nil
+		<-ctx.Done()
+		return context.Cause(ctx)
+	case err != nil:
+		return err
+	}
+	me := lay.Places[r.Rank]
+	if me == layout.Spare {
+		w.log.Info("a spare in this generation", zap.Uint64("generation", r.Generation.Number), zap.Int("replicas", len(lay.Ranks)))
+		w.place, w.stage = layout.Spare, nil
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}
+	if me == (layout.Place{Replica: 0, Stage: 0}) {
+		w.rep.Send(layoutReport(r.Generation.Number, lay, members, w.cfg.Pipeline.Stages))
+	}
+	if lay.Donor < 0 && lay.Step > 0 {
+		// Restoring a pipeline that lost every copy of a stage is not
+		// there yet: the job cannot go on in this generation.
+		return fmt.Errorf("pipeline: generation %d keeps no complete replica (stage state lost at step %d) and restoring from peers or checkpoints is not implemented", r.Generation.Number, lay.Step)
+	}
+	rd, err := w.enter(ctx, r, lay, me)
+	if err != nil {
+		return err
+	}
+	err = w.steps(ctx, rd)
+	rd.close(err != nil)
+	return err
+}
+
+// layout gathers every member's statement and plans the generation.
+func (w *pipeWorker) layout(ctx context.Context, r *elastic.Round) (layout.Layout, []layout.Member, error) {
+	n := r.Group.Size()
+	mine := []float64{float64(w.place.Replica), float64(w.place.Stage), float64(w.gen), float64(w.step)}
+	if w.stage == nil {
+		mine = []float64{-1, -1, 0, float64(w.step)}
+	}
+	all := make([]float64, 4*n)
+	if err := r.Group.AllGather(ctx, collective.Float64s(mine), collective.Float64s(all)); err != nil {
+		return layout.Layout{}, nil, err
+	}
+	members := make([]layout.Member, n)
+	for i := range members {
+		members[i] = layout.Member{Replica: int(all[4*i]), Stage: int(all[4*i+1]), Gen: uint64(all[4*i+2]), Step: int64(all[4*i+3])}
+	}
+	lay, err := layout.Plan(members, w.cfg.Pipeline.Stages, w.cfg.Pipeline.Replicas)
+	return lay, members, err
+}
+
+// layoutReport tells the launcher how generation gen placed the workers:
+// the replicas it dropped (and which of their stages were lost), those it
+// formed, its spares.
+func layoutReport(gen uint64, lay layout.Layout, members []layout.Member, stages int) Layout {
+	rep := Layout{Generation: gen, Replicas: len(lay.Ranks), Step: lay.Step, Donor: lay.Donor,
+		Dropped: lay.Dropped, Formed: lay.Formed}
+	var newest uint64
+	for _, m := range members {
+		newest = max(newest, m.Gen)
+	}
+	for _, q := range lay.Dropped {
+		for s := range stages {
+			held := false
+			for _, m := range members {
+				held = held || (m.Gen == newest && m.Replica == q && m.Stage == s)
+			}
+			if !held {
+				rep.Lost = append(rep.Lost, [2]int{q, s})
+			}
+		}
+	}
+	for _, p := range lay.Places {
+		if p == layout.Spare {
+			rep.Spares++
+		}
+	}
+	return rep
+}
+
+// sched is the job's schedule configuration.
+func (w *pipeWorker) sched() schedule.Config {
+	p := w.cfg.Pipeline
+	return schedule.Config{Kind: schedule.Kind(p.Schedule), Stages: p.Stages, Micro: w.cfg.MicroBatches, Chunks: w.shape.chunks}
+}
