@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -182,5 +185,72 @@ func TestPipelineStageKilled(t *testing.T) {
 			t.Fatalf("stage %d stepped %d after %d: a step redone", st, s, last[st])
 		}
 		last[st] = s
+	}
+}
+
+// TestPipelineCheckpointReshape: a checkpoint written by --pp 4 resumes
+// into --pp 2 (each new stage reads its tensors by name from the old
+// stages' parts) at the same step and sampler position, and the resumed
+// job ends with bitwise the model of the same job run through on --pp 2.
+// One written by --dp 2 resumes into --dp 1; and with its newest
+// checkpoint's part corrupted by one byte, the resume skips that one
+// (checkpoint_skipped) and takes the one before.
+func TestPipelineCheckpointReshape(t *testing.T) {
+	args := func(steps int, more ...string) []string {
+		return pipeArgs(steps, append([]string{"--schedule", "constant", "--micro-batches", "4"}, more...)...)
+	}
+	ref := doneOf(t, startJob(t, args(60, "--pp", "2")...).Finish(t))
+
+	dir := t.TempDir()
+	first := startJob(t, args(40, "--pp", "4", "--checkpoint", dir, "--checkpoint-every-steps", "20")...).Finish(t)
+	if n := len(first["checkpoint_saved"]); n < 2 {
+		t.Fatalf("%d checkpoint_saved events, want one at step 20 and the final one", n)
+	}
+	ev := startJob(t, args(60, "--pp", "2", "--checkpoint", dir)...).Finish(t)
+	if r := ev["checkpoint_restored"]; len(r) != 1 || jobtest.Num(r[0], "step") != 40 {
+		t.Fatalf("checkpoint_restored %v, want one at step 40", r)
+	}
+	if s := ev["pipeline_step"]; len(s) == 0 || jobtest.Num(s[0], "step") != 41 {
+		t.Errorf("the resumed job's first step event %v, want step 41", s[:min(len(s), 1)])
+	}
+	if d := doneOf(t, ev); d["parameters_crc32c"] != ref["parameters_crc32c"] {
+		t.Errorf("resumed from --pp 4 into --pp 2: model %v, run through on --pp 2: %v", d["parameters_crc32c"], ref["parameters_crc32c"])
+	}
+
+	dir2 := t.TempDir()
+	startJob(t, args(40, "--dp", "2", "--pp", "2", "--checkpoint", dir2, "--checkpoint-every-steps", "20")...).Finish(t)
+	corruptNewestPart(t, dir2)
+	ev = startJob(t, args(60, "--dp", "1", "--pp", "2", "--checkpoint", dir2)...).Finish(t)
+	if len(ev["checkpoint_skipped"]) == 0 {
+		t.Errorf("no checkpoint_skipped event for the corrupted checkpoint")
+	}
+	if r := ev["checkpoint_restored"]; len(r) != 1 || jobtest.Num(r[0], "step") != 20 {
+		t.Fatalf("checkpoint_restored %v, want one at step 20 (the step-40 one is corrupt)", r)
+	}
+	if d := doneOf(t, ev); jobtest.Num(d, "step") != 60 || d["accuracy"].(float64) < 0.5 {
+		t.Errorf("done %v, want step 60 and accuracy above 0.5", d)
+	}
+}
+
+// corruptNewestPart flips one byte of a stage's part of the newest
+// pipeline checkpoint under dir.
+func corruptNewestPart(t *testing.T, dir string) {
+	t.Helper()
+	parts, err := filepath.Glob(filepath.Join(dir, "pipeline", "p2-s1", "step-*", "shard-*"))
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("no stage parts under %s: %v", dir, err)
+	}
+	slices.Sort(parts)
+	p := parts[len(parts)-1]
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x40
+	if err := os.Chmod(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -46,7 +46,7 @@ func (Kind) Roles() map[string]job.Role {
 // stages against the workers started, the micro-batches against a
 // replica's batch, the cuts against the model's layers (choosing them
 // when none are given).
-func (Kind) Prepare(_ context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
+func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
 	m, ok := spec.Impl.(*Model)
 	if !ok {
 		return nil, fmt.Errorf("pipeline: model %s is not a pipeline model (ModelSpec.Impl is %T)", spec.Name, spec.Impl)
@@ -70,8 +70,9 @@ func (Kind) Prepare(_ context.Context, lc *job.LaunchConfig, spec job.ModelSpec,
 		return nil, job.Invalid("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
 	case lc.MinWorkersTimeout <= 0:
 		return nil, job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
-	case lc.Checkpoint.Location != "":
-		return nil, job.Invalid("Checkpoint.Location", lc.Checkpoint.Location, "pipeline jobs do not checkpoint yet")
+	}
+	if _, err := job.OpenStore(ctx, &lc.Config, lc.Output); err != nil {
+		return nil, err
 	}
 	return prepared{}, nil
 }
@@ -192,6 +193,9 @@ func (pj *pipeJob) handle(l launch.Line) error {
 		pj.end.stages = append(pj.end.stages, rep)
 	case Layout:
 		rep.events(pj.Events)
+		fmt.Fprint(pj.Out, rep.Text(nil))
+	case job.Checkpoint:
+		job.Emit(pj.Events, l.Index, rep)
 		fmt.Fprint(pj.Out, rep.Text(nil))
 	case job.Failed:
 		job.Emit(pj.Events, l.Index, rep)

@@ -9,8 +9,10 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/elastic"
+	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/job/pipeline/engine"
 	"github.com/phalanx-rt/phalanx/job/pipeline/layout"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -84,7 +86,8 @@ type roundState struct {
 	grads     [][]float32 // the fuser's tensors: every parameter's gradient, then the loss and right answers (last stage)
 	offset    []int       // per chunk: its first parameter's index in grads
 	stats     []float32   // last stage: [loss sum, correct]
-	norm      []float64
+	norm      []float64   // the step's vote: the gradients' norm (after clip), stages whose save is stored, stages whose save failed
+	saver     *saver      // replica 0: the stage's checkpoints (nil: none)
 	closeOnce bool
 }
 
@@ -135,7 +138,7 @@ func (rd *roundState) close(failed bool) {
 // enter takes place me of layout lay in round r: it builds or keeps the
 // stage, joins its groups, receives the stage's state from the donor
 // replica when it is not current, and builds the engine.
-func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Layout, me layout.Place) (rd *roundState, err error) {
+func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Layout, me layout.Place, from *restoring) (rd *roundState, err error) {
 	rd = &roundState{lay: lay, me: me}
 	defer func() {
 		if err != nil {
@@ -147,6 +150,17 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 		if w.stage, err = w.buildStage(me.Stage); err != nil {
 			return nil, err
 		}
+	}
+	if from != nil {
+		if err := restoreStage(ctx, from.x, from.ms, w.stage); err != nil {
+			return nil, err
+		}
+		w.step, w.pos = from.x.Step, worker.Position{Epoch: from.x.Epoch, Offset: from.x.Offset}
+		if me == (layout.Place{}) {
+			w.rep.Send(job.Checkpoint{Step: from.x.Step, Checkpoint: checkpoint.Event{Kind: "restored", ID: from.x.Parts[0].ID,
+				Step: from.x.Step, URL: w.store.Location(), WorldBefore: from.x.Stages, WorldAfter: w.cfg.Pipeline.Stages}})
+		}
+		w.log.Info("stage restored from a checkpoint", zap.Int64("step", w.step), zap.Int("stages_before", from.x.Stages))
 	}
 	for _, p := range w.stage.params { // a failed step's partial sums
 		clear(p.Grad)
@@ -240,7 +254,13 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 		rd.fuser = collective.NewFuser(context.Background(), rd.dp, rd.grads, collective.Sum, w.cfg.BucketBytes)
 		cfg.Ready = func(k, p int) { rd.fuser.MarkReady(rd.offset[k] + p) }
 	}
-	rd.norm = make([]float64, 1)
+	rd.norm = make([]float64, 3) // the norm², and the checkpoint vote: stored, failed
+	if rd.me.Replica == 0 && w.store != nil {
+		var err error
+		if rd.saver, err = newSaver(w.store, &w.cfg, w.cfg.Pipeline.Stages, rd.me.Stage, st, w.log); err != nil {
+			return err
+		}
+	}
 	cfg.Reduce = func(ctx context.Context, s *engine.Stats) error {
 		if rd.fuser == nil {
 			return nil
@@ -284,7 +304,10 @@ func clip(ctx context.Context, rd *roundState, params []*nn.Param, max float64) 
 			sq += float64(g) * float64(g)
 		}
 	}
-	rd.norm[0] = sq
+	rd.norm[0], rd.norm[1], rd.norm[2] = sq, 1, 0
+	if rd.saver != nil {
+		rd.norm[1], rd.norm[2] = rd.saver.vote()
+	}
 	if rd.replica != nil {
 		if err := rd.replica.AllReduce(ctx, collective.Float64s(rd.norm), collective.Sum); err != nil {
 			return fmt.Errorf("pipeline: the replica's gradient norm: %w", err)

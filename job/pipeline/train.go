@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"time"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/worker"
+	"go.uber.org/zap"
 )
 
 // stepData is a replica's share of one step, cut into micro-batches: the
@@ -103,8 +106,85 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("pipeline: step %d's loss is %v", w.step, loss)
 		}
+		if rd.saver != nil {
+			w.afterVote(ctx, rd, loss)
+		}
 	}
 	return w.finish(ctx, rd)
+}
+
+// afterVote acts on the step's checkpoint vote, the same on every stage
+// of replica 0: a save every stage has stored gets its index (written by
+// stage 0, in the background); one that failed somewhere is given up; and
+// when none is in flight and one is due, every stage starts the next.
+func (w *pipeWorker) afterVote(ctx context.Context, rd *roundState, loss float64) {
+	sv, p := rd.saver, float64(w.cfg.Pipeline.Stages)
+	stored, failed := rd.norm[1], rd.norm[2]
+	if sv.pending >= 0 && (failed > 0 || stored == p) {
+		step, pos := sv.pending, sv.pos
+		sv.settle()
+		switch {
+		case failed > 0 && rd.me.Stage == 0:
+			w.rep.Send(job.Checkpoint{Step: step, Checkpoint: checkpoint.Event{Kind: "failed", Step: step,
+				Err: fmt.Sprintf("%.0f stages could not store their part", failed)}})
+		case failed == 0 && rd.me.Stage == 0:
+			go w.index(context.WithoutCancel(ctx), step, pos, w.gen, loss)
+		}
+	}
+	every := w.cfg.Checkpoint.EverySteps
+	if sv.pending < 0 && every > 0 && w.step%every == 0 && w.step < w.cfg.Steps {
+		sv.start(w.step, w.pos.Epoch, w.pos.Offset, w.gen)
+	}
+}
+
+// index writes the index of a checkpoint every stage has stored, and
+// reports it saved.
+func (w *pipeWorker) index(ctx context.Context, step int64, pos [2]int64, gen uint64, loss float64) string {
+	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.Checkpoint.Wait, time.Minute))
+	defer cancel()
+	t0 := time.Now()
+	x, err := indexOf(ctx, w.store, &w.cfg, step, pos, gen)
+	name := ""
+	if err == nil {
+		x.Loss = loss
+		name, err = writeIndex(ctx, w.store, x)
+	}
+	ev := checkpoint.Event{Kind: "saved", ID: name, Step: step, URL: w.store.Location(), Seconds: time.Since(t0).Seconds(), WorldAfter: w.cfg.Pipeline.Stages}
+	if err != nil {
+		ev = checkpoint.Event{Kind: "failed", Step: step, Err: err.Error()}
+		w.log.Warn("pipeline checkpoint index", zap.Int64("step", step), zap.Error(err))
+	}
+	w.rep.Send(job.Checkpoint{Step: step, Checkpoint: ev})
+	return name
+}
+
+// finalCheckpoint saves the job's last step, on every stage of replica 0,
+// and indexes it once all have: the state a longer run resumes from.
+func (w *pipeWorker) finalCheckpoint(ctx context.Context, rd *roundState) error {
+	sv := rd.saver
+	if err := sv.wait(ctx); err != nil {
+		return err
+	}
+	sv.settle()
+	sv.start(w.step, w.pos.Epoch, w.pos.Offset, w.gen)
+	if err := sv.wait(ctx); err != nil {
+		return err
+	}
+	done, failed := sv.vote()
+	vote := []float64{done, failed}
+	if rd.replica != nil {
+		if err := rd.replica.AllReduce(ctx, collective.Float64s(vote), collective.Sum); err != nil {
+			return err
+		}
+	}
+	sv.settle()
+	if vote[1] > 0 || vote[0] < float64(w.cfg.Pipeline.Stages) {
+		return fmt.Errorf("pipeline: the final checkpoint of step %d: %.0f stages could not store their part", w.step, vote[1])
+	}
+	if rd.me.Stage == 0 && w.index(ctx, w.step, [2]int64{w.pos.Epoch, w.pos.Offset}, w.gen, 0) == "" {
+		return fmt.Errorf("pipeline: the final checkpoint of step %d could not be indexed", w.step)
+	}
+	return nil
 }
 
 func paramCount(ps []*nn.Param) int64 {
@@ -162,6 +242,11 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 			return err
 		}
 		res.Loss, res.Accuracy = loss/float64(n), float64(correct)/float64(n)
+	}
+	if rd.saver != nil {
+		if err := w.finalCheckpoint(ctx, rd); err != nil {
+			return err
+		}
 	}
 	crcs := map[string]uint32{}
 	for _, pr := range w.stage.params {

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
@@ -81,6 +82,7 @@ type pipeWorker struct {
 	tr    *collective.TCPTransport
 	data  collective.Transport
 	agent *elastic.Agent
+	store checkpoint.Store // the job's checkpoints (nil: none)
 
 	train, test worker.Dataset
 	sampler     *worker.Sampler
@@ -122,6 +124,14 @@ func (w *pipeWorker) start(ctx context.Context) error {
 		return err
 	}
 	w.undo = append(w.undo, func() { cli.Close() })
+	if c.Checkpoint.Location != "" {
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		w.store, err = checkpoint.OpenURL(sctx, c.Checkpoint.Location, c.Credentials)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("phalanx: checkpoint store: %w", err)
+		}
+	}
 	keys, err := coordinator.KeysFor(c.Job)
 	if err != nil {
 		return job.Invalid("Job", c.Job, "%v", err)
@@ -159,12 +169,13 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	if me == (layout.Place{Replica: 0, Stage: 0}) {
 		w.rep.Send(layoutReport(r.Generation.Number, lay, members, w.cfg.Pipeline.Stages))
 	}
-	if lay.Donor < 0 && lay.Step > 0 {
-		// Restoring a pipeline that lost every copy of a stage is not
-		// there yet: the job cannot go on in this generation.
-		return fmt.Errorf("pipeline: generation %d keeps no complete replica (stage state lost at step %d) and restoring from peers or checkpoints is not implemented", r.Generation.Number, lay.Step)
+	var from *restoring
+	if lay.Donor < 0 { // nothing kept: a fresh start, or every copy of a stage lost
+		if from, err = w.restoring(ctx, lay); err != nil {
+			return err
+		}
 	}
-	rd, err := w.enter(ctx, r, lay, me)
+	rd, err := w.enter(ctx, r, lay, me, from)
 	if err != nil {
 		return err
 	}
@@ -225,4 +236,37 @@ func layoutReport(gen uint64, lay layout.Layout, members []layout.Member, stages
 func (w *pipeWorker) sched() schedule.Config {
 	p := w.cfg.Pipeline
 	return schedule.Config{Kind: schedule.Kind(p.Schedule), Stages: p.Stages, Micro: w.cfg.MicroBatches, Chunks: w.shape.chunks}
+}
+
+// restoring is the checkpoint a generation that keeps no replica restores
+// every stage from.
+type restoring struct {
+	x  *index
+	ms []*manifestOf
+}
+
+// restoring finds the newest checkpoint to restore when nothing is kept:
+// none at a fresh start without one (Checkpoint.Resume makes that an
+// error); after the job lost every copy of a stage, the newest (without
+// one, the job cannot go on).
+func (w *pipeWorker) restoring(ctx context.Context, lay layout.Layout) (*restoring, error) {
+	if w.store == nil {
+		if lay.Step > 0 {
+			return nil, fmt.Errorf("pipeline: every copy of a stage was lost at step %d and the job has no checkpoints (--checkpoint) to restore it from", lay.Step)
+		}
+		return nil, nil
+	}
+	x, ms, err := newestIndex(ctx, w.store, stateHash(&w.cfg), func(name string, err error) {
+		w.log.Warn("skipping a pipeline checkpoint that does not verify", zap.String("index", name), zap.Error(err))
+		w.rep.Send(job.Checkpoint{Checkpoint: checkpoint.Event{Kind: "skipped", ID: name, Err: err.Error()}})
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case x == nil && (lay.Step > 0 || w.cfg.Checkpoint.Resume):
+		return nil, fmt.Errorf("pipeline: no checkpoint in %s verifies, and the job needs one (step %d lost, or --resume)", w.store.Location(), lay.Step)
+	case x == nil:
+		return nil, nil
+	}
+	return &restoring{x: x, ms: ms}, nil
 }
