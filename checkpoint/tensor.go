@@ -79,6 +79,8 @@ func (p prefixed) List(ctx context.Context, prefix string) ([]ObjectInfo, error)
 	return objs, err
 }
 
-func (p prefixed) Delete(ctx context.Context, name string) error { return p.s.Delete(ctx, p.prefix+name) }
+func (p prefixed) Delete(ctx context.Context, name string) error {
+	return p.s.Delete(ctx, p.prefix+name)
+}
 
 func (p prefixed) Location() string { return strings.TrimSuffix(p.s.Location(), "/") + "/" + p.prefix }

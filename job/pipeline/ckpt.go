@@ -122,7 +122,7 @@ type saver struct {
 	ck      *checkpoint.Checkpointer
 	live    []checkpoint.Tensor
 	snap    []checkpoint.Tensor
-	pending int64 // the step being saved; -1: none
+	pending int64         // the step being saved; -1: none
 	wait0   time.Duration // bounds one save (Checkpoint.Wait)
 	pos     [2]int64
 	done    chan saved // the pending save's result
