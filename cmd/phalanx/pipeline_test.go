@@ -254,3 +254,37 @@ func corruptNewestPart(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 }
+
+// TestPipelineStageKilledAlone: --pp 2 with one replica, SIGKILL stage 1.
+// The survivor waits (no replica can be formed alone); a replacement
+// process joins, takes stage 1, and the pipeline rolls back to the newest
+// checkpoint (stage_restored, source checkpoint), redoing at most
+// --checkpoint-every-steps steps, and finishes.
+func TestPipelineStageKilledAlone(t *testing.T) {
+	// The job cannot finish without its stage 1: the length only has to
+	// outlast the wait for the first checkpoints and the kill.
+	const steps, every = 1000, 10
+	dir := t.TempDir()
+	j := startJob(t, pipeArgs(steps, "--pp", "2", "--micro-batches", "2", "--checkpoint", dir, "--checkpoint-every-steps", fmt.Sprint(every))...)
+	j.Until(t, "a checkpoint", func(e jobtest.Event) bool { return e["event"] == "checkpoint_saved" && jobtest.Num(e, "step") >= 2*every })
+	victim := j.WorkerPids()[1]
+	if victim <= 0 {
+		t.Fatalf("no pid for worker 1: %v", j.WorkerPids())
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	j.Until(t, "worker 1 exited", func(e jobtest.Event) bool { return e["event"] == "worker_exited" && jobtest.Num(e, "pid") == victim })
+	_, wait := startSpecWorker(t, j, "replacement")
+	r := j.Until(t, "stage_restored", jobtest.Kind("stage_restored"))
+	if r["source"] != "checkpoint" || jobtest.Num(r, "steps_redone") > every {
+		t.Errorf("stage_restored %v, want from a checkpoint with at most %d steps redone", r, every)
+	}
+	ev := j.Finish(t)
+	if err := wait(); err != nil {
+		t.Errorf("the replacement: %v", err)
+	}
+	if d := doneOf(t, ev); jobtest.Num(d, "step") != steps {
+		t.Errorf("done %v, want step %d", d, steps)
+	}
+}

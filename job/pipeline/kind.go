@@ -104,7 +104,7 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	fmt.Fprintf(env.Out, "pipeline: %d replicas × %d stages, schedule %s, %d micro-batches of %d, cuts at layers %v\n",
 		lc.Pipeline.Replicas, lc.Pipeline.Stages, lc.Pipeline.Schedule, lc.MicroBatches,
 		lc.Batch/lc.Pipeline.Replicas/lc.MicroBatches, lc.Pipeline.Cuts)
-	pj := &pipeJob{Env: env, types: job.NewReportTypes(Step{}, Done{}, StageDone{}, Layout{}), line: stepLine{stages: lc.Pipeline.Stages},
+	pj := &pipeJob{Env: env, types: job.NewReportTypes(Step{}, Done{}, StageDone{}, Layout{}, StageRestored{}), line: stepLine{stages: lc.Pipeline.Stages},
 		progress: job.Progress{Steps: lc.Steps, Every: every(lc)}}
 	var first uint64
 	for running := lc.Workers; running > 0; {
@@ -194,9 +194,9 @@ func (pj *pipeJob) handle(l launch.Line) error {
 	case Layout:
 		rep.events(pj.Events)
 		fmt.Fprint(pj.Out, rep.Text(nil))
-	case job.Checkpoint:
+	case job.Checkpoint, StageRestored:
 		job.Emit(pj.Events, l.Index, rep)
-		fmt.Fprint(pj.Out, rep.Text(nil))
+		fmt.Fprint(pj.Out, rep.(job.TextReport).Text(nil))
 	case job.Failed:
 		job.Emit(pj.Events, l.Index, rep)
 		return fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)

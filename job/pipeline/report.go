@@ -34,8 +34,9 @@ type Step struct {
 	GradNorm   float64 `json:"grad_norm,omitempty"`
 }
 
-// Done: replica 0's last stage reached the job's last step and measured
-// the model on the held-out data.
+// Done: a stage of replica 0 reached the job's last step, where replica 0
+// measured the model on the held-out data (every stage of it says so; the
+// launcher takes the first).
 type Done struct {
 	Step       int64   `json:"step"`
 	Generation uint64  `json:"generation"`
@@ -112,6 +113,31 @@ func (r Layout) Text(*job.Progress) string {
 		fmt.Fprintf(&b, "; %s waiting", plural(r.Spares, "spare"))
 	}
 	return b.String() + "\n"
+}
+
+// StageRestored: a stage of replica 0 was restored after the job lost
+// every copy of some stage: from a checkpoint (Source "checkpoint"), the
+// pipeline rolling back from step Lost to Step.
+type StageRestored struct {
+	Stage      int    `json:"stage"`
+	Source     string `json:"source"`
+	Step       int64  `json:"step"`
+	Lost       int64  `json:"lost"`
+	Generation uint64 `json:"generation"`
+}
+
+// ReportKind is "stage_restored".
+func (StageRestored) ReportKind() string { return "stage_restored" }
+
+// Event is stage_restored.
+func (r StageRestored) Event(int) (string, []events.Field) {
+	return "stage_restored", []events.Field{events.F("stage", r.Stage), events.F("source", r.Source), events.F("step", r.Step),
+		events.F("steps_redone", r.Lost-r.Step), events.F("generation", r.Generation)}
+}
+
+// Text says where the stage came from.
+func (r StageRestored) Text(*job.Progress) string {
+	return fmt.Sprintf("stage %d restored from the %s of step %d (%d steps redone)\n", r.Stage, r.Source, r.Step, r.Lost-r.Step)
 }
 
 // ReportKind is "pipeline_step".

@@ -156,6 +156,9 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 			return nil, err
 		}
 		w.step, w.pos = from.x.Step, worker.Position{Epoch: from.x.Epoch, Offset: from.x.Offset}
+		if lay.Step > 0 && me.Replica == 0 { // a stage lost with every copy: the pipeline rolls back
+			w.rep.Send(StageRestored{Stage: me.Stage, Source: "checkpoint", Step: from.x.Step, Lost: lay.Step, Generation: r.Generation.Number})
+		}
 		if me == (layout.Place{}) {
 			w.rep.Send(job.Checkpoint{Step: from.x.Step, Checkpoint: checkpoint.Event{Kind: "restored", ID: from.x.Parts[0].ID,
 				Step: from.x.Step, URL: w.store.Location(), WorldBefore: from.x.Stages, WorldAfter: w.cfg.Pipeline.Stages}})

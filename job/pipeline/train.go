@@ -241,7 +241,15 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 		if err != nil {
 			return err
 		}
-		res.Loss, res.Accuracy = loss/float64(n), float64(correct)/float64(n)
+		// Every stage learns the measures, so that any of them can tell
+		// the launcher (a stage may be a process it did not start).
+		m := []float64{loss, float64(correct)}
+		if rd.replica != nil {
+			if err := rd.replica.AllReduce(ctx, collective.Float64s(m), collective.Sum); err != nil {
+				return err
+			}
+		}
+		res.Loss, res.Accuracy = m[0]/float64(n), m[1]/float64(n)
 	}
 	if rd.saver != nil {
 		if err := w.finalCheckpoint(ctx, rd); err != nil {
@@ -254,7 +262,7 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 	}
 	res.ParametersCRC = paramsCRC(w.stage.params)
 	w.rep.Send(StageDone{Replica: rd.me.Replica, Stage: rd.me.Stage, CRCs: crcs})
-	if rd.me.Stage == p-1 && rd.me.Replica == 0 {
+	if rd.me.Replica == 0 {
 		w.rep.Send(Done{Step: w.step, Generation: w.gen, Replicas: len(rd.lay.Ranks), Loss: res.Loss, Accuracy: res.Accuracy})
 	}
 	if rd.replica != nil {
