@@ -266,7 +266,9 @@ func TestPipelineStageKilledAlone(t *testing.T) {
 	const steps, every = 1000, 10
 	dir := t.TempDir()
 	j := startJob(t, pipeArgs(steps, "--pp", "2", "--micro-batches", "2", "--checkpoint", dir, "--checkpoint-every-steps", fmt.Sprint(every))...)
-	j.Until(t, "a checkpoint", func(e jobtest.Event) bool { return e["event"] == "checkpoint_saved" && jobtest.Num(e, "step") >= 2*every })
+	j.Until(t, "a checkpoint", func(e jobtest.Event) bool {
+		return e["event"] == "checkpoint_saved" && jobtest.Num(e, "step") >= 2*every
+	})
 	victim := j.WorkerPids()[1]
 	if victim <= 0 {
 		t.Fatalf("no pid for worker 1: %v", j.WorkerPids())
