@@ -137,9 +137,11 @@ func TestPipelineBadInput(t *testing.T) {
 // TestPipelineStageKilled: SIGKILL one stage process of replica 1 of
 // --dp 2 --pp 2 mid-job. Replica 1 drops out (stage_lost, replica_dropped),
 // replica 0 goes on at the next step with no step redone, and the dead
-// replica's surviving stage waits as a spare. A fifth worker started by
-// hand and the spare then re-form replica 1 from replica 0's parameters
-// (replica_formed), and the job ends on two replicas, identical.
+// replica's surviving stage waits as a spare until the launcher's
+// replacement (a fifth worker) joins (when the coordinator sees the loss
+// and the join together, at once); the two re-form replica 1 from replica
+// 0's parameters (replica_formed), and the job ends on two replicas,
+// identical.
 func TestPipelineStageKilled(t *testing.T) {
 	// Long enough (a step takes about a millisecond) that the job still
 	// runs when the fifth worker, started after the kill, joins.
@@ -158,21 +160,13 @@ func TestPipelineStageKilled(t *testing.T) {
 		t.Errorf("stage_lost %v, want replica 1 stage 1", lost)
 	}
 	j.Until(t, "replica_dropped", func(e jobtest.Event) bool { return e["event"] == "replica_dropped" && jobtest.Num(e, "replica") == 1 })
-	lay := j.Until(t, "the layout of one replica", func(e jobtest.Event) bool {
-		return e["event"] == "pipeline_layout" && jobtest.Num(e, "replicas") == 1
-	})
-	if jobtest.Num(lay, "spares") != 1 {
-		t.Errorf("layout %v, want the dead replica's survivor as a spare", lay)
-	}
-	j.Until(t, "a step on one replica", func(e jobtest.Event) bool { return e["event"] == "pipeline_step" && jobtest.Num(e, "replicas") == 1 })
-	_, wait := startSpecWorker(t, j, "fifth")
 	formed := j.Until(t, "replica_formed", jobtest.Kind("replica_formed"))
 	if jobtest.Num(formed, "replica") != 1 || jobtest.Num(formed, "donor") != 0 {
 		t.Errorf("replica_formed %v, want replica 1 from replica 0", formed)
 	}
 	ev := j.Finish(t)
-	if err := wait(); err != nil {
-		t.Errorf("the fifth worker: %v", err)
+	if n := len(ev["worker_started"]); n != 5 {
+		t.Errorf("%d workers started, want 4 and the replacement", n)
 	}
 	d := doneOf(t, ev)
 	if jobtest.Num(d, "step") != steps || jobtest.Num(d, "replicas") != 2 || d["parameters_identical"] != true {
@@ -255,38 +249,66 @@ func corruptNewestPart(t *testing.T, dir string) {
 	}
 }
 
-// TestPipelineStageKilledAlone: --pp 2 with one replica, SIGKILL stage 1.
-// The survivor waits (no replica can be formed alone); a replacement
-// process joins, takes stage 1, and the pipeline rolls back to the newest
-// checkpoint (stage_restored, source checkpoint), redoing at most
-// --checkpoint-every-steps steps, and finishes.
+// TestPipelineStageKilledAlone: --pp 2 with one replica. Each stage
+// commits its state every --commit-every steps and copies it to the next
+// stage. SIGKILL stage 1: the survivor waits (no replica forms alone); the
+// launcher's replacement process joins, takes stage 1 from the copy in stage 0's
+// memory, stage 0 rolls back to its own commit of that step
+// (stage_restored, source peer; at most --commit-every steps redone), and
+// the job finishes. SIGKILL both: the copies are gone with them, and the
+// two replacements restore from the newest checkpoint (source checkpoint).
 func TestPipelineStageKilledAlone(t *testing.T) {
-	// The job cannot finish without its stage 1: the length only has to
+	// The job cannot finish without its stages: the length only has to
 	// outlast the wait for the first checkpoints and the kill.
-	const steps, every = 1000, 10
-	dir := t.TempDir()
-	j := startJob(t, pipeArgs(steps, "--pp", "2", "--micro-batches", "2", "--checkpoint", dir, "--checkpoint-every-steps", fmt.Sprint(every))...)
-	j.Until(t, "a checkpoint", func(e jobtest.Event) bool {
-		return e["event"] == "checkpoint_saved" && jobtest.Num(e, "step") >= 2*every
-	})
-	victim := j.WorkerPids()[1]
-	if victim <= 0 {
-		t.Fatalf("no pid for worker 1: %v", j.WorkerPids())
-	}
-	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	j.Until(t, "worker 1 exited", func(e jobtest.Event) bool { return e["event"] == "worker_exited" && jobtest.Num(e, "pid") == victim })
-	_, wait := startSpecWorker(t, j, "replacement")
-	r := j.Until(t, "stage_restored", jobtest.Kind("stage_restored"))
-	if r["source"] != "checkpoint" || jobtest.Num(r, "steps_redone") > every {
-		t.Errorf("stage_restored %v, want from a checkpoint with at most %d steps redone", r, every)
-	}
-	ev := j.Finish(t)
-	if err := wait(); err != nil {
-		t.Errorf("the replacement: %v", err)
-	}
-	if d := doneOf(t, ev); jobtest.Num(d, "step") != steps {
-		t.Errorf("done %v, want step %d", d, steps)
+	const steps, every, commit = 1000, 10, 4
+	for _, c := range []struct {
+		name   string
+		kill   []int
+		source string
+		redone int
+	}{
+		{"one", []int{1}, "peer", commit},
+		{"both", []int{0, 1}, "checkpoint", every},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			j := startJob(t, pipeArgs(steps, "--pp", "2", "--micro-batches", "2", "--commit-every", fmt.Sprint(commit),
+				"--checkpoint", dir, "--checkpoint-every-steps", fmt.Sprint(every))...)
+			j.Until(t, "a checkpoint", func(e jobtest.Event) bool {
+				return e["event"] == "checkpoint_saved" && jobtest.Num(e, "step") >= 2*every
+			})
+			pids := j.WorkerPids()
+			for _, k := range c.kill {
+				if pids[k] <= 0 {
+					t.Fatalf("no pid for worker %d: %v", k, pids)
+				}
+				if err := syscall.Kill(pids[k], syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
+			exited := map[int]bool{}
+			j.Until(t, fmt.Sprintf("workers %v exited", c.kill), func(e jobtest.Event) bool {
+				if e["event"] == "worker_exited" {
+					exited[jobtest.Num(e, "worker")] = true
+				}
+				for _, k := range c.kill {
+					if !exited[k] {
+						return false
+					}
+				}
+				return true
+			})
+			r := j.Until(t, "stage_restored", jobtest.Kind("stage_restored"))
+			if r["source"] != c.source || jobtest.Num(r, "steps_redone") > c.redone {
+				t.Errorf("stage_restored %v, want from the %s with at most %d steps redone", r, c.source, c.redone)
+			}
+			ev := j.Finish(t)
+			if n := len(ev["worker_started"]); n != 2+len(c.kill) {
+				t.Errorf("%d workers started, want 2 and %d replacements", n, len(c.kill))
+			}
+			if d := doneOf(t, ev); jobtest.Num(d, "step") != steps {
+				t.Errorf("done %v, want step %d", d, steps)
+			}
+		})
 	}
 }

@@ -107,6 +107,7 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	pj := &pipeJob{Env: env, types: job.NewReportTypes(Step{}, Done{}, StageDone{}, Layout{}, StageRestored{}), line: stepLine{stages: lc.Pipeline.Stages},
 		progress: job.Progress{Steps: lc.Steps, Every: every(lc)}}
 	var first uint64
+	replaced := 0
 	for running := lc.Workers; running > 0; {
 		select {
 		case <-outer.Done():
@@ -124,10 +125,22 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 		case x := <-env.Procs.Exits():
 			running--
 			// A worker that dies is the coordinator's to remove: the
-			// others close ranks (its replica drops out) and go on.
+			// others close ranks (its replica drops out) and go on, and a
+			// replacement process joins them (up to Workers of them in a
+			// job): with the spares it re-forms a replica, or takes the
+			// lost stage of a lone one.
 			env.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)))
 			if x.Err != nil && pj.end.done == nil {
 				fmt.Fprintf(env.Out, "worker %d (pid %d) ended: %s; the others go on\n", x.Index, x.Pid, job.ExitText(x.Err))
+				if replaced < lc.Workers && ctx.Err() == nil {
+					i := lc.Workers + replaced
+					replaced++
+					if err := env.Spawn(ctx, job.ProcessSpec{Role: "pipeline-worker", Config: lc.Config, Index: i, RankHint: -1, Threads: threads}); err != nil {
+						return nil, err
+					}
+					running++
+					fmt.Fprintf(env.Out, "worker %d started to replace it\n", i)
+				}
 			}
 		case err := <-el.Ended:
 			if err != nil && ctx.Err() == nil {
@@ -171,6 +184,7 @@ type pipeJob struct {
 	line     stepLine
 	progress job.Progress
 	end      ending
+	lastStep int64 // the newest step a stage reported
 }
 
 func (pj *pipeJob) handle(l launch.Line) error {
@@ -180,6 +194,7 @@ func (pj *pipeJob) handle(l launch.Line) error {
 	}
 	switch rep := rep.(type) {
 	case Step:
+		pj.lastStep = max(pj.lastStep, rep.Step)
 		job.Emit(pj.Events, l.Index, rep)
 		if all := pj.line.add(rep); all != nil {
 			fmt.Fprint(pj.Out, progressText(&pj.progress, all))
@@ -194,9 +209,16 @@ func (pj *pipeJob) handle(l launch.Line) error {
 	case Layout:
 		rep.events(pj.Events)
 		fmt.Fprint(pj.Out, rep.Text(nil))
-	case job.Checkpoint, StageRestored:
+	case StageRestored:
+		// The steps redone are counted from the last the launcher heard
+		// of (a worker restored by a job that lost every stage at once
+		// knows no later one).
+		rep.Lost = max(rep.Lost, pj.lastStep)
 		job.Emit(pj.Events, l.Index, rep)
-		fmt.Fprint(pj.Out, rep.(job.TextReport).Text(nil))
+		fmt.Fprint(pj.Out, rep.Text(nil))
+	case job.Checkpoint:
+		job.Emit(pj.Events, l.Index, rep)
+		fmt.Fprint(pj.Out, rep.Text(nil))
 	case job.Failed:
 		job.Emit(pj.Events, l.Index, rep)
 		return fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)

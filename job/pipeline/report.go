@@ -115,9 +115,10 @@ func (r Layout) Text(*job.Progress) string {
 	return b.String() + "\n"
 }
 
-// StageRestored: a stage of replica 0 was restored after the job lost
-// every copy of some stage: from a checkpoint (Source "checkpoint"), the
-// pipeline rolling back from step Lost to Step.
+// StageRestored: a stage of replica 0 was restored, from another
+// member's memory (Source "peer") after the job lost every copy of it, or
+// from a checkpoint (Source "checkpoint": the job resumed, or lost a stage
+// with its copies), the pipeline rolling back from step Lost to Step.
 type StageRestored struct {
 	Stage      int    `json:"stage"`
 	Source     string `json:"source"`

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -88,6 +89,8 @@ type roundState struct {
 	stats     []float32   // last stage: [loss sum, correct]
 	norm      []float64   // the step's vote: the gradients' norm (after clip), stages whose save is stored, stages whose save failed
 	saver     *saver      // replica 0: the stage's checkpoints (nil: none)
+	over      atomic.Bool // the round's context ended: the stage votes to stop after this step
+	copier    *copier     // one replica: commits copied to the next stage (nil: none)
 	closeOnce bool
 }
 
@@ -110,6 +113,9 @@ func (rd *roundState) close(failed bool) {
 	}
 	if rd.eng != nil {
 		rd.eng.Close()
+	}
+	if rd.copier != nil {
+		rd.copier.close()
 	}
 	if rd.fuser != nil {
 		rd.fuser.Close()
@@ -151,12 +157,24 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 			return nil, err
 		}
 	}
-	if from != nil {
+	if from != nil && from.peer != nil {
+		pos, err := from.peer.load(w.stage)
+		if err != nil {
+			return nil, err
+		}
+		w.step, w.pos = from.peer.step, pos
+		w.commits = &commits{} // of a timeline rolled back
+		if slices.Contains(from.moved, me.Stage) {
+			w.rep.Send(StageRestored{Stage: me.Stage, Source: "peer", Step: w.step, Lost: lay.Step, Generation: r.Generation.Number})
+		}
+		w.log.Info("stage restored from a commit in memory", zap.Int64("step", w.step), zap.Bool("moved", slices.Contains(from.moved, me.Stage)))
+	} else if from != nil && from.x != nil {
+		w.commits = &commits{}
 		if err := restoreStage(ctx, from.x, from.ms, w.stage); err != nil {
 			return nil, err
 		}
 		w.step, w.pos = from.x.Step, worker.Position{Epoch: from.x.Epoch, Offset: from.x.Offset}
-		if lay.Step > 0 && me.Replica == 0 { // a stage lost with every copy: the pipeline rolls back
+		if me.Replica == 0 { // resumed, or a stage lost with every copy: the pipeline rolls back
 			w.rep.Send(StageRestored{Stage: me.Stage, Source: "checkpoint", Step: from.x.Step, Lost: lay.Step, Generation: r.Generation.Number})
 		}
 		if me == (layout.Place{}) {
@@ -198,6 +216,11 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 	}
 	if err := w.synchronise(ctx, rd, kept); err != nil {
 		return nil, err
+	}
+	if d == 1 && p > 1 && w.cfg.CommitEvery > 0 {
+		if rd.copier, err = w.startCopier(ctx, r, lay, me); err != nil {
+			return nil, err
+		}
 	}
 	w.place, w.gen = me, g.Number
 	return rd, w.buildEngine(rd)
@@ -257,7 +280,7 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 		rd.fuser = collective.NewFuser(context.Background(), rd.dp, rd.grads, collective.Sum, w.cfg.BucketBytes)
 		cfg.Ready = func(k, p int) { rd.fuser.MarkReady(rd.offset[k] + p) }
 	}
-	rd.norm = make([]float64, 3) // the norm², and the checkpoint vote: stored, failed
+	rd.norm = make([]float64, 4) // the norm², the checkpoint vote (stored, failed), and stages whose round is over
 	if rd.me.Replica == 0 && w.store != nil {
 		var err error
 		if rd.saver, err = newSaver(w.store, &w.cfg, w.cfg.Pipeline.Stages, rd.me.Stage, st, w.log); err != nil {
@@ -307,7 +330,10 @@ func clip(ctx context.Context, rd *roundState, params []*nn.Param, max float64) 
 			sq += float64(g) * float64(g)
 		}
 	}
-	rd.norm[0], rd.norm[1], rd.norm[2] = sq, 1, 0
+	rd.norm[0], rd.norm[1], rd.norm[2], rd.norm[3] = sq, 1, 0, 0
+	if rd.over.Load() {
+		rd.norm[3] = 1
+	}
 	if rd.saver != nil {
 		rd.norm[1], rd.norm[2] = rd.saver.vote()
 	}

@@ -68,17 +68,36 @@ func (d *stepData) load(s *worker.Sampler, train worker.Dataset, pos worker.Posi
 }
 
 // steps runs the job's steps in this round, from the worker's step.
+//
+// A new generation ends the round between steps, at the same step on every
+// stage of a replica: the stage that sees the round's context end votes to
+// stop in the step's vote, and the replica applies that step and stops, so
+// its stages never disagree on the step they hold. The step's own
+// operations run under a context that ends only stopGrace after the
+// round's, to free a stage that waits on a peer frozen mid-step.
 func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 	st := w.stage
 	c := &w.cfg
 	lastStage := rd.me.Stage == c.Pipeline.Stages-1
 	replicas := len(rd.lay.Ranks)
+	stepCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	stop := context.AfterFunc(ctx, func() {
+		rd.over.Store(true)
+		t := time.AfterFunc(stopGrace, func() { cancel(context.Cause(ctx)) })
+		context.AfterFunc(stepCtx, func() { t.Stop() })
+	})
+	defer stop()
 	for w.step < c.Steps {
+		if rd.norm[3] > 0 { // the replica voted to stop after the last step
+			<-ctx.Done() // the new generation, which some stage saw, comes here too
+			return context.Cause(ctx)
+		}
 		next, err := rd.data.load(w.sampler, w.train, w.pos, c.Batch, replicas, rd.me.Replica)
 		if err != nil {
 			return err
 		}
-		s, err := rd.eng.Step(ctx)
+		s, err := rd.eng.Step(stepCtx)
 		if err != nil {
 			return err
 		}
@@ -108,6 +127,9 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 		}
 		if rd.saver != nil {
 			w.afterVote(ctx, rd, loss)
+		}
+		if rd.copier != nil && w.step%int64(c.CommitEvery) == 0 {
+			rd.copier.offer(w.commits.take(st, w.step, w.pos))
 		}
 	}
 	return w.finish(ctx, rd)
@@ -212,6 +234,10 @@ func (rd *roundState) activationBytes() int64 {
 	}
 	return n
 }
+
+// stopGrace is how long a step goes on after its round's context ended
+// before its operations are cancelled.
+const stopGrace = time.Second
 
 // finish ends the job in this round: replica 0 measures the model on the
 // held-out data through its pipeline, its last stage reports the end, and

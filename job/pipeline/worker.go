@@ -56,7 +56,7 @@ func RunWorker(ctx context.Context, cfg job.Config, m *Model, opts job.Options) 
 		return nil, job.Invalid("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
 	}
 	w := &pipeWorker{cfg: cfg, log: cfg.Logger, model: m, opts: opts, shape: shape, rep: job.NewReporter(cfg.Reports),
-		place: layout.Spare}
+		place: layout.Spare, commits: &commits{}}
 	defer w.close()
 	if err := w.start(ctx); err != nil {
 		return nil, err
@@ -95,6 +95,9 @@ type pipeWorker struct {
 	pos    worker.Position
 	stage  *stageState
 	result job.Result
+	// commits: this stage's last commits, and copies of the previous
+	// stage's (one replica only), kept across generations.
+	commits *commits
 }
 
 func (w *pipeWorker) close() {
@@ -159,6 +162,15 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	case err != nil:
 		return err
 	}
+	var peer *commit
+	var moved []int
+	if lay.Donor < 0 && lay.Step > 0 && len(lay.Ranks) == 1 {
+		// Every copy of a stage was lost: first the commits in the
+		// members' memory, then the checkpoints.
+		if peer, moved, err = w.fromPeers(ctx, r, lay); err != nil {
+			return err
+		}
+	}
 	me := lay.Places[r.Rank]
 	if me == layout.Spare {
 		w.log.Info("a spare in this generation", zap.Uint64("generation", r.Generation.Number), zap.Int("replicas", len(lay.Ranks)))
@@ -169,8 +181,8 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	if me == (layout.Place{Replica: 0, Stage: 0}) {
 		w.rep.Send(layoutReport(r.Generation.Number, lay, members, w.cfg.Pipeline.Stages))
 	}
-	var from *restoring
-	if lay.Donor < 0 { // nothing kept: a fresh start, or every copy of a stage lost
+	from := &restoring{peer: peer, moved: moved}
+	if lay.Donor < 0 && peer == nil { // nothing kept: a fresh start, or every copy of a stage lost
 		if from, err = w.restoring(ctx, lay); err != nil {
 			return err
 		}
@@ -243,6 +255,9 @@ func (w *pipeWorker) sched() schedule.Config {
 type restoring struct {
 	x  *index
 	ms []*manifestOf
+	// Or a commit from peers' memory, and the stages whose state moved.
+	peer  *commit
+	moved []int
 }
 
 // restoring finds the newest checkpoint to restore when nothing is kept:
