@@ -39,7 +39,7 @@ func wholeRing(j JobSpec) JobSpec {
 // `.ci/run` runs, which covers every built-in fault kind.
 func Builtin() []Scenario {
 	out := ringScenarios()
-	for _, more := range [][]Scenario{etcdScenarios(), minioScenarios(), uploadScenarios(), netnsScenarios(), psScenarios()} {
+	for _, more := range [][]Scenario{etcdScenarios(), minioScenarios(), uploadScenarios(), netnsScenarios(), psScenarios(), pipelineScenarios()} {
 		out = append(out, more...)
 	}
 	return out
@@ -216,4 +216,37 @@ func FaultCount(reports []*Report) int {
 		n += len(slices.DeleteFunc(slices.Clone(r.Faults), func(f *FaultRecord) bool { return f.Injected.IsZero() }))
 	}
 	return n
+}
+
+// pipelineJob is the pipeline scenarios' job: the deep-mlp example, small
+// (4 hidden layers of 64 on a 64-feature teacher task), replicas ×
+// stages workers.
+func pipelineJob(replicas, stages int, checkpointEvery int64) JobSpec {
+	return JobSpec{Kind: "pipeline", Model: "deep-mlp",
+		Options: map[string]string{"depth": "4", "width": "64", "features": "64", "samples": "4096"},
+		Workers: replicas * stages, MinWorkers: 1, Steps: 400, Batch: 64, Seed: 7, CheckpointEvery: checkpointEvery,
+		Pipeline: &PipelineSpec{Stages: stages, Replicas: replicas, MicroBatches: 4, CommitEvery: 5}}
+}
+
+// pipelineScenarios kill stages of pipeline jobs: of a replica among two
+// (it drops out, the other goes on, the launcher's replacement re-forms
+// it), of a lone pipeline (the replacement takes the stage from the copy
+// in its neighbour's memory), and both stages of a lone pipeline (the
+// copies gone too: the newest checkpoint).
+func pipelineScenarios() []Scenario {
+	return []Scenario{
+		{Name: "stage-kill", CI: true, RecoveryBound: Duration(time.Second),
+			Description: "dp2×pp2: SIGKILL of a random stage of a random replica at a random step; its replica drops out, the other goes on with no step redone, a replacement re-forms it from the other's parameters",
+			Job:         pipelineJob(2, 2, 0),
+			Faults:      []FaultSpec{{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 40, StepMax: 120}}}},
+		{Name: "stage-kill-alone", CI: true, RecoveryBound: Duration(2 * time.Second),
+			Description: "pp2, one replica: SIGKILL of stage 1; the replacement takes its state from the commit in stage 0's memory, stage 0 rolls back to its own commit of that step",
+			Job:         pipelineJob(1, 2, 0),
+			Faults:      []FaultSpec{{Kind: "sigkill", Target: "rank:1", Trigger: Trigger{Step: 60}}}},
+		{Name: "stage-kill-both", CI: true,
+			Description: "pp2, one replica: SIGKILL of both stages, their commits with them; the replacements restore from the newest checkpoint",
+			Job:         pipelineJob(1, 2, 20),
+			Faults: []FaultSpec{{Kind: "sigkill", Target: "rank:0", Trigger: Trigger{Step: 60}},
+				{Kind: "sigkill", Target: "rank:1", Trigger: Trigger{Step: 60}}}},
+	}
 }

@@ -420,10 +420,19 @@ func (ru *run) checkCheckpoints(ctx context.Context) Verdict {
 			}
 		}
 	}
+	kindNote := ""
+	if cv, ok := ru.kind.(CheckpointVerifier); ok {
+		n, err := cv.VerifyCheckpoints(ctx, ru.store)
+		if err != nil {
+			bad = append(bad, err.Error())
+		}
+		verified += n
+		kindNote = fmt.Sprintf(" (%d of them the job kind's own, verified by it)", n)
+	}
 	if len(bad) > 0 {
 		return verdict(5, false, "%s", joinLimited(bad, 5))
 	}
-	ev := fmt.Sprintf("%d complete checkpoints verify (every object, block and tensor checksum); the %d whose writers reported their manifests unchanged", verified, len(ru.saved))
+	ev := fmt.Sprintf("%d complete checkpoints%s verify (every object, block and tensor checksum); the %d whose writers reported their manifests unchanged", verified, kindNote, len(ru.saved))
 	if len(refused) > 0 {
 		ev += "; damaged on purpose and refused: " + joinLimited(refused, 3)
 	}

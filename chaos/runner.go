@@ -213,6 +213,18 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 	case "ps":
 		psConfigure(sc, &lc)
 	}
+	if p := j.Pipeline; p != nil {
+		lc.Pipeline.Stages, lc.Pipeline.Replicas = p.Stages, max(p.Replicas, 1)
+		if p.Schedule != "" {
+			lc.Pipeline.Schedule = p.Schedule
+		}
+		if p.MicroBatches > 0 {
+			lc.MicroBatches = p.MicroBatches
+		}
+		if p.CommitEvery > 0 {
+			lc.CommitEvery = p.CommitEvery
+		}
+	}
 	if j.LeaseTTL > 0 {
 		lc.LeaseTTL = time.Duration(j.LeaseTTL)
 	}
@@ -240,35 +252,35 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 // jobKind checks a scenario whose job is of a kind the harness does not
 // know against the registry (its model must be of that kind), and returns
 // what that kind says its events leave unchecked.
-func (r *Runner) jobKind(sc *Scenario) (map[int]string, error) {
+func (r *Runner) jobKind(sc *Scenario) (map[int]string, any, error) {
 	if builtinKind(sc.Job.Kind) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if r.Registry == nil {
-		return nil, fmt.Errorf("%w %q: job.kind %q needs the runner's Registry", ErrScenario, sc.Name, sc.Job.Kind)
+		return nil, nil, fmt.Errorf("%w %q: job.kind %q needs the runner's Registry", ErrScenario, sc.Name, sc.Job.Kind)
 	}
 	spec, err := r.Registry.Lookup(sc.Job.Model)
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
+		return nil, nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
 	}
 	k, err := r.Registry.KindOf(spec)
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
+		return nil, nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
 	}
 	if k.Name() != sc.Job.Kind {
-		return nil, fmt.Errorf("%w %q: job.kind %q, but model %s is of kind %q", ErrScenario, sc.Name, sc.Job.Kind, spec.Name, k.Name())
+		return nil, nil, fmt.Errorf("%w %q: job.kind %q, but model %s is of kind %q", ErrScenario, sc.Name, sc.Job.Kind, spec.Name, k.Name())
 	}
 	u, ok := k.(Unchecked)
 	if !ok {
-		return nil, nil
+		return nil, k, nil
 	}
 	unchecked := u.Unchecked()
 	for n := range unchecked {
 		if n < 2 || n >= len(invariantNames) {
-			return nil, fmt.Errorf("%w %q: job kind %q leaves invariant %d unchecked: only 2 and later can be", ErrScenario, sc.Name, k.Name(), n)
+			return nil, nil, fmt.Errorf("%w %q: job kind %q leaves invariant %d unchecked: only 2 and later can be", ErrScenario, sc.Name, k.Name(), n)
 		}
 	}
-	return unchecked, nil
+	return unchecked, k, nil
 }
 
 // Reference runs the scenario's job once, undisturbed (remembered for the
@@ -324,6 +336,7 @@ func (r *Runner) runDir(name string) (string, error) {
 // run is one run's state, shared by its scheduler and the faults.
 type run struct {
 	unchecked map[int]string // the invariants the job's kind leaves unchecked
+	kind      any            // the job's kind, when not a built-in one (CheckpointVerifier)
 	r         *Runner
 	sc        *Scenario
 	plan      []Planned
@@ -354,7 +367,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 	if err := sc.Validate(kinds); err != nil {
 		return nil, err
 	}
-	unchecked, err := r.jobKind(&sc)
+	unchecked, kind, err := r.jobKind(&sc)
 	if err != nil {
 		return nil, err
 	}
@@ -367,7 +380,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, seed uint64) (*Report, er
 		return nil, err
 	}
 	ru := &run{r: r, sc: &sc, plan: sc.Plan(seed), kinds: kinds, damaged: map[string]bool{}, saved: map[string]uint32{},
-		pids: map[int64]bool{}, addrs: map[string]bool{}, start: r.now(), marker: dir, unchecked: unchecked}
+		pids: map[int64]bool{}, addrs: map[string]bool{}, start: r.now(), marker: dir, unchecked: unchecked, kind: kind}
 	for _, p := range ru.plan {
 		ru.faults = append(ru.faults, &FaultRecord{Planned: p, Changes: kinds[p.Kind].Changes})
 	}

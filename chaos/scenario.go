@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/phalanx-rt/phalanx/checkpoint"
 )
 
 // Scenario is a job, and a schedule of faults to run against it. The same
@@ -76,6 +79,20 @@ type JobSpec struct {
 	// Network is "loopback" (the default) or "netns": each worker in a
 	// network namespace of its own (root only).
 	Network string `json:"network,omitempty"`
+	// Pipeline shapes a job of kind pipeline: Workers must be its
+	// Replicas × Stages.
+	Pipeline *PipelineSpec `json:"pipeline,omitempty"`
+}
+
+// PipelineSpec is a pipeline job's shape (phalanx.PipelineConfig):
+// replicas, stages, micro-batches per step, schedule, and the steps
+// between a stage's commits in its neighbour's memory.
+type PipelineSpec struct {
+	Stages       int    `json:"stages"`
+	Replicas     int    `json:"replicas,omitempty"`
+	MicroBatches int    `json:"micro_batches,omitempty"`
+	Schedule     string `json:"schedule,omitempty"`
+	CommitEvery  int    `json:"commit_every,omitempty"`
 }
 
 // has says whether the job runs beside the named service.
@@ -372,6 +389,14 @@ func kindName(k string) bool {
 // builtinKind: the kinds the harness knows (ring and hybrid are the ring
 // kind's modes).
 func builtinKind(k string) bool { return k == "" || k == "ring" || k == "hybrid" || k == "ps" }
+
+// CheckpointVerifier is what a job kind whose checkpoints are its own
+// (a pipeline's parts and indexes) may tell the harness: it verifies every
+// one in store and says how many it verified, or what does not verify
+// (invariant 5).
+type CheckpointVerifier interface {
+	VerifyCheckpoints(ctx context.Context, store checkpoint.Store) (int, error)
+}
 
 // Unchecked is what a job kind other than the ring and the parameter-server
 // job may tell the harness: the invariants its jobs' events leave nothing

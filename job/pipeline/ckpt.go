@@ -351,3 +351,26 @@ func indexOf(ctx context.Context, store checkpoint.Store, c *job.Config, step in
 	}
 	return x, nil
 }
+
+// VerifyCheckpoints verifies every pipeline checkpoint in store: each
+// index's own checksum, and every stage's part it names, wholly. It says
+// how many indexes verified, and what did not.
+func (Kind) VerifyCheckpoints(ctx context.Context, store checkpoint.Store) (int, error) {
+	objs, err := store.List(ctx, indexPrefix)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var bad []string
+	for _, o := range objs {
+		if _, _, err := openIndex(ctx, store, o.Name); err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		n++
+	}
+	if len(bad) > 0 {
+		return n, fmt.Errorf("%d pipeline checkpoints do not verify: %s", len(bad), strings.Join(bad, "; "))
+	}
+	return n, nil
+}

@@ -163,6 +163,7 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	if d == nil {
 		return nil, errors.New("pipeline: every worker ended and none said done")
 	}
+	pj.end.world = d.Replicas * lc.Pipeline.Stages
 	pj.end.event(env.Events)
 	same, crc := pj.end.identical()
 	return &job.Result{Step: d.Step, Generation: d.Generation, World: d.Replicas * lc.Pipeline.Stages, Loss: d.Loss, Accuracy: d.Accuracy,
@@ -185,6 +186,9 @@ type pipeJob struct {
 	progress job.Progress
 	end      ending
 	lastStep int64 // the newest step a stage reported
+	// restoredGen: the generation whose rollback's restored event was
+	// emitted.
+	restoredGen uint64
 }
 
 func (pj *pipeJob) handle(l launch.Line) error {
@@ -196,6 +200,9 @@ func (pj *pipeJob) handle(l launch.Line) error {
 	case Step:
 		pj.lastStep = max(pj.lastStep, rep.Step)
 		job.Emit(pj.Events, l.Index, rep)
+		if rep.World > 0 {
+			rep.stepEvent(pj.Events)
+		}
 		if all := pj.line.add(rep); all != nil {
 			fmt.Fprint(pj.Out, progressText(&pj.progress, all))
 		}
@@ -215,6 +222,13 @@ func (pj *pipeJob) handle(l launch.Line) error {
 		// knows no later one).
 		rep.Lost = max(rep.Lost, pj.lastStep)
 		job.Emit(pj.Events, l.Index, rep)
+		if rep.Source == "peer" && pj.restoredGen != rep.Generation {
+			// The ring's event for a rollback: the steps after Step are
+			// trained again.
+			pj.restoredGen = rep.Generation
+			pj.Events.Emit("restored", events.F("step", rep.Step), events.F("generation", rep.Generation),
+				events.F("world", pj.LC.Pipeline.Stages), events.F("steps_redone", rep.Lost-rep.Step))
+		}
 		fmt.Fprint(pj.Out, rep.Text(nil))
 	case job.Checkpoint:
 		job.Emit(pj.Events, l.Index, rep)

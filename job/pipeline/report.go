@@ -9,6 +9,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/worker"
 )
 
 // Step: a stage of replica 0 finished a step. The last stage's carries
@@ -32,6 +33,23 @@ type Step struct {
 	Accuracy   float64 `json:"accuracy,omitempty"`
 	Samples    int     `json:"samples,omitempty"`
 	GradNorm   float64 `json:"grad_norm,omitempty"`
+	// The last stage's: the sampler position after the step, the
+	// fingerprint of every replica's samples of it, and the workers in
+	// replicas (the job's step event, as a ring's).
+	Epoch       int64              `json:"epoch,omitempty"`
+	Offset      int64              `json:"offset,omitempty"`
+	Fingerprint worker.Fingerprint `json:"fingerprint,omitempty"`
+	World       int                `json:"world,omitempty"`
+}
+
+// stepEvent is the job's step event for the last stage's report, with a
+// ring's fields (docs/events.md), so that what reads a ring's steps (the
+// chaos harness's sample audit and recovery timing) reads a pipeline's.
+func (r Step) stepEvent(sink events.Sink) {
+	sink.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
+		events.F("loss", r.Loss), events.F("samples_per_s", float64(r.Samples)/max(r.ElapsedS, 1e-12)), events.F("step_s", r.ElapsedS),
+		events.F("compute_s", r.BusyS), events.F("comm_s", r.ElapsedS-r.BusyS), events.F("epoch", r.Epoch), events.F("offset", r.Offset),
+		events.F("fingerprint", r.Fingerprint), events.F("participants", r.World), events.F("stale", 0))
 }
 
 // Done: a stage of replica 0 reached the job's last step, where replica 0
@@ -164,6 +182,7 @@ func (r Step) Event(int) (string, []events.Field) {
 type ending struct {
 	done   *Done
 	stages []StageDone
+	world  int // the workers in replicas: replicas × stages
 }
 
 // identical reports whether every replica's stage ended with the same
@@ -196,7 +215,7 @@ func (e *ending) event(sink events.Sink) {
 	same, crc := e.identical()
 	d := e.done
 	sink.Emit("done", events.F("step", d.Step), events.F("accuracy", d.Accuracy), events.F("loss", d.Loss),
-		events.F("generation", d.Generation), events.F("replicas", d.Replicas),
+		events.F("generation", d.Generation), events.F("replicas", d.Replicas), events.F("world", e.world),
 		events.F("parameters_identical", same), events.F("parameters_crc32c", crc))
 }
 

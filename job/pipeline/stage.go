@@ -267,8 +267,8 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 			rd.grads = append(rd.grads, p.Grad)
 		}
 	}
-	if lastStage {
-		rd.stats = make([]float32, 2)
+	if lastStage { // the loss, the right answers and the fingerprint of the samples
+		rd.stats = make([]float32, 7)
 		rd.grads = append(rd.grads, rd.stats)
 	}
 	// A replica's share of the global batch grows when replicas drop out.
@@ -291,8 +291,12 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 		if rd.fuser == nil {
 			return nil
 		}
-		if lastStage { // the replicas' loss and right answers, reduced with the gradients
+		if lastStage { // the replicas' loss, right answers and samples, reduced with the gradients
 			rd.stats[0], rd.stats[1] = float32(s.LossSum), float32(s.Correct)
+			fp := worker.FingerprintOf(rd.data.idx)
+			for i, v := range fp {
+				rd.stats[2+i] = float32(v)
+			}
 			rd.fuser.MarkReady(len(rd.grads) - 1)
 		}
 		return rd.fuser.Wait(ctx)

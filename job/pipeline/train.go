@@ -103,10 +103,14 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 		}
 		w.step, w.pos = w.step+1, next
 		loss, correct := s.LossSum, float64(s.Correct)
+		fp := worker.FingerprintOf(rd.data.idx)
 		if rd.stats != nil && rd.fuser != nil {
-			// The replicas' loss and right answers, reduced with the
-			// gradients.
+			// The replicas' loss, right answers and samples, reduced with
+			// the gradients.
 			loss, correct = float64(rd.stats[0]), float64(rd.stats[1])
+			for i := range fp {
+				fp[i] = float64(rd.stats[2+i])
+			}
 		}
 		if rd.me.Replica == 0 {
 			rep := Step{Step: w.step, Stage: rd.me.Stage, Generation: w.gen, Replicas: replicas,
@@ -119,6 +123,7 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 				}
 				rep.Loss, rep.Accuracy, rep.Samples = loss/n, correct/n, int(n)
 				rep.GradNorm = rd.norm[0]
+				rep.Epoch, rep.Offset, rep.Fingerprint, rep.World = w.pos.Epoch, w.pos.Offset, fp, replicas*c.Pipeline.Stages
 			}
 			w.rep.Send(rep)
 		}
