@@ -63,6 +63,11 @@ func check(c *job.Config, m *Model, o job.Options) (*shape, error) {
 	case c.BucketBytes < 1:
 		return nil, job.Invalid("BucketBytes", c.BucketBytes, "want a positive size")
 	}
+	if kind == schedule.Interleaved && p.Stages < 2 {
+		// Its chunks pass activations from stage to stage; one stage
+		// would have to pass them to itself.
+		return nil, job.Invalid("Pipeline", p.Stages, "the interleaved schedule needs at least 2 stages (--pp)")
+	}
 	sc := schedule.Config{Kind: kind, Stages: p.Stages, Micro: c.MicroBatches, Chunks: p.Chunks}
 	if err := sc.Validate(); err != nil {
 		return nil, job.Invalid("Pipeline", sc, "%v", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -379,6 +380,42 @@ func TestStepAllocatesNothing(t *testing.T) {
 			}
 			if allocs != 0 {
 				t.Errorf("a step of %d stages allocated %v times", len(pp.engines), allocs)
+			}
+		})
+	}
+}
+
+// A stage receiving a tensor of the wrong size or type from a peer fails
+// its step with an error naming the mismatch, never a hang: a peer that
+// sends float64 activations, and one whose activations are a column wider
+// than the stage takes.
+func TestPeerSpeakingGarbage(t *testing.T) {
+	const in, width, depth, classes, rows = 8, 16, 3, 4, 2
+	sc := schedule.Config{Kind: schedule.OneFOneB, Stages: 2, Micro: 2}
+	for _, c := range []struct {
+		name string
+		send func(l groupLink) error
+		want string
+	}{
+		{"float64", func(l groupLink) error {
+			return l.g.Send(context.Background(), l.peer, collective.Float64s(make([]float64, rows*width)))
+		}, "float64"},
+		{"wider", func(l groupLink) error {
+			return l.g.Send(context.Background(), l.peer, collective.Float32s(make([]float32, rows*(width+1))))
+		}, "elements"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBatch(1, rows*sc.Micro, in, classes, rows)
+			pp := newPipe(t, sc, model(1, in, width, depth, classes), in, rows, b, false, nil)
+			go c.send(pp.conns[0].Links.ActOut[1].(groupLink)) // stage 0 speaks garbage
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_, err := pp.engines[1].Step(ctx)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("stage 1's step: %v, want an error about %q", err, c.want)
+			}
+			if _, again := pp.engines[1].Step(ctx); again == nil {
+				t.Errorf("a broken engine stepped again")
 			}
 		})
 	}
