@@ -34,7 +34,8 @@ func doneOf(t *testing.T, ev map[string][]jobtest.Event) jobtest.Event {
 // stage's busy fraction, and a held-out accuracy far above chance; and the
 // same job on one stage (--pp 1) ends with bitwise the same model, as the
 // stages add up each parameter's gradients over the micro-batches in the
-// same order.
+// same order (wherever the cuts are: balanced by parameters, by measured
+// time, or named).
 func TestPipelineTrains(t *testing.T) {
 	const steps = 60
 	crcs := map[string]float64{}
@@ -48,6 +49,8 @@ func TestPipelineTrains(t *testing.T) {
 		{"zb-h1", []string{"--pp", "2", "--micro-batches", "4", "--pp-schedule", "zb-h1"}},
 		{"interleaved", []string{"--pp", "2", "--micro-batches", "4", "--pp-schedule", "interleaved"}},
 		{"1f1b-recompute", []string{"--pp", "2", "--micro-batches", "4", "--pp-recompute"}},
+		{"balanced-by-time", []string{"--pp", "2", "--micro-batches", "4", "--pp-balance", "time"}},
+		{"cuts-by-name", []string{"--pp", "2", "--micro-batches", "4", "--pp-cuts", "fc1"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			j := startJob(t, pipeArgs(steps, c.args...)...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -28,6 +29,7 @@ type commit struct {
 	stage              int // the stage whose state it is
 	step, epoch, offst int64
 	data               []float32
+	sending            atomic.Bool // the copier is sending it: not to be overwritten
 }
 
 // commits are what a worker keeps: its own stage's last two commits, and
@@ -38,13 +40,17 @@ type commits struct {
 	peer [2]*commit
 }
 
-// take commits st's state after step into the older of own's two.
+// take commits st's state after step into the older of own's two; nil
+// (no commit this time) while that one is still being sent.
 func (c *commits) take(st *stageState, step int64, pos worker.Position) *commit {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	slot := c.own[1]
 	if slot == nil {
 		slot = &commit{}
+	}
+	if slot.sending.Load() {
+		return nil
 	}
 	slot.stage, slot.step, slot.epoch, slot.offst = st.stage, step, pos.Epoch, pos.Offset
 	slot.data = slot.data[:0]
@@ -116,9 +122,7 @@ func (cm *commit) load(st *stageState) (worker.Position, error) {
 // previous stage's, each on a two-rank group of its own.
 type copier struct {
 	out, in *collective.Group
-	queue   chan *commit // to send; one at a time, the newest kept
-	sending sync.Mutex   // held while buf is being sent
-	buf     *commit
+	queue   chan *commit // to send, one at a time, from the commit itself
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -136,7 +140,7 @@ func (w *pipeWorker) startCopier(ctx context.Context, r *elastic.Round, lay layo
 			Peers: []string{addr(from), addr(to)}}
 		return collective.Join(ctx, w.data, m, opts)
 	}
-	c := &copier{queue: make(chan *commit, 1), buf: &commit{}}
+	c := &copier{queue: make(chan *commit, 1)}
 	var errs [2]error
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -155,19 +159,18 @@ func (w *pipeWorker) startCopier(ctx context.Context, r *elastic.Round, lay layo
 	return c, nil
 }
 
-// offer hands a commit to the sender, unless it is still sending the
-// previous one (then this one is not copied: the restore takes an older
-// step or the checkpoint).
+// offer hands a commit to the sender, unless it is still sending one
+// (then this one is not copied: a restore takes an older step, or the
+// checkpoint). The commit is sent as it is, not copied again: take leaves
+// it alone until it is sent.
 func (c *copier) offer(cm *commit) {
-	if !c.sending.TryLock() {
+	if cm == nil || len(c.queue) > 0 || !cm.sending.CompareAndSwap(false, true) {
 		return
 	}
-	c.buf.stage, c.buf.step, c.buf.epoch, c.buf.offst = cm.stage, cm.step, cm.epoch, cm.offst
-	c.buf.data = append(c.buf.data[:0], cm.data...)
-	c.sending.Unlock()
 	select {
-	case c.queue <- c.buf:
+	case c.queue <- cm:
 	default:
+		cm.sending.Store(false)
 	}
 }
 
@@ -181,13 +184,12 @@ func (c *copier) send(ctx context.Context, log *zap.Logger) {
 		case <-ctx.Done():
 			return
 		}
-		c.sending.Lock()
 		head[0], head[1], head[2], head[3], head[4] = float64(cm.stage), float64(cm.step), float64(cm.epoch), float64(cm.offst), float64(len(cm.data))
 		err := c.out.Send(ctx, 1, collective.Float64s(head))
 		if err == nil {
 			err = c.out.Send(ctx, 1, collective.Float32s(cm.data))
 		}
-		c.sending.Unlock()
+		cm.sending.Store(false)
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("sending a commit to the next stage", zap.Error(err))
@@ -243,6 +245,11 @@ func (c *copier) close() {
 		}
 	}
 	c.wg.Wait()
+	select {
+	case cm := <-c.queue: // never sent
+		cm.sending.Store(false)
+	default:
+	}
 }
 
 // fromPeers plans, in a generation that keeps no replica of a one-replica

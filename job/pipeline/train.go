@@ -134,7 +134,7 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 			w.afterVote(ctx, rd, loss)
 		}
 		if rd.copier != nil && w.step%int64(c.CommitEvery) == 0 {
-			rd.copier.offer(w.commits.take(st, w.step, w.pos))
+			rd.copier.offer(w.commits.take(st, w.step, w.pos)) // nil while its slot is still being sent
 		}
 	}
 	return w.finish(ctx, rd)

@@ -164,6 +164,9 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	}
 	var peer *commit
 	var moved []int
+	if lay.Donor < 0 && lay.Step > 0 {
+		w.log.Warn("no replica kept: restoring", zap.Uint64("generation", r.Generation.Number), zap.Any("statements", members))
+	}
 	if lay.Donor < 0 && lay.Step > 0 && len(lay.Ranks) == 1 {
 		// Every copy of a stage was lost: first the commits in the
 		// members' memory, then the checkpoints.
@@ -189,9 +192,11 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	}
 	rd, err := w.enter(ctx, r, lay, me, from)
 	if err != nil {
+		w.awaitLoss(ctx, r, err)
 		return err
 	}
 	err = w.steps(ctx, rd)
+	w.awaitLoss(ctx, r, err)
 	rd.close(err != nil)
 	return err
 }
@@ -284,4 +289,28 @@ func (w *pipeWorker) restoring(ctx context.Context, lay layout.Layout) (*restori
 		return nil, nil
 	}
 	return &restoring{x: x, ms: ms}, nil
+}
+
+// lossWait bounds how long a stage whose link broke waits for the round's
+// own group to see the loss.
+const lossWait = 2 * time.Second
+
+// awaitLoss, after the round's work failed on one of the stage's own
+// groups (a peer lost), waits until the round's group (every member)
+// fails by itself too, or the round ends: that group names the lost
+// member by its rank in the generation, and the agent reports it to the
+// coordinator at once. Returning sooner would abort that group, and the
+// peers would see only the abort: nobody would report the loss, and the
+// coordinator would learn of it when the dead worker's lease expired.
+func (w *pipeWorker) awaitLoss(ctx context.Context, r *elastic.Round, err error) {
+	if err == nil || ctx.Err() != nil || !errors.Is(err, collective.ErrPeerLost) && !errors.Is(err, collective.ErrAborted) && !errors.Is(err, collective.ErrTimeout) {
+		return
+	}
+	t := time.NewTimer(lossWait)
+	defer t.Stop()
+	select {
+	case <-r.Group.Failed():
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

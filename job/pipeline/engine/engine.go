@@ -89,6 +89,9 @@ type Config struct {
 type Stats struct {
 	Elapsed time.Duration // from the step's start to its optimizer step
 	Busy    time.Duration // computing (forward and backward passes)
+	// Sched is the schedule's part of the step: from its start to the
+	// gradient reduction (the data loaded, every forward and backward).
+	Sched time.Duration
 	// Peak is the most micro-batches whose activations the stage held
 	// at once (forward done, backward or B not), summed over chunks.
 	Peak int
@@ -98,12 +101,14 @@ type Stats struct {
 	Correct int
 }
 
-// Bubble is the step's idle fraction, 1 − Busy/Elapsed.
+// Bubble is the schedule's idle fraction, 1 − Busy/Sched: what the
+// schedule's formula predicts (the reduction across replicas and the
+// optimizer step after it are not the pipeline's bubble).
 func (s Stats) Bubble() float64 {
-	if s.Elapsed <= 0 {
+	if s.Sched <= 0 {
 		return 0
 	}
-	return 1 - float64(s.Busy)/float64(s.Elapsed)
+	return 1 - float64(s.Busy)/float64(s.Sched)
 }
 
 // ShapeError is a malformed tensor from a peer, or a configuration that
@@ -451,6 +456,7 @@ func (e *Engine) Step(ctx context.Context) (Stats, error) {
 		case schedule.SendGrad:
 			err = e.cfg.Links.GradOut[in.Peer].Send(ctx, e.dx[in.Chunk][in.Micro])
 		case schedule.Reduce:
+			st.Sched = e.now().Sub(t0)
 			if e.cfg.Reduce != nil {
 				err = e.cfg.Reduce(ctx, st)
 			}
