@@ -222,7 +222,7 @@ func (pj *pipeJob) handle(l launch.Line) error {
 		// knows no later one).
 		rep.Lost = max(rep.Lost, pj.lastStep)
 		job.Emit(pj.Events, l.Index, rep)
-		if rep.Source == "peer" && pj.restoredGen != rep.Generation {
+		if rep.Source != "checkpoint" && pj.restoredGen != rep.Generation {
 			// The ring's event for a rollback: the steps after Step are
 			// trained again.
 			pj.restoredGen = rep.Generation

@@ -257,15 +257,16 @@ func (c *copier) close() {
 // step c at which every stage's state is held by some member (its own
 // commit, or the copy its next stage received). The holders send each
 // stage's commit to the member placed at that stage, over the round's
-// group, stage by stage; it returns the commit this member loads (nil
-// when none is found: the caller falls back to a checkpoint), and the
-// stages whose state came from another member.
-func (w *pipeWorker) fromPeers(ctx context.Context, r *elastic.Round, lay layout.Layout) (*commit, []int, error) {
+// group, stage by stage, into replica 0; it returns the commit this
+// member loads (nil when it is not in replica 0), the stages whose state
+// came from another member, and whether such a step was found (the same on
+// every member; when not, the caller falls back to a checkpoint).
+func (w *pipeWorker) fromPeers(ctx context.Context, r *elastic.Round, lay layout.Layout) (*commit, []int, bool, error) {
 	n, p := r.Group.Size(), w.cfg.Pipeline.Stages
 	mine := w.commits.statement(1, 1)
 	all := make([]float64, 6*n)
 	if err := r.Group.AllGather(ctx, collective.Float64s(mine), collective.Float64s(all)); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	holds := func(rank, stage int, step int64) bool {
 		st := all[6*rank : 6*rank+6]
@@ -297,8 +298,8 @@ func (w *pipeWorker) fromPeers(ctx context.Context, r *elastic.Round, lay layout
 			best = c
 		}
 	}
-	if best < 0 {
-		return nil, nil, nil
+	if best < 0 || len(lay.Ranks) == 0 {
+		return nil, nil, false, nil
 	}
 	var mineToLoad *commit
 	var moved []int
@@ -320,19 +321,19 @@ func (w *pipeWorker) fromPeers(ctx context.Context, r *elastic.Round, lay layout
 			cm := w.commits.find(s, best)
 			head := []float64{float64(len(cm.data)), float64(cm.epoch), float64(cm.offst)}
 			if err := r.Group.Send(ctx, target, collective.Float64s(head)); err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 			if err := r.Group.Send(ctx, target, collective.Float32s(cm.data)); err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 		case source != target && r.Rank == target:
 			head := make([]float64, 3)
 			if err := r.Group.Recv(ctx, source, collective.Float64s(head)); err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 			cm := &commit{stage: s, step: best, epoch: int64(head[1]), offst: int64(head[2]), data: make([]float32, int(head[0]))}
 			if err := r.Group.Recv(ctx, source, collective.Float32s(cm.data)); err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 			mineToLoad = cm
 		}
@@ -341,5 +342,5 @@ func (w *pipeWorker) fromPeers(ctx context.Context, r *elastic.Round, lay layout
 		}
 	}
 	w.log.Info("restoring from commits in peers' memory", zap.Int64("step", best), zap.Ints("stages_moved", moved))
-	return mineToLoad, moved, nil
+	return mineToLoad, moved, true, nil
 }

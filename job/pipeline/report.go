@@ -134,7 +134,8 @@ func (r Layout) Text(*job.Progress) string {
 }
 
 // StageRestored: a stage of replica 0 was restored, from another
-// member's memory (Source "peer") after the job lost every copy of it, or
+// member's memory (Source "peer") after the job lost every copy of it, from
+// its own commit in memory (Source "commit": the pipeline rolled back), or
 // from a checkpoint (Source "checkpoint": the job resumed, or lost a stage
 // with its copies), the pipeline rolling back from step Lost to Step.
 type StageRestored struct {

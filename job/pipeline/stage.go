@@ -164,9 +164,11 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 		}
 		w.step, w.pos = from.peer.step, pos
 		w.commits = &commits{} // of a timeline rolled back
+		source := "commit"     // its own, in memory
 		if slices.Contains(from.moved, me.Stage) {
-			w.rep.Send(StageRestored{Stage: me.Stage, Source: "peer", Step: w.step, Lost: lay.Step, Generation: r.Generation.Number})
+			source = "peer"
 		}
+		w.rep.Send(StageRestored{Stage: me.Stage, Source: source, Step: w.step, Lost: lay.Step, Generation: r.Generation.Number})
 		w.log.Info("stage restored from a commit in memory", zap.Int64("step", w.step), zap.Bool("moved", slices.Contains(from.moved, me.Stage)))
 	} else if from != nil && from.x != nil {
 		w.commits = &commits{}

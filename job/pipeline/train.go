@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"math"
@@ -91,7 +92,7 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 	for w.step < c.Steps {
 		if rd.norm[3] > 0 { // the replica voted to stop after the last step
 			<-ctx.Done() // the new generation, which some stage saw, comes here too
-			return context.Cause(ctx)
+			return fmt.Errorf("%w: %w", errRoundOver, context.Cause(ctx))
 		}
 		next, err := rd.data.load(w.sampler, w.train, w.pos, c.Batch, replicas, rd.me.Replica)
 		if err != nil {
@@ -239,6 +240,12 @@ func (rd *roundState) activationBytes() int64 {
 	}
 	return n
 }
+
+// errRoundOver: the replica stopped at a step boundary for a new
+// generation. Its groups are closed, not aborted: a peer may still be
+// receiving the last vote's message, and an abort would fail that step
+// there after it was applied here.
+var errRoundOver = errors.New("pipeline: the round is over")
 
 // stopGrace is how long a step goes on after its round's context ended
 // before its operations are cancelled.

@@ -167,11 +167,17 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	if lay.Donor < 0 && lay.Step > 0 {
 		w.log.Warn("no replica kept: restoring", zap.Uint64("generation", r.Generation.Number), zap.Any("statements", members))
 	}
-	if lay.Donor < 0 && lay.Step > 0 && len(lay.Ranks) == 1 {
-		// Every copy of a stage was lost: first the commits in the
-		// members' memory, then the checkpoints.
-		if peer, moved, err = w.fromPeers(ctx, r, lay); err != nil {
+	if lay.Donor < 0 && lay.Step > 0 {
+		// Every copy of a stage was lost (or a lone replica tore): first
+		// the commits in the members' memory, restored into replica 0,
+		// which then gives the other replicas theirs as a donor; then the
+		// checkpoints.
+		var found bool
+		if peer, moved, found, err = w.fromPeers(ctx, r, lay); err != nil {
 			return err
+		}
+		if found {
+			lay.Donor = 0
 		}
 	}
 	me := lay.Places[r.Rank]
@@ -197,7 +203,7 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	}
 	err = w.steps(ctx, rd)
 	w.awaitLoss(ctx, r, err)
-	rd.close(err != nil)
+	rd.close(err != nil && !errors.Is(err, errRoundOver))
 	return err
 }
 
