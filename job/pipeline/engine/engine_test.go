@@ -350,7 +350,7 @@ func TestStepAllocatesNothing(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/recompute=%v", c.sc.Kind, c.recompute), func(t *testing.T) {
 			b := newBatch(1, rows*c.sc.Micro, in, classes, rows)
 			pp := newPipe(t, c.sc, model(1, in, width, depth, classes), in, rows, b, c.recompute, func(int, int, int) {})
-			ctx, cancel := context.WithCancel(context.Background())
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // bounds every measured step
 			defer cancel()
 			start, done := make(chan struct{}), make(chan error)
 			for _, e := range pp.engines {
@@ -394,22 +394,22 @@ func TestPeerSpeakingGarbage(t *testing.T) {
 	sc := schedule.Config{Kind: schedule.OneFOneB, Stages: 2, Micro: 2}
 	for _, c := range []struct {
 		name string
-		send func(l groupLink) error
+		send func(ctx context.Context, l groupLink) error
 		want string
 	}{
-		{"float64", func(l groupLink) error {
-			return l.g.Send(context.Background(), l.peer, collective.Float64s(make([]float64, rows*width)))
+		{"float64", func(ctx context.Context, l groupLink) error {
+			return l.g.Send(ctx, l.peer, collective.Float64s(make([]float64, rows*width)))
 		}, "float64"},
-		{"wider", func(l groupLink) error {
-			return l.g.Send(context.Background(), l.peer, collective.Float32s(make([]float32, rows*(width+1))))
+		{"wider", func(ctx context.Context, l groupLink) error {
+			return l.g.Send(ctx, l.peer, collective.Float32s(make([]float32, rows*(width+1))))
 		}, "elements"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := newBatch(1, rows*sc.Micro, in, classes, rows)
 			pp := newPipe(t, sc, model(1, in, width, depth, classes), in, rows, b, false, nil)
-			go c.send(pp.conns[0].Links.ActOut[1].(groupLink)) // stage 0 speaks garbage
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
+			go c.send(ctx, pp.conns[0].Links.ActOut[1].(groupLink)) // stage 0 speaks garbage
 			_, err := pp.engines[1].Step(ctx)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("stage 1's step: %v, want an error about %q", err, c.want)
