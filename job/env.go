@@ -400,3 +400,23 @@ func ExitText(err error) string {
 
 // JoinEndpoints is for messages.
 func JoinEndpoints(e []string) string { return strings.Join(e, ",") }
+
+// AskStop asks the workers, once the caller's context (outer) ended, to
+// stop at the next step boundary after a final checkpoint; it returns a
+// channel that fires when they should be killed if they have not. A job
+// without checkpoints ends at once (the caller's cause).
+func (j *Env) AskStop(outer, ctx context.Context) (<-chan time.Time, error) {
+	lc := j.LC
+	if lc.Checkpoint.Location == "" {
+		return nil, context.Cause(outer)
+	}
+	fmt.Fprintln(j.Out, "stopping: the workers take a final checkpoint at the next step boundary")
+	j.Events.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	err := j.Coord.RequestStop(sctx, context.Cause(outer).Error())
+	scancel()
+	if err != nil {
+		return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)
+	}
+	return time.After(lc.Checkpoint.Wait + time.Minute), nil
+}

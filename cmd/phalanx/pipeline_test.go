@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/internal/launch"
 )
 
 // pipeArgs is a small deep-mlp job: 4 hidden layers of 64 on a 64-feature
@@ -320,5 +321,55 @@ func TestPipelineStageKilledAlone(t *testing.T) {
 				t.Errorf("done %v, want step %d", d, steps)
 			}
 		})
+	}
+}
+
+// TestPipelineSIGTERM: SIGTERM to the launcher of a --dp 2 --pp 2 job
+// makes every worker stop at the same step boundary after replica 0's
+// stages save it; the launcher exits 3 naming that final checkpoint; the
+// same command resumes there and ends with bitwise the model of a run that
+// was never stopped.
+func TestPipelineSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	args := func(steps int, more ...string) []string {
+		return pipeArgs(steps, append([]string{"--dp", "2", "--pp", "2", "--micro-batches", "2", "--schedule", "constant"}, more...)...)
+	}
+	j := startJob(t, args(100000, "--checkpoint", dir, "--checkpoint-every-steps", "0")...)
+	j.Until(t, "step 10", jobtest.StepIn(4, 10))
+	if err := j.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	j.Until(t, "the stopping event", jobtest.Kind("stopping"))
+	stop := j.Until(t, "the stopped event", jobtest.Kind("stopped"))
+	_, err := j.End()
+	if code := launch.ExitStatus(err); code != 3 {
+		t.Fatalf("launcher exit %v, want status 3\n%s", err, jobtest.LastLines(j.Out.String(), 20))
+	}
+	at := jobtest.Num(stop, "step")
+	var saved []jobtest.Event
+	for _, e := range j.Seen {
+		if e["event"] == "checkpoint_saved" {
+			saved = append(saved, e)
+		}
+	}
+	if len(saved) != 1 || jobtest.Num(saved[0], "step") != at {
+		t.Fatalf("checkpoints saved %v, want one, at the stop step %d", saved, at)
+	}
+	if !strings.Contains(j.Out.String(), fmt.Sprintf("stopped at step %d; final checkpoint", at)) {
+		t.Errorf("the launcher did not name the final checkpoint:\n%s", jobtest.LastLines(j.Out.String(), 10))
+	}
+	for _, e := range j.Seen {
+		if e["event"] == "worker_started" && jobtest.Num(e, "worker") >= 4 {
+			t.Errorf("a replacement worker was started for a stopping job: %v", e)
+		}
+	}
+
+	ev := startJob(t, args(at+5, "--checkpoint", dir)...).Finish(t)
+	if r := ev["checkpoint_restored"]; len(r) != 1 || jobtest.Num(r[0], "step") != at {
+		t.Fatalf("resume: restored %v, want the stop step %d", r, at)
+	}
+	ref := doneOf(t, startJob(t, args(at+5)...).Finish(t))
+	if d := doneOf(t, ev); d["parameters_crc32c"] != ref["parameters_crc32c"] || d["parameters_identical"] != true {
+		t.Errorf("stopped at %d and resumed: model %v (replicas identical %v); never stopped: %v", at, d["parameters_crc32c"], d["parameters_identical"], ref["parameters_crc32c"])
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"slices"
@@ -39,6 +40,7 @@ type index struct {
 	Parts      []part  `json:"parts"`
 	Loss       float64 `json:"loss"`
 	CRC        uint32  `json:"crc32c"` // of the JSON with this field 0
+	name       string  // its object's name, when read
 }
 
 // part is one stage's checkpoint in an index.
@@ -74,7 +76,7 @@ func decodeIndex(name string, b []byte) (*index, error) {
 	if got := crc32.Checksum(plain, castagnoli); got != want || x.Format != 1 {
 		return nil, fmt.Errorf("pipeline checkpoint %s: checksum %08x, want %08x (format %d): corrupt", name, got, want, x.Format)
 	}
-	x.CRC = want
+	x.CRC, x.name = want, name
 	return &x, nil
 }
 
@@ -373,4 +375,28 @@ func (Kind) VerifyCheckpoints(ctx context.Context, store checkpoint.Store) (int,
 		return n, fmt.Errorf("%d pipeline checkpoints do not verify: %s", len(bad), strings.Join(bad, "; "))
 	}
 	return n, nil
+}
+
+// finalIndex is the name of the index of the final checkpoint of a job
+// stopped at step: the newest that verifies, which must be of that step.
+func finalIndex(ctx context.Context, store checkpoint.Store, c *job.Config, step int64) (string, error) {
+	if store == nil {
+		return "", errors.New("the job has no checkpoint store")
+	}
+	var bad []string
+	x, _, err := newestIndex(ctx, store, stateHash(c), func(name string, err error) { bad = append(bad, err.Error()) })
+	refused := ""
+	if len(bad) > 0 {
+		refused = " (refused: " + strings.Join(bad, "; ") + ")"
+	}
+	switch {
+	case err != nil:
+		return "", err
+	case x == nil:
+		return "", fmt.Errorf("no pipeline checkpoint in %s verifies: launched again, the job starts afresh%s", store.Location(), refused)
+	case x.Step != step:
+		return "", fmt.Errorf("no pipeline checkpoint of step %d in %s; the newest is of step %d (%s): launched again, the job resumes there and trains steps %d..%d again%s",
+			step, store.Location(), x.Step, x.name, x.Step+1, step, refused)
+	}
+	return x.name, nil
 }

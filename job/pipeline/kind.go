@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
+	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/job"
@@ -71,17 +73,20 @@ func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpe
 	case lc.MinWorkersTimeout <= 0:
 		return nil, job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
 	}
-	if _, err := job.OpenStore(ctx, &lc.Config, lc.Output); err != nil {
+	store, err := job.OpenStore(ctx, &lc.Config, lc.Output)
+	if err != nil {
 		return nil, err
 	}
-	return prepared{}, nil
+	return prepared{store: store}, nil
 }
 
-type prepared struct{}
+type prepared struct {
+	store checkpoint.Store // the job's checkpoints (nil: none)
+}
 
 // Run runs the coordinator and the workers, and turns their reports into
 // events and progress lines, until every worker has ended.
-func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *job.Env) (*job.Result, error) {
+func (p prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *job.Env) (*job.Result, error) {
 	lc := env.LC
 	el, err := env.StartElastic(ctx)
 	if err != nil {
@@ -104,14 +109,23 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 	fmt.Fprintf(env.Out, "pipeline: %d replicas × %d stages, schedule %s, %d micro-batches of %d, cuts at layers %v\n",
 		lc.Pipeline.Replicas, lc.Pipeline.Stages, lc.Pipeline.Schedule, lc.MicroBatches,
 		lc.Batch/lc.Pipeline.Replicas/lc.MicroBatches, lc.Pipeline.Cuts)
-	pj := &pipeJob{Env: env, types: job.NewReportTypes(Step{}, Done{}, StageDone{}, Layout{}, StageRestored{}), line: stepLine{stages: lc.Pipeline.Stages},
+	pj := &pipeJob{Env: env, store: p.store, types: job.NewReportTypes(Step{}, Done{}, StageDone{}, Layout{}, StageRestored{}), line: stepLine{stages: lc.Pipeline.Stages},
 		progress: job.Progress{Steps: lc.Steps, Every: every(lc)}}
 	var first uint64
 	replaced := 0
+	stopAsked := outer.Done()
+	var grace <-chan time.Time
 	for running := lc.Workers; running > 0; {
 		select {
-		case <-outer.Done():
-			return nil, context.Cause(outer)
+		case <-stopAsked:
+			stopAsked = nil
+			if grace, err = env.AskStop(outer, ctx); err != nil {
+				return nil, err
+			}
+			pj.stopping = true
+		case <-grace:
+			env.Procs.Signal("", syscall.SIGKILL)
+			return nil, fmt.Errorf("asked to stop, the workers did not within %v; killed", lc.Checkpoint.Wait+time.Minute)
 		case g := <-el.Generations:
 			if first == 0 {
 				first = g.Number
@@ -130,7 +144,7 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 			// job): with the spares it re-forms a replica, or takes the
 			// lost stage of a lone one.
 			env.Events.Emit("worker_exited", events.F("worker", x.Index), events.F("pid", x.Pid), events.F("status", job.ExitText(x.Err)))
-			if x.Err != nil && pj.end.done == nil {
+			if x.Err != nil && pj.end.done == nil && !pj.stopping && pj.stop == nil {
 				fmt.Fprintf(env.Out, "worker %d (pid %d) ended: %s; the others go on\n", x.Index, x.Pid, job.ExitText(x.Err))
 				if replaced < lc.Workers && ctx.Err() == nil {
 					i := lc.Workers + replaced
@@ -160,7 +174,10 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 		break
 	}
 	d := pj.end.done
-	if d == nil {
+	switch {
+	case d == nil && pj.stop != nil:
+		return pj.stopped(ctx)
+	case d == nil:
 		return nil, errors.New("pipeline: every worker ended and none said done")
 	}
 	pj.end.world = d.Replicas * lc.Pipeline.Stages
@@ -181,6 +198,7 @@ func every(lc *job.LaunchConfig) int64 {
 // pipeJob is a running pipeline job as its launcher sees it.
 type pipeJob struct {
 	*job.Env
+	store    checkpoint.Store // the job's checkpoints (nil: none)
 	types    job.ReportTypes
 	line     stepLine
 	progress job.Progress
@@ -189,6 +207,23 @@ type pipeJob struct {
 	// restoredGen: the generation whose rollback's restored event was
 	// emitted.
 	restoredGen uint64
+	stopping    bool         // the caller asked the job to stop
+	stop        *job.Stopped // where the job stopped, as asked
+}
+
+// stopped is the end of a job stopped as asked: its final checkpoint is
+// claimed only once its index is seen in the store, verified.
+func (pj *pipeJob) stopped(ctx context.Context) (*job.Result, error) {
+	step := pj.stop.Step
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	name, err := finalIndex(sctx, pj.store, &pj.LC.Config, step)
+	if err != nil {
+		fmt.Fprintf(pj.Out, "stopped at step %d WITHOUT a final checkpoint: %v\n", step, err)
+		return nil, fmt.Errorf("phalanx: stopped at step %d without a final checkpoint: %w", step, err)
+	}
+	fmt.Fprintf(pj.Out, "stopped at step %d; final checkpoint %s\n", step, name)
+	return nil, &job.StoppedError{Step: step, Requested: true, Checkpoint: name}
 }
 
 func (pj *pipeJob) handle(l launch.Line) error {
@@ -233,6 +268,11 @@ func (pj *pipeJob) handle(l launch.Line) error {
 	case job.Checkpoint:
 		job.Emit(pj.Events, l.Index, rep)
 		fmt.Fprint(pj.Out, rep.Text(nil))
+	case job.Stopped:
+		if pj.stop == nil {
+			pj.stop = &rep
+			job.Emit(pj.Events, l.Index, rep)
+		}
 	case job.Failed:
 		job.Emit(pj.Events, l.Index, rep)
 		return fmt.Errorf("worker %d failed: %s", l.Index, rep.Reason)

@@ -84,10 +84,12 @@ type roundState struct {
 	fuser     *collective.Fuser[float32]
 	eng       *engine.Engine
 	data      *stepData
-	grads     [][]float32 // the fuser's tensors: every parameter's gradient, then the loss and right answers (last stage)
+	grads     [][]float32 // the fuser's tensors: every parameter's gradient, then the loss and right answers (last stage), then ctl
 	offset    []int       // per chunk: its first parameter's index in grads
 	stats     []float32   // last stage: [loss sum, correct]
-	norm      []float64   // the step's vote: the gradients' norm (after clip), stages whose save is stored, stages whose save failed
+	ctl       []float32   // every stage: [the job's stop asked], summed over the stage's replicas with the gradients
+	asked     func() bool // whether the job's operator asked it to stop
+	norm      []float64   // the step's vote: the gradients' norm (after clip), stages whose save is stored, stages whose save failed, round over, stop asked
 	saver     *saver      // replica 0: the stage's checkpoints (nil: none)
 	over      atomic.Bool // the round's context ended: the stage votes to stop after this step
 	copier    *copier     // one replica: commits copied to the next stage (nil: none)
@@ -269,10 +271,15 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 			rd.grads = append(rd.grads, p.Grad)
 		}
 	}
+	statsAt := len(rd.grads)
 	if lastStage { // the loss, the right answers and the fingerprint of the samples
 		rd.stats = make([]float32, 7)
 		rd.grads = append(rd.grads, rd.stats)
 	}
+	ctlAt := len(rd.grads)
+	rd.ctl = make([]float32, 1)
+	rd.grads = append(rd.grads, rd.ctl)
+	rd.asked = w.stopAsked.Load
 	// A replica's share of the global batch grows when replicas drop out.
 	m, replicas := w.cfg.MicroBatches, len(rd.lay.Ranks)
 	rows := ((w.cfg.Batch+replicas-1)/replicas + m - 1) / m
@@ -282,7 +289,7 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 		rd.fuser = collective.NewFuser(context.Background(), rd.dp, rd.grads, collective.Sum, w.cfg.BucketBytes)
 		cfg.Ready = func(k, p int) { rd.fuser.MarkReady(rd.offset[k] + p) }
 	}
-	rd.norm = make([]float64, 4) // the norm², the checkpoint vote (stored, failed), and stages whose round is over
+	rd.norm = make([]float64, 5) // the norm², the checkpoint vote (stored, failed), stages whose round is over, stop asked
 	if rd.me.Replica == 0 && w.store != nil {
 		var err error
 		if rd.saver, err = newSaver(w.store, &w.cfg, w.cfg.Pipeline.Stages, rd.me.Stage, st, w.log); err != nil {
@@ -299,8 +306,16 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 			for i, v := range fp {
 				rd.stats[2+i] = float32(v)
 			}
-			rd.fuser.MarkReady(len(rd.grads) - 1)
+			rd.fuser.MarkReady(statsAt)
 		}
+		// Whether the operator asked the job to stop, as this stage saw
+		// it: summed over the replicas here, and over the stages in the
+		// step's vote, every worker of the job learns the same.
+		rd.ctl[0] = 0
+		if rd.asked() {
+			rd.ctl[0] = 1
+		}
+		rd.fuser.MarkReady(ctlAt)
 		return rd.fuser.Wait(ctx)
 	}
 	sched := w.cfg.LRSchedule()
@@ -336,9 +351,15 @@ func clip(ctx context.Context, rd *roundState, params []*nn.Param, max float64) 
 			sq += float64(g) * float64(g)
 		}
 	}
-	rd.norm[0], rd.norm[1], rd.norm[2], rd.norm[3] = sq, 1, 0, 0
+	rd.norm[0], rd.norm[1], rd.norm[2], rd.norm[3], rd.norm[4] = sq, 1, 0, 0, 0
 	if rd.over.Load() {
 		rd.norm[3] = 1
+	}
+	switch {
+	case rd.fuser != nil:
+		rd.norm[4] = float64(rd.ctl[0]) // the stage's replicas' (this one's included)
+	case rd.asked():
+		rd.norm[4] = 1
 	}
 	if rd.saver != nil {
 		rd.norm[1], rd.norm[2] = rd.saver.vote()

@@ -12,6 +12,7 @@ import (
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/pipeline/layout"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/worker"
 	"go.uber.org/zap"
@@ -131,6 +132,9 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("pipeline: step %d's loss is %v", w.step, loss)
 		}
+		if rd.norm[4] > 0 && w.step < c.Steps {
+			return w.stopAt(ctx, rd, loss)
+		}
 		if rd.saver != nil {
 			w.afterVote(ctx, rd, loss)
 		}
@@ -146,6 +150,16 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 // stage 0, in the background); one that failed somewhere is given up; and
 // when none is in flight and one is due, every stage starts the next.
 func (w *pipeWorker) afterVote(ctx context.Context, rd *roundState, loss float64) {
+	w.settleVote(ctx, rd, loss)
+	sv, every := rd.saver, w.cfg.Checkpoint.EverySteps
+	if sv.pending < 0 && every > 0 && w.step%every == 0 && w.step < w.cfg.Steps {
+		sv.start(w.step, w.pos.Epoch, w.pos.Offset, w.gen)
+	}
+}
+
+// settleVote acts on the vote about the save in flight: indexed once
+// every stage has stored its part, given up when one failed.
+func (w *pipeWorker) settleVote(ctx context.Context, rd *roundState, loss float64) {
 	sv, p := rd.saver, float64(w.cfg.Pipeline.Stages)
 	stored, failed := rd.norm[1], rd.norm[2]
 	if sv.pending >= 0 && (failed > 0 || stored == p) {
@@ -159,10 +173,28 @@ func (w *pipeWorker) afterVote(ctx context.Context, rd *roundState, loss float64
 			go w.index(context.WithoutCancel(ctx), step, pos, w.gen, loss)
 		}
 	}
-	every := w.cfg.Checkpoint.EverySteps
-	if sv.pending < 0 && every > 0 && w.step%every == 0 && w.step < w.cfg.Steps {
-		sv.start(w.step, w.pos.Epoch, w.pos.Offset, w.gen)
+}
+
+// stopAt ends the job at this step boundary, as its operator asked
+// (every worker of the job voted so in this step): replica 0's stages
+// save the step, the final checkpoint a relaunch resumes from, and no
+// worker leaves before they have.
+func (w *pipeWorker) stopAt(ctx context.Context, rd *roundState, loss float64) error {
+	w.log.Warn("the job is asked to stop: final checkpoint", zap.Int64("step", w.step))
+	if rd.saver != nil {
+		w.settleVote(ctx, rd, loss)
+		if err := w.finalCheckpoint(ctx, rd); err != nil {
+			return err
+		}
 	}
+	if rd.me == (layout.Place{}) {
+		w.rep.Send(job.Stopped{Step: w.step, Generation: w.gen, World: len(rd.lay.Ranks) * w.cfg.Pipeline.Stages})
+	}
+	if err := rd.barriers(ctx); err != nil {
+		return err
+	}
+	w.stoppedAt = w.step
+	return nil
 }
 
 // index writes the index of a checkpoint every stage has stored, and
@@ -303,17 +335,24 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 	if rd.me.Replica == 0 {
 		w.rep.Send(Done{Step: w.step, Generation: w.gen, Replicas: len(rd.lay.Ranks), Loss: res.Loss, Accuracy: res.Accuracy})
 	}
-	if rd.replica != nil {
-		if err := rd.replica.Barrier(ctx); err != nil {
-			return err
-		}
-	}
-	if rd.dp != nil {
-		if err := rd.dp.Barrier(ctx); err != nil {
-			return err
-		}
+	if err := rd.barriers(ctx); err != nil {
+		return err
 	}
 	w.result = res
+	return nil
+}
+
+// barriers returns once every stage of the replica, then every replica
+// of the stage, is here: no worker leaves while another still needs it.
+func (rd *roundState) barriers(ctx context.Context) error {
+	for _, g := range []*collective.Group{rd.replica, rd.dp} {
+		if g == nil {
+			continue
+		}
+		if err := g.Barrier(ctx); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -61,11 +62,31 @@ func RunWorker(ctx context.Context, cfg job.Config, m *Model, opts job.Options) 
 	if err := w.start(ctx); err != nil {
 		return nil, err
 	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); w.watchStop(wctx) }()
+	defer func() { stopWatch(); <-watched }() // before the etcd client closes
 	err = w.agent.Run(ctx, w.round)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, err
+	case w.stoppedAt > 0:
+		return nil, &job.StoppedError{Step: w.stoppedAt, Requested: true}
+	case w.result.Step == 0 && w.stopAsked.Load():
+		return nil, &job.StoppedError{Requested: true} // a spare, when the job stopped
 	}
 	return &w.result, nil
+}
+
+// watchStop records the job's stop request: the stages vote on it in
+// their next step, and the whole job stops at that step boundary.
+func (w *pipeWorker) watchStop(ctx context.Context) {
+	reason, err := w.coord.WaitStop(ctx)
+	if err != nil {
+		return
+	}
+	w.log.Warn("the job is asked to stop: final checkpoint at the next step boundary", zap.String("reason", reason))
+	w.stopAsked.Store(true)
 }
 
 // pipeWorker is one worker process's runtime: what outlives a round (its
@@ -98,6 +119,10 @@ type pipeWorker struct {
 	// commits: this stage's last commits, and copies of the previous
 	// stage's (one replica only), kept across generations.
 	commits *commits
+
+	coord     *coordinator.Job
+	stopAsked atomic.Bool // the job's operator asked it to stop
+	stoppedAt int64       // the step the job stopped at, as asked (0: it did not)
 }
 
 func (w *pipeWorker) close() {
@@ -139,7 +164,8 @@ func (w *pipeWorker) start(ctx context.Context) error {
 	if err != nil {
 		return job.Invalid("Job", c.Job, "%v", err)
 	}
-	w.agent, err = elastic.New(elastic.Config{Coord: coordinator.NewJob(cli, keys), Job: c.Job, Transport: w.data,
+	w.coord = coordinator.NewJob(cli, keys)
+	w.agent, err = elastic.New(elastic.Config{Coord: w.coord, Job: c.Job, Transport: w.data,
 		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
 		DataAddr: tr.Addr(), ControlAddr: tr.Addr(), RankHint: c.RankHint, ConfigHash: configHash(c),
 		Capabilities: []string{"pipeline", "model:" + c.Model},

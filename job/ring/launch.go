@@ -206,7 +206,7 @@ func (r *ringJob) loop(outer, ctx context.Context, el *job.Elastic) error {
 		case <-stopAsked:
 			stopAsked = nil
 			var err error
-			if grace, err = r.askStop(outer, ctx); err != nil {
+			if grace, err = r.AskStop(outer, ctx); err != nil {
 				return err
 			}
 		case <-grace:
@@ -238,26 +238,6 @@ func (r *ringJob) loop(outer, ctx context.Context, el *job.Elastic) error {
 		}
 	}
 	return nil
-}
-
-// askStop asks the workers, once the caller's context (outer) ended, to
-// stop at the next step boundary after a final checkpoint; it returns
-// when they are killed if they have not. A job without checkpoints ends
-// at once (the caller's cause).
-func (r *ringJob) askStop(outer, ctx context.Context) (<-chan time.Time, error) {
-	lc := r.LC
-	if lc.Checkpoint.Location == "" {
-		return nil, context.Cause(outer)
-	}
-	fmt.Fprintln(r.Out, "stopping: the workers take a final checkpoint at the next step boundary")
-	r.Events.Emit("stopping", events.F("reason", context.Cause(outer).Error()))
-	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-	err := r.Coord.RequestStop(sctx, context.Cause(outer).Error())
-	scancel()
-	if err != nil {
-		return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)
-	}
-	return time.After(lc.Checkpoint.Wait + time.Minute), nil
 }
 
 // exit judges a worker's exit once its last lines are read.
