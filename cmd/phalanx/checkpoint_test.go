@@ -62,9 +62,7 @@ func TestCheckpointKillAllResumeReshaped(t *testing.T) {
 	a.Until(t, "a checkpoint saved", func(e jobtest.Event) bool { return e["event"] == "checkpoint_saved" })
 	a.Until(t, "step "+strconv.Itoa(killAt), jobtest.StepIn(4, killAt))
 	for _, pid := range a.WorkerPids() {
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
+		jobtest.Kill(t, pid, syscall.SIGKILL)
 	}
 	a.Cmd.Process.Kill()
 	a.End()
@@ -301,9 +299,7 @@ func TestCheckpointStoppedBelowMinimum(t *testing.T) {
 	args = append(args, "--checkpoint-every-steps", "0", "--steps", "100000")
 	j := startJob(t, args...)
 	j.Until(t, "step 12", jobtest.StepIn(3, 12))
-	if err := syscall.Kill(j.WorkerPids()[1], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	j.KillWorker(t, 1, syscall.SIGKILL)
 	saved := j.Until(t, "the final checkpoint", jobtest.Kind("checkpoint_saved"))
 	_, err := j.End()
 	var ee *exec.ExitError

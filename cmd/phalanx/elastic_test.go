@@ -137,8 +137,8 @@ func TestElasticKillTwoThenRejoin(t *testing.T) {
 	j := startJob(t, append([]string{"--workers", "4", "--join-window", "200ms", "--lease-ttl", "10s"}, elasticJobArgs...)...)
 	j.Until(t, "step 30 in a ring of 4", jobtest.StepIn(4, 30))
 	p := j.WorkerPids()
-	syscall.Kill(p[1], syscall.SIGKILL)
-	syscall.Kill(p[3], syscall.SIGKILL)
+	j.KillWorker(t, 1, syscall.SIGKILL)
+	j.KillWorker(t, 3, syscall.SIGKILL)
 	j.Until(t, "a ring of 2", jobtest.WorldIs(2))
 	j.Until(t, "a step in the ring of 2", func(e jobtest.Event) bool { return e["event"] == "step" && e["world"] == 2.0 })
 	// The survivors are frozen while the worker starts, so that the job
@@ -239,7 +239,7 @@ func TestCoordinatorLeaderKilled(t *testing.T) {
 		}
 		return e["event"] == "step" && e["step"].(float64) >= 40
 	})
-	syscall.Kill(j.WorkerPids()[1], syscall.SIGKILL)
+	j.KillWorker(t, 1, syscall.SIGKILL)
 	g2 := j.Until(t, "a ring of 2", jobtest.WorldIs(2))
 	if g2["decided_by"] != standby {
 		t.Errorf("the ring of 2 was decided by %v, want the standby %s", g2["decided_by"], standby)

@@ -152,13 +152,7 @@ func TestPipelineStageKilled(t *testing.T) {
 	const steps = 8000
 	j := startJob(t, pipeArgs(steps, "--dp", "2", "--pp", "2", "--micro-batches", "2")...)
 	j.Until(t, "step 20", func(e jobtest.Event) bool { return e["event"] == "pipeline_step" && jobtest.Num(e, "step") >= 20 })
-	victim := j.WorkerPids()[3] // replica 1, stage 1
-	if victim <= 0 {
-		t.Fatalf("no pid for worker 3: %v", j.WorkerPids())
-	}
-	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	j.KillWorker(t, 3, syscall.SIGKILL) // replica 1, stage 1
 	lost := j.Until(t, "stage_lost", jobtest.Kind("stage_lost"))
 	if jobtest.Num(lost, "replica") != 1 || jobtest.Num(lost, "stage") != 1 {
 		t.Errorf("stage_lost %v, want replica 1 stage 1", lost)
@@ -286,12 +280,7 @@ func TestPipelineStageKilledAlone(t *testing.T) {
 			})
 			pids := j.WorkerPids()
 			for _, k := range c.kill {
-				if pids[k] <= 0 {
-					t.Fatalf("no pid for worker %d: %v", k, pids)
-				}
-				if err := syscall.Kill(pids[k], syscall.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
+				jobtest.Kill(t, pids[k], syscall.SIGKILL)
 			}
 			exited := map[int]bool{}
 			j.Until(t, fmt.Sprintf("workers %v exited", c.kill), func(e jobtest.Event) bool {

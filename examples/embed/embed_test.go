@@ -47,14 +47,10 @@ func TestEmbedKillAndLeave(t *testing.T) {
 	j := startEmbed(t, "--workers", "3", "--steps", "300", "--checkpoint", t.TempDir(), "--lease-ttl", "10s")
 	j.Until(t, "step 40 in a ring of 3", jobtest.StepIn(3, 40)) // epoch 0 ends at step 62
 	pids := j.WorkerPids()
-	if err := syscall.Kill(pids[1], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	jobtest.Kill(t, pids[1], syscall.SIGKILL)
 	j.Until(t, "a ring of 2", jobtest.WorldIs(2))
 	j.Until(t, "step 100 in a ring of 2", jobtest.StepIn(2, 100)) // mid-epoch 1
-	if err := syscall.Kill(pids[2], syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	jobtest.Kill(t, pids[2], syscall.SIGTERM)
 	j.Until(t, "a ring of 1", jobtest.WorldIs(1))
 	ev := j.Finish(t)
 

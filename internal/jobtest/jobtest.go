@@ -252,6 +252,31 @@ func (j *Job) WorkerPids() map[int]int {
 	return out
 }
 
+// Kill sends sig to the process pid, failing the test when pid is not a
+// process's own (0 or below would signal a whole process group, the
+// test's among them) or the signal cannot be sent.
+func Kill(t testing.TB, pid int, sig syscall.Signal) {
+	t.Helper()
+	if pid <= 1 {
+		t.Fatalf("no process to send %v to (pid %d)", sig, pid)
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatalf("sending %v to pid %d: %v", sig, pid, err)
+	}
+}
+
+// KillWorker sends sig to the launcher's worker k, failing the test when
+// no worker k was seen started.
+func (j *Job) KillWorker(t testing.TB, k int, sig syscall.Signal) int {
+	t.Helper()
+	pid, ok := j.WorkerPids()[k]
+	if !ok {
+		t.Fatalf("no worker %d seen started: %v", k, j.WorkerPids())
+	}
+	Kill(t, pid, sig)
+	return pid
+}
+
 // Started is the job_started event seen, or nil.
 func (j *Job) Started() Event {
 	for _, e := range j.Seen {
@@ -331,18 +356,18 @@ func Process(t testing.TB, name string, cmd *exec.Cmd) (out *Buffer, wait func()
 // Freeze stops processes (SIGSTOP) until Thaw, or the test's end.
 func Freeze(t testing.TB, pids ...int) {
 	t.Helper()
-	for _, p := range pids {
-		if err := syscall.Kill(p, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-	}
 	t.Cleanup(func() { Thaw(pids...) })
+	for _, p := range pids {
+		Kill(t, p, syscall.SIGSTOP)
+	}
 }
 
 // Thaw resumes frozen processes (SIGCONT).
 func Thaw(pids ...int) {
 	for _, p := range pids {
-		syscall.Kill(p, syscall.SIGCONT)
+		if p > 1 {
+			syscall.Kill(p, syscall.SIGCONT)
+		}
 	}
 }
 
