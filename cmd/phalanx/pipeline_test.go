@@ -362,3 +362,38 @@ func TestPipelineSIGTERM(t *testing.T) {
 		t.Errorf("stopped at %d and resumed: model %v (replicas identical %v); never stopped: %v", at, d["parameters_crc32c"], d["parameters_identical"], ref["parameters_crc32c"])
 	}
 }
+
+// TestPipelineCheckpointRetention: --checkpoint-keep 2 leaves the newest
+// two pipeline checkpoints, each index with its stages' parts, and nothing
+// of the older ones.
+func TestPipelineCheckpointRetention(t *testing.T) {
+	dir := t.TempDir()
+	ev := startJob(t, pipeArgs(30, "--pp", "2", "--micro-batches", "2", "--checkpoint", dir, "--checkpoint-every-steps", "5",
+		"--checkpoint-keep", "2")...).Finish(t)
+	if n := len(ev["checkpoint_saved"]); n != 6 {
+		t.Fatalf("%d checkpoint_saved events, want 6 (steps 5 to 30)", n)
+	}
+	steps := func(glob string) []string {
+		t.Helper()
+		ms, err := filepath.Glob(filepath.Join(dir, "pipeline", glob))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range ms {
+			b := filepath.Base(m)
+			out = append(out, b[strings.Index(b, "step-")+5:strings.Index(b, "step-")+17])
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := []string{"000000000025", "000000000030"}
+	if got := steps("index-*"); !slices.Equal(got, want) {
+		t.Errorf("indexes of steps %v, want %v", got, want)
+	}
+	for _, s := range []string{"p2-s0", "p2-s1"} {
+		if got := steps(s + "/step-*"); !slices.Equal(got, want) {
+			t.Errorf("stage parts %s of steps %v, want %v", s, got, want)
+		}
+	}
+}

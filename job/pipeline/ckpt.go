@@ -219,7 +219,9 @@ func writeIndex(ctx context.Context, store checkpoint.Store, x *index) (string, 
 	if err != nil {
 		return "", err
 	}
-	name := fmt.Sprintf("%sstep-%012d-g%d-%x.json", indexPrefix, x.Step, x.Generation, uint64(time.Now().UnixNano()))
+	// The generation is padded so that names sort by it at one step (a
+	// step trained again after a rollback is indexed again).
+	name := fmt.Sprintf("%sstep-%012d-g%012d-%x.json", indexPrefix, x.Step, x.Generation, uint64(time.Now().UnixNano()))
 	return name, store.Put(ctx, name, b)
 }
 
@@ -323,7 +325,7 @@ func restoreStage(ctx context.Context, x *index, ms []*manifestOf, st *stageStat
 func indexOf(ctx context.Context, store checkpoint.Store, c *job.Config, step int64, pos [2]int64, gen uint64) (*index, error) {
 	p := c.Pipeline.Stages
 	x := &index{Format: 1, Step: step, Epoch: pos[0], Offset: pos[1], Generation: gen, StateHash: stateHash(c), Stages: p, Cuts: c.Pipeline.Cuts}
-	want := fmt.Sprintf("step-%012d-g%d-", step, gen)
+	want := partPrefix(step, gen)
 	for s := range p {
 		prefix := fmt.Sprintf("pipeline/p%d-s%d/", p, s)
 		ps := checkpoint.Prefixed(store, prefix)
@@ -365,6 +367,9 @@ func (Kind) VerifyCheckpoints(ctx context.Context, store checkpoint.Store) (int,
 	n := 0
 	var bad []string
 	for _, o := range objs {
+		if strings.Contains(strings.TrimPrefix(o.Name, indexPrefix), "/") {
+			continue // not an index
+		}
 		if _, _, err := openIndex(ctx, store, o.Name); err != nil {
 			bad = append(bad, err.Error())
 			continue
@@ -400,3 +405,7 @@ func finalIndex(ctx context.Context, store checkpoint.Store, c *job.Config, step
 	}
 	return x.name, nil
 }
+
+// partPrefix begins the IDs of the stage parts of step saved in
+// generation gen (package checkpoint's names).
+func partPrefix(step int64, gen uint64) string { return fmt.Sprintf("step-%012d-g%d-", step, gen) }

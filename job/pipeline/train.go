@@ -215,6 +215,16 @@ func (w *pipeWorker) index(ctx context.Context, step int64, pos [2]int64, gen ui
 		w.log.Warn("pipeline checkpoint index", zap.Int64("step", step), zap.Error(err))
 	}
 	w.rep.Send(job.Checkpoint{Step: step, Checkpoint: ev})
+	if err == nil {
+		k := w.cfg.Checkpoint
+		gone, err := retention{keepLast: k.KeepLast, keepEvery: k.KeepEvery, every: k.EverySteps}.retain(ctx, w.store)
+		if err != nil {
+			w.log.Warn("pipeline checkpoint retention", zap.Error(err))
+		}
+		for _, g := range gone {
+			w.log.Info("checkpoint deleted by the retention policy", zap.String("index", g))
+		}
+	}
 	return name
 }
 
