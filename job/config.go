@@ -255,6 +255,33 @@ func Invalid(field string, value any, format string, args ...any) error {
 	return &ConfigError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
 }
 
+// WorkerDefaults fills what a worker process of any kind needs and its
+// embedder may leave out: a logger (none), the clock, and a bind address
+// on loopback chosen by the system.
+func (c *Config) WorkerDefaults() {
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Bind == "" {
+		c.Bind = "127.0.0.1:0"
+	}
+}
+
+// CheckJoin refuses a worker's configuration that names no job to join
+// or no etcd to join it through.
+func (c *Config) CheckJoin() error {
+	switch {
+	case c.Job == "":
+		return Invalid("Job", "", "a worker joins a named job")
+	case len(c.Etcd) == 0:
+		return Invalid("Etcd", c.Etcd, "a worker joins a job through its etcd: give the endpoints")
+	}
+	return nil
+}
+
 // Validate checks a ring job's configuration; the first problem is
 // returned as a *ConfigError.
 func (c *Config) Validate() error {

@@ -303,6 +303,26 @@ func (j *Env) Close(err error) {
 	}
 }
 
+// StartWorkers starts the job's Workers processes of role, worker i with
+// rank hint i and threads threads, and says so in the job_started event:
+// the job, its etcd, the workers, the model, the environment a process
+// started by hand joins with (worker_env), and the kind's own fields
+// (more).
+func (j *Env) StartWorkers(ctx context.Context, role string, threads int, more ...events.Field) error {
+	lc := j.LC
+	for i := range lc.Workers {
+		if err := j.Spawn(ctx, ProcessSpec{Role: role, Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
+			return err
+		}
+	}
+	spec := lc.Config
+	spec.Etcd, spec.Job = j.Endpoints, lc.Job
+	f := []events.Field{events.F("job", lc.Job), events.F("etcd_endpoints", JoinEndpoints(j.Endpoints)),
+		events.F("workers", lc.Workers), events.F("model", lc.Model), events.F("worker_env", WorkerSpecEnv(role, spec, lc.Workers, lc.LogLevel))}
+	j.Events.Emit("job_started", append(f, more...)...)
+	return nil
+}
+
 // spawn starts process index of role with spec.
 func (j *Env) Spawn(ctx context.Context, spec ProcessSpec) error {
 	spec.LogLevel = j.LC.LogLevel

@@ -88,13 +88,9 @@ func (prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env *
 		return nil, err
 	}
 	defer func() { cancel(); el.Wait() }()
-	for i := range lc.Workers {
-		if err := env.Spawn(ctx, job.ProcessSpec{Role: "barrier-worker", Config: lc.Config, Index: i, RankHint: i}); err != nil {
-			return nil, err
-		}
+	if err := env.StartWorkers(ctx, "barrier-worker", 0); err != nil {
+		return nil, err
 	}
-	env.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(env.Endpoints)),
-		events.F("workers", lc.Workers), events.F("model", lc.Model))
 	var done *Done
 	types := job.NewReportTypes(Step{}, Done{})
 	var first uint64 // the first generation's number

@@ -94,18 +94,11 @@ func (p prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env
 	}
 	defer func() { cancel(); el.Wait() }()
 	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers)
-	for i := range lc.Workers {
-		if err := env.Spawn(ctx, job.ProcessSpec{Role: "pipeline-worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
-			return nil, err
-		}
-	}
-	spec := lc.Config
-	spec.Etcd, spec.Job = env.Endpoints, lc.Job
-	env.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(env.Endpoints)),
-		events.F("workers", lc.Workers), events.F("model", lc.Model),
-		events.F("worker_env", job.WorkerSpecEnv("pipeline-worker", spec, lc.Workers, lc.LogLevel)), events.F("stages", lc.Pipeline.Stages),
+	if err := env.StartWorkers(ctx, "pipeline-worker", threads, events.F("stages", lc.Pipeline.Stages),
 		events.F("replicas", lc.Pipeline.Replicas), events.F("schedule", lc.Pipeline.Schedule),
-		events.F("micro_batches", lc.MicroBatches), events.F("cuts", lc.Pipeline.Cuts))
+		events.F("micro_batches", lc.MicroBatches), events.F("cuts", lc.Pipeline.Cuts)); err != nil {
+		return nil, err
+	}
 	fmt.Fprintf(env.Out, "pipeline: %d replicas × %d stages, schedule %s, %d micro-batches of %d, cuts at layers %v\n",
 		lc.Pipeline.Replicas, lc.Pipeline.Stages, lc.Pipeline.Schedule, lc.MicroBatches,
 		lc.Batch/lc.Pipeline.Replicas/lc.MicroBatches, lc.Pipeline.Cuts)

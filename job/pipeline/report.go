@@ -22,6 +22,8 @@ type Step struct {
 	BusyS      float64 `json:"busy_s"`    // computing
 	ElapsedS   float64 `json:"elapsed_s"` // the whole step
 	Bubble     float64 `json:"bubble"`    // 1 − busy/elapsed
+	WaitS      float64 `json:"wait_s"`    // waiting for a peer's tensor
+	SendS      float64 `json:"send_s"`    // handing tensors to the data plane
 	Peak       int     `json:"peak"`      // most micro-batches' activations held at once
 	// The stage's memory, from its own accounting: parameters, optimizer
 	// slots, and activations (the chunks' caches and the receive
@@ -169,7 +171,8 @@ func (Done) ReportKind() string { return "pipeline_done" }
 // Event is pipeline_step.
 func (r Step) Event(int) (string, []events.Field) {
 	f := []events.Field{events.F("step", r.Step), events.F("stage", r.Stage), events.F("busy", r.BusyS/max(r.ElapsedS, 1e-12)),
-		events.F("bubble", r.Bubble), events.F("peak_activations", r.Peak), events.F("step_s", r.ElapsedS),
+		events.F("bubble", r.Bubble), events.F("wait_s", r.WaitS), events.F("send_s", r.SendS),
+		events.F("peak_activations", r.Peak), events.F("step_s", r.ElapsedS),
 		events.F("generation", r.Generation), events.F("replicas", r.Replicas),
 		events.F("param_bytes", r.ParamBytes), events.F("slot_bytes", r.SlotBytes), events.F("activation_bytes", r.ActBytes)}
 	if r.Samples > 0 {

@@ -117,6 +117,7 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 		if rd.me.Replica == 0 {
 			rep := Step{Step: w.step, Stage: rd.me.Stage, Generation: w.gen, Replicas: replicas,
 				BusyS: s.Busy.Seconds(), ElapsedS: s.Elapsed.Seconds(), Bubble: s.Bubble(), Peak: s.Peak,
+				WaitS: s.Wait.Seconds(), SendS: s.Send.Seconds(),
 				ParamBytes: 4 * paramCount(st.params), SlotBytes: 4 * slotCount(st), ActBytes: rd.activationBytes()}
 			if lastStage {
 				n := float64(rd.data.b.N)

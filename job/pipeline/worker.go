@@ -37,24 +37,13 @@ func runRole(ctx context.Context, cfg job.Config, reg *job.Registry) (*job.Resul
 // gives it (a stage of a replica, or a spare), and trains there until the
 // job's last step.
 func RunWorker(ctx context.Context, cfg job.Config, m *Model, opts job.Options) (*job.Result, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Bind == "" {
-		cfg.Bind = "127.0.0.1:0"
-	}
+	cfg.WorkerDefaults()
 	shape, err := check(&cfg, m, opts)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Job == "" {
-		return nil, job.Invalid("Job", "", "a worker joins a named job")
-	}
-	if len(cfg.Etcd) == 0 {
-		return nil, job.Invalid("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
+	if err := cfg.CheckJoin(); err != nil {
+		return nil, err
 	}
 	w := &pipeWorker{cfg: cfg, log: cfg.Logger, model: m, opts: opts, shape: shape, rep: job.NewReporter(cfg.Reports),
 		place: layout.Spare, commits: &commits{}}

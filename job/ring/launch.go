@@ -176,16 +176,9 @@ func (r *ringJob) clearEnd(ctx context.Context) error {
 // job_started event, the terminal's first lines.
 func (r *ringJob) startWorkers(ctx context.Context) error {
 	lc := r.LC
-	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers)
-	for i := range lc.Workers {
-		if err := r.Spawn(ctx, job.ProcessSpec{Role: "worker", Config: lc.Config, Index: i, RankHint: i, Threads: threads}); err != nil {
-			return err
-		}
+	if err := r.StartWorkers(ctx, "worker", launch.ThreadsPerRank(lc.Threads, lc.Workers)); err != nil {
+		return err
 	}
-	spec := lc.Config
-	spec.Etcd, spec.Job = r.Endpoints, lc.Job
-	r.Events.Emit("job_started", events.F("job", lc.Job), events.F("etcd_endpoints", job.JoinEndpoints(r.Endpoints)),
-		events.F("workers", lc.Workers), events.F("model", lc.Model), events.F("worker_env", job.WorkerSpecEnv("worker", spec, lc.Workers, lc.LogLevel)))
 	fmt.Fprintf(r.Out, "phalanx: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
 		lc.Model, lc.Workers, lc.MinWorkers, lc.MaxWorkers, lc.Steps, lc.Batch, lc.Job, job.JoinEndpoints(r.Endpoints))
 	fmt.Fprintf(r.Out, "data plane %s, gradients as %s; matrix products on %s\n", lc.Transport, lc.WireDType, nn.BLAS())

@@ -37,15 +37,7 @@ func RunWorker(ctx context.Context, cfg job.Config, task job.Task) (*job.Result,
 	if err := CheckWorker(cfg, task); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Bind == "" {
-		cfg.Bind = "127.0.0.1:0"
-	}
+	cfg.WorkerDefaults()
 	w := &ringWorker{cfg: cfg, log: cfg.Logger, task: task, rep: job.NewReporter(cfg.Reports), feeds: map[string]*phalanxpb.FeedRequest{}}
 	defer w.close()
 	if err := w.start(ctx); err != nil {
@@ -59,11 +51,10 @@ func CheckWorker(cfg job.Config, task job.Task) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if err := cfg.CheckJoin(); err != nil {
+		return err
+	}
 	switch {
-	case cfg.Job == "":
-		return job.Invalid("Job", "", "a worker joins a named job")
-	case len(cfg.Etcd) == 0:
-		return job.Invalid("Etcd", cfg.Etcd, "a worker joins a job through its etcd: give the endpoints")
 	case task.Model == nil || task.Train == nil:
 		return errors.New("phalanx: the task needs a Model and Train data")
 	case cfg.Rescale == "lr" && cfg.ReferenceWorld < 1:

@@ -92,6 +92,11 @@ type Stats struct {
 	// Sched is the schedule's part of the step: from its start to the
 	// gradient reduction (the data loaded, every forward and backward).
 	Sched time.Duration
+	// Wait is the part of Sched spent waiting for a peer's tensor (the
+	// receiver had not taken it yet), Send the part spent handing the
+	// stage's own to the data plane: with Busy, where a bubble beyond the
+	// formula went.
+	Wait, Send time.Duration
 	// Peak is the most micro-batches whose activations the stage held
 	// at once (forward done, backward or B not), summed over chunks.
 	Peak int
@@ -435,9 +440,13 @@ func (e *Engine) Step(ctx context.Context) (Stats, error) {
 		case schedule.Load:
 			err = e.load(in)
 		case schedule.RecvAct:
+			t := e.now()
 			err = e.receive(e.actIn[in.Peer], in, e.in)
+			st.Wait += e.now().Sub(t)
 		case schedule.RecvGrad:
+			t := e.now()
 			err = e.receive(e.gradIn[in.Peer], in, e.dy)
+			st.Wait += e.now().Sub(t)
 		case schedule.Forward:
 			t := e.now()
 			err = e.forward(in, st)
@@ -452,9 +461,13 @@ func (e *Engine) Step(ctx context.Context) (Stats, error) {
 				inFlight--
 			}
 		case schedule.SendAct:
+			t := e.now()
 			err = e.cfg.Links.ActOut[in.Peer].Send(ctx, e.out[in.Chunk][in.Micro])
+			st.Send += e.now().Sub(t)
 		case schedule.SendGrad:
+			t := e.now()
 			err = e.cfg.Links.GradOut[in.Peer].Send(ctx, e.dx[in.Chunk][in.Micro])
+			st.Send += e.now().Sub(t)
 		case schedule.Reduce:
 			st.Sched = e.now().Sub(t0)
 			if e.cfg.Reduce != nil {

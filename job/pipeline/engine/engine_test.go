@@ -420,3 +420,46 @@ func TestPeerSpeakingGarbage(t *testing.T) {
 		})
 	}
 }
+
+// TestStatsAccountEveryInstruction: on a clock that advances one tick at
+// each reading, a step's Busy, Wait and Send count exactly the stage's
+// compute, receive and send instructions, and Sched every one of them up
+// to the reduction: nothing measured twice, nothing left out.
+func TestStatsAccountEveryInstruction(t *testing.T) {
+	const in, width, depth, classes, rows = 12, 16, 7, 5, 3
+	for _, k := range schedule.Kinds {
+		sc := schedule.Config{Kind: k, Stages: 2, Micro: 4, Chunks: 1}
+		if k == schedule.Interleaved {
+			sc.Chunks = 2
+		}
+		t.Run(string(k), func(t *testing.T) {
+			b := newBatch(3, sc.Micro*rows, in, classes, rows)
+			pp := newPipe(t, sc, model(4, in, width, depth, classes), in, rows, b, false, nil)
+			for _, e := range pp.engines {
+				var tick time.Duration
+				e.now = func() time.Time { tick += time.Millisecond; return time.Unix(0, 0).Add(tick) }
+			}
+			for s, st := range pp.step(t) {
+				list, err := schedule.Build(sc, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var compute, recv, send time.Duration
+				for _, in := range list {
+					switch in.Op {
+					case schedule.Forward, schedule.Backward, schedule.BackwardInput, schedule.BackwardWeight:
+						compute += time.Millisecond
+					case schedule.RecvAct, schedule.RecvGrad:
+						recv += time.Millisecond
+					case schedule.SendAct, schedule.SendGrad:
+						send += time.Millisecond
+					}
+				}
+				if st.Busy != compute || st.Wait != recv || st.Send != send || st.Sched != 2*(compute+recv+send)+time.Millisecond {
+					t.Errorf("stage %d: busy %v wait %v send %v sched %v; want %v %v %v %v", s, st.Busy, st.Wait, st.Send, st.Sched,
+						compute, recv, send, 2*(compute+recv+send)+time.Millisecond)
+				}
+			}
+		})
+	}
+}
