@@ -171,7 +171,11 @@ func (w *pipeWorker) settleVote(ctx context.Context, rd *roundState, loss float6
 			w.rep.Send(job.Checkpoint{Step: step, Checkpoint: checkpoint.Event{Kind: "failed", Step: step,
 				Err: fmt.Sprintf("%.0f stages could not store their part", failed)}})
 		case failed == 0 && rd.me.Stage == 0:
-			go w.index(context.WithoutCancel(ctx), step, pos, w.gen, loss)
+			w.indexing.Add(1)
+			go func() {
+				defer w.indexing.Done()
+				w.index(context.WithoutCancel(ctx), step, pos, w.gen, loss)
+			}()
 		}
 	}
 }
@@ -252,6 +256,9 @@ func (w *pipeWorker) finalCheckpoint(ctx context.Context, rd *roundState) error 
 	if vote[1] > 0 || vote[0] < float64(w.cfg.Pipeline.Stages) {
 		return fmt.Errorf("pipeline: the final checkpoint of step %d: %.0f stages could not store their part", w.step, vote[1])
 	}
+	// The indexes still being written go first: the final one's
+	// retention would take their parts, not yet named, for orphans.
+	w.indexing.Wait()
 	if rd.me.Stage == 0 && w.index(ctx, w.step, [2]int64{w.pos.Epoch, w.pos.Offset}, w.gen, 0) == "" {
 		return fmt.Errorf("pipeline: the final checkpoint of step %d could not be indexed", w.step)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -110,8 +111,9 @@ type pipeWorker struct {
 	commits *commits
 
 	coord     *coordinator.Job
-	stopAsked atomic.Bool // the job's operator asked it to stop
-	stoppedAt int64       // the step the job stopped at, as asked (0: it did not)
+	stopAsked atomic.Bool    // the job's operator asked it to stop
+	stoppedAt int64          // the step the job stopped at, as asked (0: it did not)
+	indexing  sync.WaitGroup // indexes being written in the background
 }
 
 func (w *pipeWorker) close() {
