@@ -37,6 +37,7 @@ const (
 	opBroadcast
 	opBarrier
 	opSendRecv
+	opAllToAll
 )
 
 func (o opCode) String() string {
@@ -53,6 +54,8 @@ func (o opCode) String() string {
 		return "barrier"
 	case opSendRecv:
 		return "send/recv"
+	case opAllToAll:
+		return "all-to-all"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -141,7 +144,7 @@ func decodeHeader(b []byte) (header, error) {
 		if h.length > maxFrameLen {
 			return h, fmt.Errorf("frame payload of %d bytes exceeds the %d-byte limit", h.length, maxFrameLen)
 		}
-		if h.op < opAllReduce || h.op > opSendRecv {
+		if h.op < opAllReduce || h.op > opAllToAll {
 			return h, fmt.Errorf("unknown operation code %d", h.op)
 		}
 		if !h.dtype.valid() {
