@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"unsafe"
 )
 
 // AllToAll sends each rank its own part of in and receives every rank's
@@ -22,6 +23,9 @@ import (
 func (g *Group) AllToAll(ctx context.Context, in Buffer, sendCuts []int, out Buffer, recvCuts []int) error {
 	if in.dt != out.dt {
 		return fmt.Errorf("collective all-to-all: input of %s elements, output of %s", in.dt, out.dt)
+	}
+	if overlap(in.b, out.b) {
+		return fmt.Errorf("collective all-to-all: the input and output buffers overlap (parts are sent from one while received into the other)")
 	}
 	if err := checkCuts("input", sendCuts, g.world, in.Len()); err != nil {
 		return err
@@ -75,4 +79,13 @@ func checkCuts(what string, cuts []int, world, n int) error {
 		}
 	}
 	return nil
+}
+
+// overlap reports whether a and b share memory.
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
 }

@@ -142,7 +142,7 @@ func TestAllToAllDisagreement(t *testing.T) {
 func TestAllToAllLocalErrors(t *testing.T) {
 	ctx := testContext(t)
 	g := inprocGroups(t, 1, 1, Options{})[0]
-	x := make([]float32, 4)
+	x, y := make([]float32, 4), make([]float32, 4)
 	for _, c := range []struct {
 		name     string
 		in, out  Buffer
@@ -150,9 +150,10 @@ func TestAllToAllLocalErrors(t *testing.T) {
 		contains string
 	}{
 		{"dtype", Float32s(x), Float64s(make([]float64, 4)), []int{0, 4}, []int{0, 4}, "float64"},
-		{"short cuts", Float32s(x), Float32s(x), []int{0}, []int{0, 4}, "input cuts"},
-		{"cuts beyond", Float32s(x), Float32s(x), []int{0, 4}, []int{0, 5}, "output cuts"},
-		{"own part", Float32s(x), Float32s(x[:3]), []int{0, 4}, []int{0, 3}, "sends itself 4"},
+		{"short cuts", Float32s(x), Float32s(y), []int{0}, []int{0, 4}, "input cuts"},
+		{"cuts beyond", Float32s(x), Float32s(y), []int{0, 4}, []int{0, 5}, "output cuts"},
+		{"own part", Float32s(x), Float32s(y[:3]), []int{0, 4}, []int{0, 3}, "sends itself 4"},
+		{"in place", Float32s(x), Float32s(x[2:]), []int{0, 2}, []int{0, 2}, "overlap"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if err := g.AllToAll(ctx, c.in, c.sc, c.out, c.rc); err == nil || !strings.Contains(err.Error(), c.contains) {
@@ -165,7 +166,8 @@ func TestAllToAllLocalErrors(t *testing.T) {
 	}
 	groups := inprocGroups(t, 2, 1, Options{})
 	errs := onEveryRank(groups, func(r int, g *Group) error {
-		return g.AllToAll(ctx, Float32s(x), []int{0, 3, 2, 4}, Float32s(x), []int{0, 2, 4})
+		y := make([]float32, 4)
+		return g.AllToAll(ctx, Float32s(x), []int{0, 3, 2, 4}, Float32s(y), []int{0, 2, 4})
 	})
 	for r, err := range errs {
 		if err == nil || !strings.Contains(err.Error(), "input cuts") {
@@ -184,8 +186,8 @@ func TestAllToAllPeerLost(t *testing.T) {
 			g.Abort("rank 2 gives up")
 			return nil
 		}
-		x := make([]float32, 6)
-		return g.AllToAll(ctx, Float32s(x), []int{0, 2, 4, 6}, Float32s(x), []int{0, 2, 4, 6})
+		x, y := make([]float32, 6), make([]float32, 6)
+		return g.AllToAll(ctx, Float32s(x), []int{0, 2, 4, 6}, Float32s(y), []int{0, 2, 4, 6})
 	})
 	for r := range 2 {
 		if err := errs[r]; !errors.Is(err, ErrAborted) && !errors.Is(err, ErrPeerLost) {

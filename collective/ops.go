@@ -74,7 +74,13 @@ func (g *Group) ReduceScatter(ctx context.Context, in, out Buffer, op ReduceOp) 
 	if err := g.checkReducible("reduce-scatter", in, op); err != nil {
 		return err
 	}
-	lo, hi := ShardRange(in.Len(), g.world, g.rank)
+	return g.reduceScatter(ctx, in, out, op, chunking{count: in.Len(), world: g.world})
+}
+
+// reduceScatter runs a reduce-scatter whose shares are ch's chunks:
+// rank r keeps chunk r.
+func (g *Group) reduceScatter(ctx context.Context, in, out Buffer, op ReduceOp, ch chunking) error {
+	lo, hi := ch.bounds(g.rank)
 	if out.dt != in.dt || out.Len() != hi-lo {
 		return fmt.Errorf("collective reduce-scatter: output of %d %s elements, want %d %s (elements [%d,%d) of %d)",
 			out.Len(), out.dt, hi-lo, in.dt, lo, hi, in.Len())
@@ -87,7 +93,7 @@ func (g *Group) ReduceScatter(ctx context.Context, in, out Buffer, op ReduceOp) 
 	copy(work, in.b)
 	var err error
 	if g.world > 1 {
-		err = g.ringSteps(work, in.dt, op, chunking{count: in.Len(), world: g.world}, 0, g.world-1)
+		err = g.ringSteps(work, in.dt, op, ch, 0, g.world-1)
 	}
 	if err = g.end(err); err == nil {
 		copy(out.b, work[lo*es:hi*es])
@@ -96,6 +102,25 @@ func (g *Group) ReduceScatter(ctx context.Context, in, out Buffer, op ReduceOp) 
 		}
 	}
 	return err
+}
+
+// ReduceScatterRanges is ReduceScatter with shares of any sizes: in is
+// combined element-wise across ranks and rank r keeps elements [cuts[r],
+// cuts[r+1]) of the result, in out. cuts has Size()+1 non-decreasing
+// entries from 0 to in.Len(), the same on every rank. in is not modified.
+func (g *Group) ReduceScatterRanges(ctx context.Context, in Buffer, cuts []int, out Buffer, op ReduceOp) error {
+	if err := g.checkReducible("reduce-scatter", in, op); err != nil {
+		return err
+	}
+	if len(cuts) != g.world+1 || cuts[0] != 0 || cuts[g.world] != in.Len() {
+		return fmt.Errorf("collective reduce-scatter: cuts %v: want %d entries from 0 to %d", cuts, g.world+1, in.Len())
+	}
+	for i := range g.world {
+		if cuts[i] > cuts[i+1] {
+			return fmt.Errorf("collective reduce-scatter: cuts %v decrease", cuts)
+		}
+	}
+	return g.reduceScatter(ctx, in, out, op, chunking{count: in.Len(), world: g.world, cuts: cuts})
 }
 
 // AllGather concatenates every rank's in, in rank order, into out, whose
