@@ -96,6 +96,17 @@ func TestGradients(t *testing.T) {
 			d.SkipInputGrad = false
 			return &net{input: input(4, 6), rows: 4, seq: s, labels: labels(4, 3)}
 		}},
+		{"dense-layernorm-gelu-dense", func() *net {
+			d := dense("d1", 6, 8)
+			ln := NewLayerNorm("ln", 8)
+			for i := range ln.Gain.Value { // not the identity: every parameter's gradient shows
+				ln.Gain.Value[i] = float32(1 + 0.3*rng.NormFloat64())
+				ln.Bias.Value[i] = float32(0.2 * rng.NormFloat64())
+			}
+			s := NewSequential(d, ln, &GELU{}, dense("d2", 8, 3))
+			d.SkipInputGrad = false
+			return &net{input: input(4, 6), rows: 4, seq: s, labels: labels(4, 3)}
+		}},
 		{"embedding-dense", func() *net {
 			e := NewEmbedding("e", 7, 4, rng)
 			d := dense("d", 4, 5)

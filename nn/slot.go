@@ -30,6 +30,9 @@ var (
 	_ Slotted  = (*Dense)(nil)
 	_ Splitter = (*Dense)(nil)
 	_ Slotted  = (*ReLU)(nil)
+	_ Slotted  = (*LayerNorm)(nil)
+	_ Splitter = (*LayerNorm)(nil)
+	_ Slotted  = (*GELU)(nil)
 )
 
 // useSlot selects slot i of *slots, growing it to hold i.

@@ -55,7 +55,9 @@ func stageModel(seed uint64, widths []int, plain bool) []Layer {
 	rng := rand.New(rand.NewPCG(seed, 11))
 	var ls []Layer
 	for i := 0; i+1 < len(widths); i++ {
-		if i > 0 {
+		if i == 1 && !plain { // the transformer's slotted layers too
+			ls = append(ls, NewLayerNorm("ln1", widths[i]), &GELU{})
+		} else if i > 0 {
 			ls = append(ls, &ReLU{})
 			if plain {
 				ls = append(ls, newScale(fmt.Sprintf("s%d", i), widths[i], rng))
@@ -467,7 +469,10 @@ func TestStageActivationBytes(t *testing.T) {
 	var want int64
 	for i := 0; i+1 < len(widths); i++ {
 		want += 4 * rows * int64(widths[i]+widths[i+1]) // Dense
-		if i > 0 {
+		switch {
+		case i == 1: // LayerNorm (normalised input, output, input gradient, a deviation a row), GELU
+			want += 4*rows*(3*int64(widths[i])+1) + 4*rows*2*int64(widths[i])
+		case i > 0:
 			want += 4 * rows * 2 * int64(widths[i]) // ReLU
 		}
 	}
