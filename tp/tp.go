@@ -1,0 +1,214 @@
+// Package tp is tensor-parallel layers in Megatron-LM's manner: one
+// matrix product cut across the ranks of a collective group. A
+// ColumnParallel layer holds a range of the weight's columns: its input is
+// replicated and its output split by columns (or gathered whole). A
+// RowParallel layer holds a range of the weight's rows: its input is split
+// by columns, and the partial products are summed. Between them sit
+// Megatron's conjugate operators: f (identity forward, all-reduce of the
+// input gradient backward) at a ColumnParallel's input, and g (all-reduce
+// forward, identity backward) at a RowParallel's output.
+//
+// The layers are nn.Layers, whose Forward and Backward return no error:
+// their collectives run under the context of their Comm, set for each
+// step, and the first failure is kept there (Comm.Err) for the caller to
+// check after the step; a failed layer passes zeros on.
+package tp
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/dtensor"
+	"github.com/phalanx-rt/phalanx/nn"
+)
+
+// Comm is a tensor-parallel group as the layers use it: the group, the
+// context their collectives run under (Step sets it), and the first
+// failure since.
+type Comm struct {
+	G   *collective.Group
+	ctx context.Context
+	err error
+}
+
+// NewComm makes g's Comm, its collectives under ctx until Step.
+func NewComm(ctx context.Context, g *collective.Group) *Comm { return &Comm{G: g, ctx: ctx} }
+
+// Step sets the context of the layers' collectives for a step.
+func (c *Comm) Step(ctx context.Context) { c.ctx = ctx }
+
+// Err is the first failure of a layer's collective (nil: none).
+func (c *Comm) Err() error { return c.err }
+
+func (c *Comm) fail(what string, err error) {
+	if c.err == nil {
+		c.err = fmt.Errorf("tensor parallel %s: %w", what, err)
+	}
+}
+
+// allReduce sums x across the group, in place (f's backward, g's forward).
+func (c *Comm) allReduce(what string, x []float32) {
+	if c.err != nil {
+		clear(x)
+		return
+	}
+	if err := c.G.AllReduce(c.ctx, collective.Float32s(x), collective.Sum); err != nil {
+		c.fail(what, err)
+		clear(x)
+	}
+}
+
+// gatherColumns makes the rows × cols matrix whose columns each rank
+// holds a range of (its local part m) whole on every rank.
+func (c *Comm) gatherColumns(what string, m nn.Matrix, cols int, into *[]float32) nn.Matrix {
+	out := nn.Matrix{Rows: m.Rows, Cols: cols, Data: grow(into, m.Rows*cols)}
+	if c.err != nil {
+		clear(out.Data)
+		return out
+	}
+	t := &dtensor.Tensor{Shape: []int{m.Rows, cols}, Place: dtensor.Split(1), Local: m.Data, G: c.G}
+	whole, err := dtensor.Redistribute(c.ctx, t, dtensor.Replicate())
+	if err != nil {
+		c.fail(what, err)
+		clear(out.Data)
+		return out
+	}
+	copy(out.Data, whole.Local)
+	return out
+}
+
+// columns copies columns [lo, hi) of m into *into.
+func columns(m nn.Matrix, lo, hi int, into *[]float32) nn.Matrix {
+	w := hi - lo
+	out := nn.Matrix{Rows: m.Rows, Cols: w, Data: grow(into, m.Rows*w)}
+	for r := range m.Rows {
+		copy(out.Data[r*w:(r+1)*w], m.Data[r*m.Cols+lo:r*m.Cols+hi])
+	}
+	return out
+}
+
+// emptyDense is a Dense of in × out named as full, its values to be
+// copied in.
+func emptyDense(full *nn.Dense, in, out int) *nn.Dense {
+	d := nn.NewDense("", in, out, rand.New(rand.NewPCG(0, 0)))
+	d.W.Name, d.B.Name = full.W.Name, full.B.Name
+	clear(d.W.Value)
+	return d
+}
+
+func grow(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	*b = (*b)[:n]
+	return *b
+}
+
+// ColumnParallel is y = x·W + b with W's columns [lo, hi) (and b's) on
+// this rank: the input replicated, the output this rank's columns, or
+// every column when Gather.
+type ColumnParallel struct {
+	Local  *nn.Dense // W[:, lo:hi], b[lo:hi]
+	Gather bool
+	comm   *Comm
+	out    int
+	lo, hi int
+	y, dy  []float32
+}
+
+// NewColumnParallel cuts full (the same on every rank) by columns: this
+// rank keeps its range (collective.ShardRange of the outputs).
+func NewColumnParallel(comm *Comm, full *nn.Dense, gather bool) *ColumnParallel {
+	in, out := full.W.Shape[0], full.W.Shape[1]
+	lo, hi := collective.ShardRange(out, comm.G.Size(), comm.G.Rank())
+	local := emptyDense(full, in, hi-lo)
+	for r := range in {
+		copy(local.W.Value[r*(hi-lo):(r+1)*(hi-lo)], full.W.Value[r*out+lo:r*out+hi])
+	}
+	copy(local.B.Value, full.B.Value[lo:hi])
+	return &ColumnParallel{Local: local, Gather: gather, comm: comm, out: out, lo: lo, hi: hi}
+}
+
+// Range is the columns this rank holds.
+func (l *ColumnParallel) Range() (lo, hi int) { return l.lo, l.hi }
+
+func (l *ColumnParallel) Params() []*nn.Param { return l.Local.Params() }
+
+func (l *ColumnParallel) Forward(x nn.Matrix) nn.Matrix { // f: identity
+	y := l.Local.Forward(x)
+	if !l.Gather {
+		return y
+	}
+	return l.comm.gatherColumns("column-parallel output", y, l.out, &l.y)
+}
+
+func (l *ColumnParallel) Backward(dy nn.Matrix) nn.Matrix {
+	if l.Gather {
+		dy = columns(dy, l.lo, l.hi, &l.dy)
+	}
+	dx := l.Local.Backward(dy)
+	l.comm.allReduce("column-parallel input gradient", dx.Data) // f's backward
+	return dx
+}
+
+// RowParallel is y = x·W + b with W's rows [lo, hi) on this rank: the
+// input this rank's columns [lo, hi) (SplitInput), or replicated and cut
+// here; the partial products summed across the group (g), then b, which
+// every rank holds whole.
+type RowParallel struct {
+	Local      *nn.Dense // W[lo:hi, :]; its own bias stays zero
+	B          *nn.Param
+	SplitInput bool
+	comm       *Comm
+	in         int
+	lo, hi     int
+	x, dx      []float32
+}
+
+// NewRowParallel cuts full (the same on every rank) by rows: this rank
+// keeps its range (collective.ShardRange of the inputs).
+func NewRowParallel(comm *Comm, full *nn.Dense, splitInput bool) *RowParallel {
+	in, out := full.W.Shape[0], full.W.Shape[1]
+	lo, hi := collective.ShardRange(in, comm.G.Size(), comm.G.Rank())
+	local := emptyDense(full, hi-lo, out)
+	copy(local.W.Value, full.W.Value[lo*out:hi*out])
+	b := nn.NewParam(full.B.Name, out)
+	copy(b.Value, full.B.Value)
+	return &RowParallel{Local: local, B: b, SplitInput: splitInput, comm: comm, in: in, lo: lo, hi: hi}
+}
+
+// Range is the rows (the inputs) this rank holds.
+func (l *RowParallel) Range() (lo, hi int) { return l.lo, l.hi }
+
+func (l *RowParallel) Params() []*nn.Param { return []*nn.Param{l.Local.W, l.B} }
+
+func (l *RowParallel) Forward(x nn.Matrix) nn.Matrix {
+	if !l.SplitInput {
+		x = columns(x, l.lo, l.hi, &l.x)
+	}
+	z := l.Local.Forward(x)
+	l.comm.allReduce("row-parallel output", z.Data) // g
+	for r := range z.Rows {
+		row := z.Data[r*z.Cols : (r+1)*z.Cols]
+		for j, b := range l.B.Value {
+			row[j] += b
+		}
+	}
+	return z
+}
+
+func (l *RowParallel) Backward(dz nn.Matrix) nn.Matrix { // g's backward: identity
+	for r := range dz.Rows {
+		for j, g := range dz.Data[r*dz.Cols : (r+1)*dz.Cols] {
+			l.B.Grad[j] += g
+		}
+	}
+	dx := l.Local.Backward(dz)
+	clear(l.Local.B.Grad) // the local bias is not a parameter: B is
+	if l.SplitInput {
+		return dx
+	}
+	return l.comm.gatherColumns("row-parallel input gradient", dx, l.in, &l.dx)
+}
