@@ -107,6 +107,18 @@ func TestGradients(t *testing.T) {
 			d.SkipInputGrad = false
 			return &net{input: input(4, 6), rows: 4, seq: s, labels: labels(4, 3)}
 		}},
+		{"causal-attention", func() *net {
+			// two sequences of 3 tokens, width 4 in 2 heads: Q, K, V from a
+			// Dense, the core, a Dense to 3 classes
+			qkv := dense("qkv", 5, 12)
+			at, err := NewCausalAttention(2, 4, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := NewSequential(qkv, at, dense("out", 4, 3))
+			qkv.SkipInputGrad = false
+			return &net{input: input(6, 5), rows: 6, seq: s, labels: labels(6, 3)}
+		}},
 		{"embedding-dense", func() *net {
 			e := NewEmbedding("e", 7, 4, rng)
 			d := dense("d", 4, 5)

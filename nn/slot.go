@@ -33,6 +33,7 @@ var (
 	_ Slotted  = (*LayerNorm)(nil)
 	_ Splitter = (*LayerNorm)(nil)
 	_ Slotted  = (*GELU)(nil)
+	_ Slotted  = (*CausalAttention)(nil)
 )
 
 // useSlot selects slot i of *slots, growing it to hold i.
