@@ -484,12 +484,25 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 	}
 	mu.Unlock()
 	defer grp.Close()
-	go func() { // a broken ring is reported at once, even between operations
-		select {
-		case <-grp.Failed():
-			if rctx.Err() == nil {
+	// A broken ring is reported at once, even between operations, and
+	// once. Not when a newer generation ended the round (the group is
+	// aborted then, and so is what it reports); but the round's own end
+	// must not stop the report: the body may return on the group's
+	// failure and end the round before this goroutine runs, and the
+	// coordinator would then learn of the loss only from the lost worker's
+	// lease, or a newcomer's generation would still hold it.
+	var reported sync.Once
+	reportFailure := func() {
+		reported.Do(func() {
+			if !errors.Is(context.Cause(rctx), ErrGenerationChanged) {
 				a.report(ctx, g, grp.Err())
 			}
+		})
+	}
+	go func() {
+		select {
+		case <-grp.Failed():
+			reportFailure()
 		case <-stop:
 		}
 	}()
@@ -507,6 +520,11 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 	case ctx.Err() != nil:
 		return false, context.Cause(ctx)
 	case isRingFailure(err):
+		select {
+		case <-grp.Failed(): // the round's own group broke: its loss is reported before the round ends
+			reportFailure()
+		default:
+		}
 		grp.Abort("ring broken")
 		log.Warn("ring broken; waiting for the coordinator's decision", zap.Error(err))
 		return false, nil
