@@ -119,6 +119,20 @@ func TestGradients(t *testing.T) {
 			qkv.SkipInputGrad = false
 			return &net{input: input(6, 5), rows: 6, seq: s, labels: labels(6, 3)}
 		}},
+		{"positions-attention", func() *net {
+			// learned positions on the input of the causal core's Dense
+			pos := NewPositions("pos", 3, 5, rng)
+			qkv := dense("qkv", 5, 12)
+			at, err := NewCausalAttention(2, 4, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range pos.Table.Value { // large enough to matter
+				pos.Table.Value[i] = float32(rng.NormFloat64())
+			}
+			s := NewSequential(pos, qkv, at, dense("out", 4, 3))
+			return &net{input: input(6, 5), rows: 6, seq: s, labels: labels(6, 3)}
+		}},
 		{"embedding-dense", func() *net {
 			e := NewEmbedding("e", 7, 4, rng)
 			d := dense("d", 4, 5)

@@ -34,6 +34,7 @@ var (
 	_ Splitter = (*LayerNorm)(nil)
 	_ Slotted  = (*GELU)(nil)
 	_ Slotted  = (*CausalAttention)(nil)
+	_ Slotted  = (*Positions)(nil)
 )
 
 // useSlot selects slot i of *slots, growing it to hold i.
