@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -34,11 +33,7 @@ func TestVocabParallelEmbeddingEqualsWhole(t *testing.T) {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			gs, err := collective.InprocGroups(ctx, size, "emb", 1, collective.Options{Timeout: time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { collective.CloseGroups(gs) })
+			gs := groups(t, ctx, size)
 			var wg sync.WaitGroup
 			for r, g := range gs {
 				wg.Add(1)

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -36,11 +35,7 @@ func TestVocabParallelLossEqualsWhole(t *testing.T) {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			gs, err := collective.InprocGroups(ctx, size, "loss", 1, collective.Options{Timeout: time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { collective.CloseGroups(gs) })
+			gs := groups(t, ctx, size)
 			var wg sync.WaitGroup
 			for r, g := range gs {
 				wg.Add(1)
@@ -88,11 +83,7 @@ func argmax(x []float32) int {
 func TestVocabParallelLossBadInput(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	gs, err := collective.InprocGroups(ctx, 1, "loss", 1, collective.Options{Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { collective.CloseGroups(gs) })
+	gs := groups(t, ctx, 1)
 	l := NewVocabParallelLoss(NewComm(ctx, gs[0]), 4)
 	if _, _, _, err := l.Loss(randMatrix(1, 2, 3), []int32{0, 1}, 1); err == nil || !strings.Contains(err.Error(), "3 logit columns") {
 		t.Errorf("3 columns of 4: %v", err)

@@ -14,6 +14,18 @@ import (
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
+// groups is a tensor-parallel group of size ranks over an in-process
+// network, closed with the test.
+func groups(t *testing.T, ctx context.Context, size int) []*collective.Group {
+	t.Helper()
+	gs, err := collective.InprocGroups(ctx, size, t.Name(), 1, collective.Options{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { collective.CloseGroups(gs) })
+	return gs
+}
+
 // twin is the unsplit model: Dense(in→hidden), GELU, Dense(hidden→out),
 // its weights from seed alone, so every rank builds the same.
 func twin(seed uint64, in, hidden, out int) (*nn.Dense, *nn.Dense) {
@@ -74,11 +86,7 @@ func TestMegatronMLPEqualsTwin(t *testing.T) {
 			t.Run(fmt.Sprintf("T%d/gather=%v", size, gather), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				gs, err := collective.InprocGroups(ctx, size, "tp", 1, collective.Options{Timeout: time.Minute})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { collective.CloseGroups(gs) })
+				gs := groups(t, ctx, size)
 				refA, refB := twin(9, in, hidden, out)
 				ref := nn.NewSequential(refA, &nn.GELU{}, refB)
 				refA.SkipInputGrad = false
@@ -164,11 +172,7 @@ func TestMegatronMLPEqualsTwin(t *testing.T) {
 func TestLostPeerIsAnError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	gs, err := collective.InprocGroups(ctx, 2, "tp", 1, collective.Options{Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { collective.CloseGroups(gs) })
+	gs := groups(t, ctx, 2)
 	gs[1].Abort("rank 1 is gone")
 	comm := NewComm(ctx, gs[0])
 	a, b := twin(9, 5, 6, 4)
