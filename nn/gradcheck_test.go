@@ -133,6 +133,27 @@ func TestGradients(t *testing.T) {
 			s := NewSequential(pos, qkv, at, dense("out", 4, 3))
 			return &net{input: input(6, 5), rows: 6, seq: s, labels: labels(6, 3)}
 		}},
+		{"pre-norm-block", func() *net {
+			// GPT-2's block over two sequences of 3 tokens, width 4 in 2
+			// heads: x + proj(attention(qkv(LN(x)))), then
+			// x + fc2(GELU(fc1(LN(x)))), then a Dense to 3 classes
+			norm := func(name string) *LayerNorm {
+				ln := NewLayerNorm(name, 4)
+				for i := range ln.Gain.Value {
+					ln.Gain.Value[i] = float32(1 + 0.3*rng.NormFloat64())
+					ln.Bias.Value[i] = float32(0.2 * rng.NormFloat64())
+				}
+				return ln
+			}
+			at, err := NewCausalAttention(2, 4, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			attn := NewResidual(norm("ln1"), dense("qkv", 4, 12), at, dense("proj", 4, 4))
+			mlp := NewResidual(norm("ln2"), dense("fc1", 4, 8), &GELU{}, dense("fc2", 8, 4))
+			s := NewSequential(attn, mlp, dense("out", 4, 3))
+			return &net{input: input(6, 4), rows: 6, seq: s, labels: labels(6, 3)}
+		}},
 		{"embedding-dense", func() *net {
 			e := NewEmbedding("e", 7, 4, rng)
 			d := dense("d", 4, 5)

@@ -35,6 +35,7 @@ var (
 	_ Slotted  = (*GELU)(nil)
 	_ Slotted  = (*CausalAttention)(nil)
 	_ Slotted  = (*Positions)(nil)
+	_ Slotted  = (*Residual)(nil)
 )
 
 // useSlot selects slot i of *slots, growing it to hold i.

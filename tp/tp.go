@@ -108,44 +108,73 @@ func grow(b *[]float32, n int) []float32 {
 
 // ColumnParallel is y = x·W + b with W's columns [lo, hi) (and b's) on
 // this rank: the input replicated, the output this rank's columns, or
-// every column when Gather.
+// every column when Gather. A layer cut in blocks (NewColumnParallelBlocks)
+// holds its range of each block instead, side by side.
 type ColumnParallel struct {
 	Local  *nn.Dense // W[:, lo:hi], b[lo:hi]
 	Gather bool
 	comm   *Comm
 	out    int
 	lo, hi int
+	blocks int
 	y, dy  []float32
 }
 
 // NewColumnParallel cuts full (the same on every rank) by columns: this
 // rank keeps its range (collective.ShardRange of the outputs).
 func NewColumnParallel(comm *Comm, full *nn.Dense, gather bool) *ColumnParallel {
-	in, out := full.W.Shape[0], full.W.Shape[1]
-	lo, hi := collective.ShardRange(out, comm.G.Size(), comm.G.Rank())
-	local := emptyDense(full, in, hi-lo)
-	for r := range in {
-		copy(local.W.Value[r*(hi-lo):(r+1)*(hi-lo)], full.W.Value[r*out+lo:r*out+hi])
-	}
-	copy(local.B.Value, full.B.Value[lo:hi])
-	return &ColumnParallel{Local: local, Gather: gather, comm: comm, out: out, lo: lo, hi: hi}
+	l, _ := cutColumns(comm, full, 1)
+	l.Gather = gather
+	return l
 }
 
-// Range is the columns this rank holds.
+// NewColumnParallelBlocks cuts full's outputs into blocks equal blocks and
+// keeps this rank's range of each (collective.ShardRange of a block), side
+// by side: for attention's [Q | K | V] projection, blocks = 3, and with
+// the group dividing the heads each rank gets the queries, keys and
+// values of its own heads, in the layout nn.CausalAttention reads. Its
+// output stays split.
+func NewColumnParallelBlocks(comm *Comm, full *nn.Dense, blocks int) (*ColumnParallel, error) {
+	return cutColumns(comm, full, blocks)
+}
+
+func cutColumns(comm *Comm, full *nn.Dense, blocks int) (*ColumnParallel, error) {
+	in, out := full.W.Shape[0], full.W.Shape[1]
+	if blocks < 1 || out%blocks != 0 {
+		return nil, fmt.Errorf("tp: %s: %d outputs do not cut into %d blocks", full.W.Name, out, blocks)
+	}
+	bw := out / blocks
+	lo, hi := collective.ShardRange(bw, comm.G.Size(), comm.G.Rank())
+	w := hi - lo
+	local := emptyDense(full, in, blocks*w)
+	for b := range blocks {
+		at := b*bw + lo
+		for r := range in {
+			copy(local.W.Value[r*blocks*w+b*w:r*blocks*w+(b+1)*w], full.W.Value[r*out+at:r*out+at+w])
+		}
+		copy(local.B.Value[b*w:(b+1)*w], full.B.Value[at:at+w])
+	}
+	return &ColumnParallel{Local: local, comm: comm, out: out, lo: lo, hi: hi, blocks: blocks}, nil
+}
+
+// Range is the columns this rank holds (of each block).
 func (l *ColumnParallel) Range() (lo, hi int) { return l.lo, l.hi }
+
+// Blocks is how many blocks the outputs are cut in (1: one range).
+func (l *ColumnParallel) Blocks() int { return l.blocks }
 
 func (l *ColumnParallel) Params() []*nn.Param { return l.Local.Params() }
 
 func (l *ColumnParallel) Forward(x nn.Matrix) nn.Matrix { // f: identity
 	y := l.Local.Forward(x)
-	if !l.Gather {
+	if !l.Gather || l.blocks > 1 {
 		return y
 	}
 	return l.comm.gatherColumns("column-parallel output", y, l.out, &l.y)
 }
 
 func (l *ColumnParallel) Backward(dy nn.Matrix) nn.Matrix {
-	if l.Gather {
+	if l.Gather && l.blocks == 1 {
 		dy = columns(dy, l.lo, l.hi, &l.dy)
 	}
 	dx := l.Local.Backward(dy)
