@@ -47,7 +47,7 @@ func TestBlockEqualsTwin(t *testing.T) {
 			gs := groups(t, ctx, size)
 			ref := nn.NewSequential(block(t).Layers()...)
 			type grads struct {
-				y, dx []float32
+				y, dx  []float32
 				slices []Slice
 			}
 			for step := range 2 {
