@@ -57,6 +57,10 @@ type (
 	Options = job.Options
 	// Task is what a ring worker trains: the user's model and data.
 	Task = job.Task
+	// Generation is what a generating model makes (ModelSpec.Generate).
+	Generation = job.Generation
+	// SampleConfig is a generation from a checkpoint (Sample).
+	SampleConfig = job.SampleConfig
 	// PSModel is a parameter-server model.
 	PSModel = job.PSModel
 	// PSWorker is what a parameter-server model's loop works with.
@@ -129,6 +133,13 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Result, error) { return job.
 // others go on. A stop of the whole job (Stop) is a *StoppedError.
 func RunWorker(ctx context.Context, cfg Config, task Task) (*Result, error) {
 	return ring.RunWorker(ctx, cfg, task)
+}
+
+// Sample generates from a checkpoint of a model that generates (gpt):
+// it rebuilds the model its manifest names from the registry, loads the
+// parameters, each tensor checked, and continues the prompt.
+func Sample(ctx context.Context, sc SampleConfig, reg *Registry) ([]byte, error) {
+	return job.Sample(ctx, sc, reg)
 }
 
 // RunModel runs one worker of a job whose model is a registered one, in

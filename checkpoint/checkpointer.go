@@ -37,10 +37,14 @@ type Config struct {
 	Job        string
 	ConfigHash string // the training settings; a resume under others is warned about
 	StateHash  string // the flags that give the state its meaning; a resume requires the same
-	Seed       uint64
-	EverySteps int64         // checkpoint every this many steps (0: not by steps)
-	Every      time.Duration // and/or this often (0: not by time)
-	Retention  Retention
+	// Model and ModelOptions name the registered model that writes the
+	// state, and its options, for readers that rebuild it (phalanx sample).
+	Model        string
+	ModelOptions map[string]string
+	Seed         uint64
+	EverySteps   int64         // checkpoint every this many steps (0: not by steps)
+	Every        time.Duration // and/or this often (0: not by time)
+	Retention    Retention
 	// Wait bounds how long training waits for the previous checkpoint's
 	// upload when the next is due (back-pressure), and for the final one:
 	// after it the upload is abandoned and the checkpoint reported failed.
@@ -342,6 +346,7 @@ func (c *Checkpointer) start(p Progress) {
 	c.cur, c.lastStart, c.lastSaved = cur, now, p.Step
 	cur.manifest = skeleton(Meta{ID: id, Job: c.cfg.Job, Step: p.Step, Epoch: p.Epoch, Offset: p.Offset, Seed: c.cfg.Seed, World: world,
 		Generation: c.ring.Generation, ConfigHash: c.cfg.ConfigHash, StateHash: c.cfg.StateHash, Created: now.UnixNano(),
+		Model: c.cfg.Model, ModelOptions: c.cfg.ModelOptions,
 		Sequence: c.seq, Loss: p.Loss, Accuracy: p.Accuracy, Samples: p.Samples}, c.tensors, l)
 	k := objectFor(cur.manifest, rank)
 	c.tasks <- func() {
@@ -483,6 +488,7 @@ func (c *Checkpointer) SaveAlone(ctx context.Context, p Progress, generation uin
 	id = NewID(p.Step, generation, now.UnixNano())
 	m := skeleton(Meta{ID: id, Job: c.cfg.Job, Step: p.Step, Epoch: p.Epoch, Offset: p.Offset, Seed: c.cfg.Seed, World: 1,
 		Generation: generation, ConfigHash: c.cfg.ConfigHash, StateHash: c.cfg.StateHash, Created: now.UnixNano(),
+		Model: c.cfg.Model, ModelOptions: c.cfg.ModelOptions,
 		Sequence: c.seq, Loss: p.Loss, Accuracy: p.Accuracy, Samples: p.Samples}, c.tensors, l)
 	if len(m.Objects) == 1 {
 		if err := fillShard(m, 0, indexShard(m, 0, data)); err != nil {

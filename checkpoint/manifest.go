@@ -111,6 +111,9 @@ type Meta struct {
 	Loss       float64
 	Accuracy   float64
 	Samples    int64
+	// Model and ModelOptions: the registered model and its options.
+	Model        string
+	ModelOptions map[string]string
 }
 
 // skeleton is the manifest of a checkpoint laid out by l, without the
@@ -120,7 +123,7 @@ func skeleton(meta Meta, tensors []Tensor, l layout) *phalanxpb.Manifest {
 		Format: Format, Id: meta.ID, Job: meta.Job, Step: meta.Step, Epoch: meta.Epoch, Offset: meta.Offset,
 		Seed: meta.Seed, World: uint32(meta.World), Generation: meta.Generation, ConfigHash: meta.ConfigHash,
 		StateHash: meta.StateHash, CreatedUnixNano: meta.Created, TotalBytes: uint64(l.total), BlockBytes: uint32(l.block),
-		Sequence:    meta.Sequence,
+		Sequence: meta.Sequence, Model: meta.Model, ModelOptions: meta.ModelOptions,
 		BlockCrc32C: make([]uint32, l.blocks()),
 		Stats:       &phalanxpb.CheckpointStats{Loss: meta.Loss, Accuracy: meta.Accuracy, Samples: meta.Samples},
 	}

@@ -21,6 +21,10 @@ type Task struct {
 	// Test is held-out data, scored at the end when Model is also a
 	// worker.Evaluator: the mean loss and the accuracy over every sample.
 	Test worker.Dataset
+	// Measures, when set, names further held-out measures computed from
+	// the loss and accuracy over Test (a language model's perplexity); the
+	// done event and Result.Metrics carry them.
+	Measures func(loss, accuracy float64) map[string]float64
 }
 
 // ModelSpec is a model that jobs can train by name: the launcher, the
@@ -43,6 +47,19 @@ type ModelSpec struct {
 	// (Registry.AddKind), which reads the model from Impl.
 	Kind string
 	Impl any
+	// Generate, when set, continues prompt by n tokens from a trained
+	// model's parameters, which read fills by name from a checkpoint
+	// (phalanx sample): at temperature t, with the randomness of seed.
+	Generate func(o Options, seed uint64, read func(name string, dst []float32) error, g Generation) ([]byte, error)
+}
+
+// Generation is what to generate: a prompt, how many tokens, at what
+// temperature (0: the likeliest) and with what seed.
+type Generation struct {
+	Prompt      []byte
+	Tokens      int
+	Temperature float64
+	Seed        uint64
 }
 
 // Option is one option of a model: its name, default and meaning.

@@ -30,6 +30,7 @@ type Result struct {
 	// RankCRCs are every rank's ParametersCRC, by rank: which rank
 	// differs, when they are not identical.
 	RankCRCs []uint32
-	// Metrics are a parameter-server model's held-out measures.
+	// Metrics are a parameter-server model's held-out measures, or a ring
+	// model's Task.Measures.
 	Metrics map[string]float64
 }

@@ -3,6 +3,9 @@ package nn
 import (
 	"fmt"
 	"math"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
 )
 
 // CausalAttention is the core of causal multi-head self-attention: its
@@ -23,7 +26,7 @@ type attnCache struct {
 	x     []float32 // the caller's input, until the backward
 	p     []float32 // per sequence and head, the Seq × Seq attention weights (causal: row i uses 0..i)
 	y, dx []float32
-	dp    []float64 // the backward's per-row scratch
+	ds    []float32 // the backward's T × T scratch: dP, then dS
 }
 
 // NewCausalAttention is the core for heads heads over width features and
@@ -44,11 +47,20 @@ func (a *CausalAttention) UseSlot(i int) { useSlot(&a.slots, &a.slot, i) }
 func (a *CausalAttention) ActivationBytes() int64 {
 	var n int
 	for _, c := range a.slots {
-		n += cap(c.p) + cap(c.y) + cap(c.dx)
+		n += cap(c.p) + cap(c.y) + cap(c.dx) + cap(c.ds)
 	}
 	return 4 * int64(n)
 }
 
+// view is the rows × cols block of data at offset off with row stride
+// stride: one head's queries, keys or values of one sequence.
+func view(data []float32, off, rows, cols, stride int) blas32.General {
+	return blas32.General{Rows: rows, Cols: cols, Stride: stride, Data: data[off : off+(rows-1)*stride+cols]}
+}
+
+// Forward computes, for each sequence and head, the scores Q·Kᵀ/√dh on
+// the BLAS (the whole square; the causal mask then drops its upper
+// triangle), their row softmax, and the weighted values P·V on the BLAS.
 func (a *CausalAttention) Forward(x Matrix) Matrix {
 	d, h, T := a.Width, a.Heads, a.Seq
 	if x.Cols != 3*d || x.Rows%T != 0 {
@@ -57,94 +69,75 @@ func (a *CausalAttention) Forward(x Matrix) Matrix {
 	c := slotOf(&a.slots, a.slot)
 	c.x = x.Data
 	seqs, dh := x.Rows/T, d/h
-	scale := 1 / math.Sqrt(float64(dh))
+	scale := float32(1 / math.Sqrt(float64(dh)))
 	y := resize(&c.y, x.Rows, d)
 	p := resize(&c.p, seqs*h*T, T).Data
 	for s := range seqs {
 		for hd := range h {
 			P := p[(s*h+hd)*T*T : (s*h+hd+1)*T*T]
+			at := s*T*3*d + hd*dh
+			q, k, v := view(x.Data, at, T, dh, 3*d), view(x.Data, at+d, T, dh, 3*d), view(x.Data, at+2*d, T, dh, 3*d)
+			pm := blas32.General{Rows: T, Cols: T, Stride: T, Data: P}
+			gemm(blas.NoTrans, blas.Trans, scale, q, k, 0, pm)
 			for i := range T {
-				qi := x.Data[(s*T+i)*3*d+hd*dh : (s*T+i)*3*d+(hd+1)*dh]
 				row := P[i*T : (i+1)*T]
-				m := math.Inf(-1)
-				for j := 0; j <= i; j++ {
-					kj := x.Data[(s*T+j)*3*d+d+hd*dh : (s*T+j)*3*d+d+(hd+1)*dh]
-					var dot float64
-					for e, q := range qi {
-						dot += float64(q) * float64(kj[e])
-					}
-					row[j] = float32(dot * scale)
-					m = max(m, dot*scale)
+				m := row[0]
+				for _, v := range row[1 : i+1] {
+					m = max(m, v)
 				}
 				var total float64
-				for j := 0; j <= i; j++ {
-					e := math.Exp(float64(row[j]) - m)
+				for j, v := range row[:i+1] {
+					e := math.Exp(float64(v - m))
 					row[j] = float32(e)
 					total += e
 				}
-				for j := 0; j <= i; j++ {
-					row[j] = float32(float64(row[j]) / total)
+				inv := float32(1 / total)
+				for j := range row[:i+1] {
+					row[j] *= inv
 				}
 				clear(row[i+1:])
-				out := y.Data[(s*T+i)*d+hd*dh : (s*T+i)*d+(hd+1)*dh]
-				clear(out)
-				for j := 0; j <= i; j++ {
-					vj := x.Data[(s*T+j)*3*d+2*d+hd*dh : (s*T+j)*3*d+2*d+(hd+1)*dh]
-					w := row[j]
-					for e, v := range vj {
-						out[e] += w * v
-					}
-				}
 			}
+			gemm(blas.NoTrans, blas.NoTrans, 1, pm, v, 0, view(y.Data, s*T*d+hd*dh, T, dh, d))
 		}
 	}
 	return y
 }
 
+// Backward, per sequence and head: dP = dO·Vᵀ and dV = Pᵀ·dO on the
+// BLAS; dS = P ⊙ (dP − rowsum(P ⊙ dP)) on the causal triangle, scaled by
+// 1/√dh; then dQ = dS·K and dK = dSᵀ·Q on the BLAS.
 func (a *CausalAttention) Backward(dy Matrix) Matrix {
 	d, h, T := a.Width, a.Heads, a.Seq
 	c := slotOf(&a.slots, a.slot)
 	seqs, dh := dy.Rows/T, d/h
 	scale := 1 / math.Sqrt(float64(dh))
 	dx := resize(&c.dx, dy.Rows, 3*d)
-	clear(dx.Data)
 	x := c.x
-	if cap(c.dp) < T {
-		c.dp = make([]float64, T)
-	}
-	dp := c.dp[:T]
+	ds := resize(&c.ds, T, T)
+	dsm := blas32.General{Rows: T, Cols: T, Stride: T, Data: ds.Data}
 	for s := range seqs {
 		for hd := range h {
 			P := c.p[(s*h+hd)*T*T : (s*h+hd+1)*T*T]
+			pm := blas32.General{Rows: T, Cols: T, Stride: T, Data: P}
+			at := s*T*3*d + hd*dh
+			q, k, v := view(x, at, T, dh, 3*d), view(x, at+d, T, dh, 3*d), view(x, at+2*d, T, dh, 3*d)
+			dq, dk, dv := view(dx.Data, at, T, dh, 3*d), view(dx.Data, at+d, T, dh, 3*d), view(dx.Data, at+2*d, T, dh, 3*d)
+			do := view(dy.Data, s*T*d+hd*dh, T, dh, d)
+			gemm(blas.NoTrans, blas.Trans, 1, do, v, 0, dsm) // dP
+			gemm(blas.Trans, blas.NoTrans, 1, pm, do, 0, dv)
 			for i := range T {
-				doi := dy.Data[(s*T+i)*d+hd*dh : (s*T+i)*d+(hd+1)*dh]
-				row := P[i*T : (i+1)*T]
-				// dP_ij = dO_i · v_j; dV_j += P_ij dO_i
+				row, g := P[i*T:(i+1)*T], ds.Data[i*T:(i+1)*T]
 				var dot float64
-				for j := 0; j <= i; j++ {
-					vj := x[(s*T+j)*3*d+2*d+hd*dh : (s*T+j)*3*d+2*d+(hd+1)*dh]
-					dvj := dx.Data[(s*T+j)*3*d+2*d+hd*dh : (s*T+j)*3*d+2*d+(hd+1)*dh]
-					var g float64
-					for e, o := range doi {
-						g += float64(o) * float64(vj[e])
-						dvj[e] += row[j] * o
-					}
-					dp[j] = g
-					dot += float64(row[j]) * g
+				for j, p := range row[:i+1] {
+					dot += float64(p) * float64(g[j])
 				}
-				// dS_ij = P_ij (dP_ij − Σ_k P_ik dP_ik); dQ_i += scale dS_ij k_j; dK_j += scale dS_ij q_i
-				qi := x[(s*T+i)*3*d+hd*dh : (s*T+i)*3*d+(hd+1)*dh]
-				dqi := dx.Data[(s*T+i)*3*d+hd*dh : (s*T+i)*3*d+(hd+1)*dh]
-				for j := 0; j <= i; j++ {
-					ds := float32(float64(row[j]) * (dp[j] - dot) * scale)
-					kj := x[(s*T+j)*3*d+d+hd*dh : (s*T+j)*3*d+d+(hd+1)*dh]
-					dkj := dx.Data[(s*T+j)*3*d+d+hd*dh : (s*T+j)*3*d+d+(hd+1)*dh]
-					for e := range dh {
-						dqi[e] += ds * kj[e]
-						dkj[e] += ds * qi[e]
-					}
+				for j, p := range row[:i+1] {
+					g[j] = float32(float64(p) * (float64(g[j]) - dot) * scale)
 				}
+				clear(g[i+1:])
 			}
+			gemm(blas.NoTrans, blas.NoTrans, 1, dsm, k, 0, dq)
+			gemm(blas.Trans, blas.NoTrans, 1, dsm, q, 0, dk)
 		}
 	}
 	return dx

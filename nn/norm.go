@@ -130,6 +130,7 @@ type GELU struct {
 
 type geluCache struct {
 	x     []float32 // the caller's
+	t     []float32 // tanh of each input's argument, for the backward
 	y, dx []float32
 }
 
@@ -142,7 +143,7 @@ func (g *GELU) UseSlot(i int) { useSlot(&g.slots, &g.slot, i) }
 func (g *GELU) ActivationBytes() int64 {
 	var n int
 	for _, c := range g.slots {
-		n += cap(c.y) + cap(c.dx)
+		n += cap(c.t) + cap(c.y) + cap(c.dx)
 	}
 	return 4 * int64(n)
 }
@@ -153,9 +154,12 @@ func (g *GELU) Forward(x Matrix) Matrix {
 	c := slotOf(&g.slots, g.slot)
 	c.x = x.Data
 	y := resize(&c.y, x.Rows, x.Cols)
+	t := resize(&c.t, x.Rows, x.Cols).Data
 	for i, v := range x.Data {
 		u := float64(v)
-		y.Data[i] = float32(0.5 * u * (1 + math.Tanh(geluC*(u+0.044715*u*u*u))))
+		th := math.Tanh(geluC * (u + 0.044715*u*u*u))
+		t[i] = float32(th)
+		y.Data[i] = float32(0.5 * u * (1 + th))
 	}
 	return y
 }
@@ -164,8 +168,7 @@ func (g *GELU) Backward(dy Matrix) Matrix {
 	c := slotOf(&g.slots, g.slot)
 	dx := resize(&c.dx, dy.Rows, dy.Cols)
 	for i, d := range dy.Data {
-		u := float64(c.x[i])
-		t := math.Tanh(geluC * (u + 0.044715*u*u*u))
+		u, t := float64(c.x[i]), float64(c.t[i])
 		dt := (1 - t*t) * geluC * (1 + 3*0.044715*u*u)
 		dx.Data[i] = d * float32(0.5*(1+t)+0.5*u*dt)
 	}

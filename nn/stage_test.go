@@ -470,8 +470,8 @@ func TestStageActivationBytes(t *testing.T) {
 	for i := 0; i+1 < len(widths); i++ {
 		want += 4 * rows * int64(widths[i]+widths[i+1]) // Dense
 		switch {
-		case i == 1: // LayerNorm (normalised input, output, input gradient, a deviation a row), GELU
-			want += 4*rows*(3*int64(widths[i])+1) + 4*rows*2*int64(widths[i])
+		case i == 1: // LayerNorm (normalised input, output, input gradient, a deviation a row), GELU (tanh, output, input gradient)
+			want += 4*rows*(3*int64(widths[i])+1) + 4*rows*3*int64(widths[i])
 		case i > 0:
 			want += 4 * rows * 2 * int64(widths[i]) // ReLU
 		}

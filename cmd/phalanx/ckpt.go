@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -175,6 +178,13 @@ func ckptSummary(ctx context.Context, store checkpoint.Store, m *phalanxpb.Manif
 		fmt.Fprintf(stdout, "  loss %.4f, accuracy %.2f%%, %d samples in the step\n", st.Loss, 100*st.Accuracy, st.Samples)
 	}
 	fmt.Fprintf(stdout, "  job %s, seed %d; settings %s, state %s (what a resume must match)\n", m.Job, m.Seed, m.ConfigHash, m.StateHash)
+	if m.Model != "" {
+		var opts []string
+		for _, k := range slices.Sorted(maps.Keys(m.ModelOptions)) {
+			opts = append(opts, k+"="+m.ModelOptions[k])
+		}
+		fmt.Fprintf(stdout, "  model %s %s\n", m.Model, strings.Join(opts, " "))
+	}
 	fmt.Fprintf(stdout, "  %s in %d blocks of %s, each with a CRC32C\n", bytesize.Format(int64(m.TotalBytes)), len(m.BlockCrc32C), bytesize.Format(int64(m.BlockBytes)))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "TENSOR\tROLE\tSHAPE\tDTYPE\tBYTES\n")

@@ -110,21 +110,24 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	fs.StringVar(&pl.Balance, "pp-balance", pl.Balance, "pipeline models: how stages are balanced without --pp-cuts: params (parameter count) or time\n(each layer's forward and backward, measured by the launcher)")
 	fs.BoolVar(&pl.Recompute, "pp-recompute", false, "pipeline models: keep only each micro-batch's stage input and recompute the forward before\nthe backward (less memory, one more forward)")
 
-	// Every model's options, each once: a model refuses options it does not have.
+	// Every model's options, each once (its usage says what it means to
+	// each model that has it): a model refuses options it does not have.
 	f.options = map[string]string{}
-	seen := map[string]bool{}
+	var names []string
+	usage := map[string][]string{}
 	for _, spec := range reg.Specs() {
 		for _, o := range spec.Options {
-			if seen[o.Name] {
-				continue
+			if usage[o.Name] == nil {
+				names = append(names, o.Name)
 			}
-			seen[o.Name] = true
-			name := o.Name
-			fs.Func(name, fmt.Sprintf("%s: %s (default %q)", spec.Name, o.Usage, o.Default), func(v string) error {
-				f.options[name] = v
-				return nil
-			})
+			usage[o.Name] = append(usage[o.Name], fmt.Sprintf("%s: %s (default %q)", spec.Name, o.Usage, o.Default))
 		}
+	}
+	for _, name := range names {
+		fs.Func(name, strings.Join(usage[name], ";\n"), func(v string) error {
+			f.options[name] = v
+			return nil
+		})
 	}
 	f.registerMembership(fs)
 	f.s3.register(fs)

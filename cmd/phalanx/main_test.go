@@ -26,7 +26,7 @@ func TestUsageErrors(t *testing.T) {
 		{nil, "no command"},
 		{[]string{"frobnicate"}, "unknown command"},
 		{[]string{"train", "--workers", "0"}, "--workers 0"},
-		{[]string{"train", "--example", "gpt"}, "--example gpt"},
+		{[]string{"train", "--example", "bert"}, "--example bert"},
 		{[]string{"train", "--steps", "0"}, "--steps 0"},
 		{[]string{"train", "--lr", "-1"}, "learning rate"},
 		{[]string{"train", "--optimizer", "lion"}, "unknown optimizer"},

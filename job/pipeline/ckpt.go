@@ -145,7 +145,7 @@ func newSaver(store checkpoint.Store, c *job.Config, stages, stage int, st *stag
 		s.snap = append(s.snap, c)
 	}
 	ck, err := checkpoint.New(checkpoint.Config{Store: checkpoint.Prefixed(store, s.prefix), Job: c.Job, StateHash: stateHash(c),
-		Seed: c.Seed, Wait: s.wait0, Logger: log, Now: c.Now}, s.snap) // the bound of the goroutine that saves
+		Model: c.Model, ModelOptions: c.ModelOptions, Seed: c.Seed, Wait: s.wait0, Logger: log, Now: c.Now}, s.snap) // the bound of the goroutine that saves
 	if err != nil {
 		return nil, err
 	}

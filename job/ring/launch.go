@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -277,7 +278,7 @@ func (r *ringJob) end(ctx context.Context) (*job.Result, error) {
 	d := r.done
 	fmt.Fprintln(r.Out, r.doneLine(d))
 	return &job.Result{Step: d.Step, Generation: d.Generation, World: d.World, Loss: d.Loss, Accuracy: d.Accuracy,
-		ParametersIdentical: d.Identical, ParametersCRC: d.ParamsCRC, RankCRCs: d.RankCRCs}, nil
+		ParametersIdentical: d.Identical, ParametersCRC: d.ParamsCRC, RankCRCs: d.RankCRCs, Metrics: d.Metrics}, nil
 }
 
 // doneLine says how the job ended: the steps this run trained (and, for a
@@ -288,7 +289,11 @@ func (r *ringJob) doneLine(d *Done) string {
 	if r.from > 0 {
 		steps = fmt.Sprintf("%d steps (%d to %d)", d.Step-r.from, r.from+1, d.Step)
 	}
-	return fmt.Sprintf("done: %s in %s; held-out loss %.4f, accuracy %.2f%%", steps, took, d.Loss, 100*d.Accuracy)
+	var more string
+	for _, k := range slices.Sorted(maps.Keys(d.Metrics)) {
+		more += fmt.Sprintf(", %s %.4f", k, d.Metrics[k])
+	}
+	return fmt.Sprintf("done: %s in %s; held-out loss %.4f, accuracy %.2f%%%s", steps, took, d.Loss, 100*d.Accuracy, more)
 }
 
 // progress prints a progress line every r.every steps and at the last: the

@@ -3,6 +3,8 @@ package ring
 import (
 	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/job"
@@ -80,6 +82,8 @@ type Done struct {
 	Identical  bool     `json:"identical"`
 	ParamsCRC  uint32   `json:"params_crc32c"`
 	RankCRCs   []uint32 `json:"rank_crc32c,omitempty"`
+	// Metrics are the model's further held-out measures (Task.Measures).
+	Metrics map[string]float64 `json:"metrics,omitempty"`
 }
 
 // reportTypes are the reports a ring's workers print.
@@ -139,9 +143,13 @@ func (r Fed) Event(int) (string, []events.Field) {
 
 // Event is done.
 func (r Done) Event(int) (string, []events.Field) {
-	return "done", []events.Field{events.F("step", r.Step), events.F("accuracy", r.Accuracy), events.F("loss", r.Loss),
+	fields := []events.Field{events.F("step", r.Step), events.F("accuracy", r.Accuracy), events.F("loss", r.Loss),
 		events.F("generation", r.Generation), events.F("world", r.World), events.F("parameters_identical", r.Identical),
 		events.F("parameters_crc32c", r.ParamsCRC), events.F("parameters_crc32c_by_rank", r.RankCRCs)}
+	for _, k := range slices.Sorted(maps.Keys(r.Metrics)) {
+		fields = append(fields, events.F(k, r.Metrics[k]))
+	}
+	return "done", fields
 }
 
 // Text is a progress line, when one is due.
@@ -172,5 +180,9 @@ func (r Restart) Text(*job.Progress) string {
 
 // Text gives the held-out measures.
 func (r Done) Text(*job.Progress) string {
-	return fmt.Sprintf("done: step %d on %d workers; held-out loss %.4f, accuracy %.2f%%\n", r.Step, r.World, r.Loss, 100*r.Accuracy)
+	var more string
+	for _, k := range slices.Sorted(maps.Keys(r.Metrics)) {
+		more += fmt.Sprintf(", %s %.4f", k, r.Metrics[k])
+	}
+	return fmt.Sprintf("done: step %d on %d workers; held-out loss %.4f, accuracy %.2f%%%s\n", r.Step, r.World, r.Loss, 100*r.Accuracy, more)
 }

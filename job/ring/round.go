@@ -111,7 +111,7 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 	res2.Step, res2.Generation = t.State().Step, gen.Number
 	if r.Rank == 0 {
 		w.rep.Send(Done{Step: res2.Step, Generation: gen.Number, World: g.Size(), Loss: res2.Loss, Accuracy: res2.Accuracy,
-			Identical: res2.ParametersIdentical, ParamsCRC: res2.ParametersCRC, RankCRCs: res2.RankCRCs})
+			Identical: res2.ParametersIdentical, ParamsCRC: res2.ParametersCRC, RankCRCs: res2.RankCRCs, Metrics: res2.Metrics})
 	}
 	w.mu.Lock()
 	w.result = res2
@@ -210,6 +210,9 @@ func (w *ringWorker) finish(ctx context.Context, g *collective.Group) (*job.Resu
 		if res.Loss, res.Accuracy, err = evaluate(ctx, g, ev, w.task.Test); err != nil {
 			return nil, err
 		}
+		if w.task.Measures != nil {
+			res.Metrics = w.task.Measures(res.Loss, res.Accuracy)
+		}
 	}
 	same, crcs, err := parametersAgree(ctx, g, w.params)
 	if err != nil {
@@ -299,7 +302,7 @@ func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*che
 	configHash, stateHash := checkpointHashes(c, params, slots)
 	k := c.Checkpoint
 	return checkpoint.New(checkpoint.Config{Store: w.store, Job: c.Job, ConfigHash: configHash, StateHash: stateHash,
-		Seed: c.Seed, EverySteps: k.EverySteps, Every: k.Every,
+		Model: c.Model, ModelOptions: c.ModelOptions, Seed: c.Seed, EverySteps: k.EverySteps, Every: k.Every,
 		Retention: checkpoint.Retention{KeepLast: k.KeepLast, KeepEvery: k.KeepEvery}, Wait: k.Wait,
 		SingleWriter: c.LocalSteps > 1, Logger: w.log.Named("checkpoint"), Now: c.Now,
 		OnEvent: func(ev checkpoint.Event) { w.rep.Send(checkpointReport(ev)) }}, tensors)

@@ -54,7 +54,9 @@ type Manifest struct {
 	// The manifest's own checksum: the CRC32C of every byte stored before it.
 	// It is written last, after the other fields (checkpoint.EncodeManifest),
 	// and a manifest whose bytes do not match it, or that lacks it, is refused.
-	ManifestCrc32C uint32 `protobuf:"fixed32,20,opt,name=manifest_crc32c,json=manifestCrc32c,proto3" json:"manifest_crc32c,omitempty"`
+	ManifestCrc32C uint32            `protobuf:"fixed32,20,opt,name=manifest_crc32c,json=manifestCrc32c,proto3" json:"manifest_crc32c,omitempty"`
+	Model          string            `protobuf:"bytes,21,opt,name=model,proto3" json:"model,omitempty"`                                                                                                             // the registered model that wrote it (phalanx sample rebuilds it)
+	ModelOptions   map[string]string `protobuf:"bytes,22,rep,name=model_options,json=modelOptions,proto3" json:"model_options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // its options, defaults filled in
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -227,6 +229,20 @@ func (x *Manifest) GetManifestCrc32C() uint32 {
 		return x.ManifestCrc32C
 	}
 	return 0
+}
+
+func (x *Manifest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Manifest) GetModelOptions() map[string]string {
+	if x != nil {
+		return x.ModelOptions
+	}
+	return nil
 }
 
 // Tensor is one named tensor of the state.
@@ -638,7 +654,7 @@ var File_phalanx_v1_checkpoint_proto protoreflect.FileDescriptor
 const file_phalanx_v1_checkpoint_proto_rawDesc = "" +
 	"\n" +
 	"\x1bphalanx/v1/checkpoint.proto\x12\n" +
-	"phalanx.v1\"\xf5\x04\n" +
+	"phalanx.v1\"\x99\x06\n" +
 	"\bManifest\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x10\n" +
@@ -666,7 +682,12 @@ const file_phalanx_v1_checkpoint_proto_rawDesc = "" +
 	"\aobjects\x18\x11 \x03(\v2\x12.phalanx.v1.ObjectR\aobjects\x121\n" +
 	"\x05stats\x18\x12 \x01(\v2\x1b.phalanx.v1.CheckpointStatsR\x05stats\x12\x1a\n" +
 	"\bsequence\x18\x13 \x01(\x04R\bsequence\x12'\n" +
-	"\x0fmanifest_crc32c\x18\x14 \x01(\aR\x0emanifestCrc32c\"\xc1\x01\n" +
+	"\x0fmanifest_crc32c\x18\x14 \x01(\aR\x0emanifestCrc32c\x12\x14\n" +
+	"\x05model\x18\x15 \x01(\tR\x05model\x12K\n" +
+	"\rmodel_options\x18\x16 \x03(\v2&.phalanx.v1.Manifest.ModelOptionsEntryR\fmodelOptions\x1a?\n" +
+	"\x11ModelOptionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc1\x01\n" +
 	"\x06Tensor\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x14\n" +
@@ -715,7 +736,7 @@ func file_phalanx_v1_checkpoint_proto_rawDescGZIP() []byte {
 	return file_phalanx_v1_checkpoint_proto_rawDescData
 }
 
-var file_phalanx_v1_checkpoint_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_phalanx_v1_checkpoint_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_phalanx_v1_checkpoint_proto_goTypes = []any{
 	(*Manifest)(nil),        // 0: phalanx.v1.Manifest
 	(*Tensor)(nil),          // 1: phalanx.v1.Tensor
@@ -723,17 +744,19 @@ var file_phalanx_v1_checkpoint_proto_goTypes = []any{
 	(*Object)(nil),          // 3: phalanx.v1.Object
 	(*CheckpointStats)(nil), // 4: phalanx.v1.CheckpointStats
 	(*ShardIndex)(nil),      // 5: phalanx.v1.ShardIndex
+	nil,                     // 6: phalanx.v1.Manifest.ModelOptionsEntry
 }
 var file_phalanx_v1_checkpoint_proto_depIdxs = []int32{
 	1, // 0: phalanx.v1.Manifest.tensors:type_name -> phalanx.v1.Tensor
 	3, // 1: phalanx.v1.Manifest.objects:type_name -> phalanx.v1.Object
 	4, // 2: phalanx.v1.Manifest.stats:type_name -> phalanx.v1.CheckpointStats
-	2, // 3: phalanx.v1.Tensor.segments:type_name -> phalanx.v1.Segment
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	6, // 3: phalanx.v1.Manifest.model_options:type_name -> phalanx.v1.Manifest.ModelOptionsEntry
+	2, // 4: phalanx.v1.Tensor.segments:type_name -> phalanx.v1.Segment
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_phalanx_v1_checkpoint_proto_init() }
@@ -747,7 +770,7 @@ func file_phalanx_v1_checkpoint_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_phalanx_v1_checkpoint_proto_rawDesc), len(file_phalanx_v1_checkpoint_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
