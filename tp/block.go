@@ -33,3 +33,33 @@ func CutBlock(comm *Comm, b *nn.Block) ([]nn.Layer, error) {
 		nn.NewResidual(b.LN2, fc1, &nn.GELU{}, NewRowParallel(comm, b.FC2, true)),
 	}, nil
 }
+
+// CutBlockSequenceParallel is CutBlock with sequence parallelism: the
+// block's input and output are this rank's rows (a SeqSplit before the
+// first block splits them), its LayerNorms run on those rows, and each
+// half gathers the rows into its column-parallel layer and
+// reduce-scatters its row-parallel layer's sums back to them. The second
+// result is the parameters whose gradients the caller sums across the
+// group after the backward (Comm.SyncGrads): the LayerNorms' and the
+// row-parallel biases.
+func CutBlockSequenceParallel(comm *Comm, b *nn.Block) ([]nn.Layer, []*nn.Param, error) {
+	layers, err := CutBlock(comm, b)
+	if err != nil {
+		return nil, nil, err
+	}
+	attn, mlp := layers[0].(*nn.Residual), layers[1].(*nn.Residual)
+	qkv, proj := attn.Body[1].(*ColumnParallel), attn.Body[3].(*RowParallel)
+	fc1, fc2 := mlp.Body[1].(*ColumnParallel), mlp.Body[3].(*RowParallel)
+	for _, c := range []*ColumnParallel{qkv, fc1} {
+		c.SeqParallel = true
+	}
+	for _, r := range []*RowParallel{proj, fc2} {
+		r.SeqParallel = true
+	}
+	out := []nn.Layer{
+		nn.NewResidual(b.LN1, NewSeqGather(comm), qkv, attn.Body[2], proj, NewSeqScatter(comm, proj.B)),
+		nn.NewResidual(b.LN2, NewSeqGather(comm), fc1, mlp.Body[2], fc2, NewSeqScatter(comm, fc2.B)),
+	}
+	sync := []*nn.Param{b.LN1.Gain, b.LN1.Bias, b.LN2.Gain, b.LN2.Bias, proj.B, fc2.B}
+	return out, sync, nil
+}

@@ -130,3 +130,79 @@ func TestCutBlockRefusesUnevenHeads(t *testing.T) {
 		t.Fatalf("CutBlock at T=3 of 4 heads: %v", err)
 	}
 }
+
+// TestSequenceParallelBlockEqualsTwin: with sequence parallelism (a
+// SeqSplit, then the block cut by CutBlockSequenceParallel), each rank's
+// output rows equal those rows of the unsplit block's output, the input
+// gradient gathered by the SeqSplit equals the unsplit one, and after
+// SyncGrads each rank's slice of every parameter gradient equals the
+// unsplit block's, at T = 1, 2 and 4 with 6 rows (uneven at T = 4), over
+// two steps.
+func TestSequenceParallelBlockEqualsTwin(t *testing.T) {
+	const rows, width = 6, 8
+	for _, size := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("T%d", size), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			gs := groups(t, ctx, size)
+			ref := nn.NewSequential(block(t).Layers()...)
+			for step := range 2 {
+				x, dy := randMatrix(uint64(50+step), rows, width), randMatrix(uint64(60+step), rows, width)
+				nn.ZeroGrads(ref.Params())
+				wantY := append([]float32(nil), ref.Forward(x).Data...)
+				wantDX := append([]float32(nil), ref.Backward(dy, nil).Data...)
+				wantGrad := map[string][]float32{}
+				for _, p := range ref.Params() {
+					wantGrad[p.Name] = p.Grad
+				}
+				errs := make([]error, size)
+				var wg sync.WaitGroup
+				for r, g := range gs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						errs[r] = func() error {
+							comm := NewComm(ctx, g)
+							cut, syncs, err := CutBlockSequenceParallel(comm, block(t))
+							if err != nil {
+								return err
+							}
+							seq := nn.NewSequential(append([]nn.Layer{NewSeqSplit(comm)}, cut...)...)
+							lo, hi := comm.RowsOf(rows)
+							var y, dx nn.Matrix
+							for s := range step + 1 {
+								xs, dys := randMatrix(uint64(50+s), rows, width), randMatrix(uint64(60+s), rows, width)
+								nn.ZeroGrads(seq.Params())
+								y = seq.Forward(xs)
+								dx = seq.Backward(nn.Matrix{Rows: hi - lo, Cols: width, Data: dys.Data[lo*width : hi*width]}, nil)
+								comm.SyncGrads(syncs)
+							}
+							if err := comm.Err(); err != nil {
+								return err
+							}
+							p := fmt.Sprintf("step %d, rank %d: ", step, r)
+							near(t, p+"output rows", y.Data, wantY[lo*width:hi*width])
+							near(t, p+"input gradient", dx.Data, wantDX)
+							slices := SlicesOf(cut...)
+							if len(slices) != len(wantGrad) {
+								return fmt.Errorf("%s%d parameter slices, the block has %d parameters", p, len(slices), len(wantGrad))
+							}
+							for _, s := range slices {
+								part := make([]float32, len(s.Local.Grad))
+								s.Take(wantGrad[s.Local.Name], part)
+								near(t, p+s.Local.Name+" gradient (its slice)", s.Local.Grad, part)
+							}
+							return nil
+						}()
+					}()
+				}
+				wg.Wait()
+				for r, err := range errs {
+					if err != nil {
+						t.Fatalf("rank %d: %v", r, err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -139,10 +139,11 @@ func (l *ColumnParallel) Slices() []Slice {
 // Slices: W's rows, and b whole.
 func (l *RowParallel) Slices() []Slice {
 	out := l.Local.W.Shape[1]
-	return []Slice{
-		{Local: l.Local.W, Shape: []int{l.in, out}, Axis: 0, Ranges: [][2]int{{l.lo, l.hi}}},
-		Whole(l.B),
+	w := Slice{Local: l.Local.W, Shape: []int{l.in, out}, Axis: 0, Ranges: [][2]int{{l.lo, l.hi}}}
+	if l.SeqParallel {
+		return []Slice{w} // B is the SeqScatter's
 	}
+	return []Slice{w, Whole(l.B)}
 }
 
 // Slices: the table's rows.

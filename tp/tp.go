@@ -28,9 +28,10 @@ import (
 // context their collectives run under (Step sets it), and the first
 // failure since.
 type Comm struct {
-	G   *collective.Group
-	ctx context.Context
-	err error
+	G       *collective.Group
+	ctx     context.Context
+	err     error
+	seqRows int // the rows the last SeqSplit split
 }
 
 // NewComm makes g's Comm, its collectives under ctx until Step.
@@ -113,11 +114,14 @@ func grow(b *[]float32, n int) []float32 {
 type ColumnParallel struct {
 	Local  *nn.Dense // W[:, lo:hi], b[lo:hi]
 	Gather bool
-	comm   *Comm
-	out    int
-	lo, hi int
-	blocks int
-	y, dy  []float32
+	// SeqParallel: the input comes through a SeqGather, whose backward
+	// reduce-scatters the input gradient, so f's all-reduce is skipped.
+	SeqParallel bool
+	comm        *Comm
+	out         int
+	lo, hi      int
+	blocks      int
+	y, dy       []float32
 }
 
 // NewColumnParallel cuts full (the same on every rank) by columns: this
@@ -178,7 +182,9 @@ func (l *ColumnParallel) Backward(dy nn.Matrix) nn.Matrix {
 		dy = columns(dy, l.lo, l.hi, &l.dy)
 	}
 	dx := l.Local.Backward(dy)
-	l.comm.allReduce("column-parallel input gradient", dx.Data) // f's backward
+	if !l.SeqParallel {
+		l.comm.allReduce("column-parallel input gradient", dx.Data) // f's backward
+	}
 	return dx
 }
 
@@ -190,10 +196,14 @@ type RowParallel struct {
 	Local      *nn.Dense // W[lo:hi, :]; its own bias stays zero
 	B          *nn.Param
 	SplitInput bool
-	comm       *Comm
-	in         int
-	lo, hi     int
-	x, dx      []float32
+	// SeqParallel: the partial sums go to a SeqScatter, which
+	// reduce-scatters them and adds B (its parameter then, not this
+	// layer's).
+	SeqParallel bool
+	comm        *Comm
+	in          int
+	lo, hi      int
+	x, dx       []float32
 }
 
 // NewRowParallel cuts full (the same on every rank) by rows: this rank
@@ -211,13 +221,21 @@ func NewRowParallel(comm *Comm, full *nn.Dense, splitInput bool) *RowParallel {
 // Range is the rows (the inputs) this rank holds.
 func (l *RowParallel) Range() (lo, hi int) { return l.lo, l.hi }
 
-func (l *RowParallel) Params() []*nn.Param { return []*nn.Param{l.Local.W, l.B} }
+func (l *RowParallel) Params() []*nn.Param {
+	if l.SeqParallel {
+		return []*nn.Param{l.Local.W}
+	}
+	return []*nn.Param{l.Local.W, l.B}
+}
 
 func (l *RowParallel) Forward(x nn.Matrix) nn.Matrix {
 	if !l.SplitInput {
 		x = columns(x, l.lo, l.hi, &l.x)
 	}
 	z := l.Local.Forward(x)
+	if l.SeqParallel {
+		return z
+	}
 	l.comm.allReduce("row-parallel output", z.Data) // g
 	for r := range z.Rows {
 		row := z.Data[r*z.Cols : (r+1)*z.Cols]
@@ -229,9 +247,11 @@ func (l *RowParallel) Forward(x nn.Matrix) nn.Matrix {
 }
 
 func (l *RowParallel) Backward(dz nn.Matrix) nn.Matrix { // g's backward: identity
-	for r := range dz.Rows {
-		for j, g := range dz.Data[r*dz.Cols : (r+1)*dz.Cols] {
-			l.B.Grad[j] += g
+	if !l.SeqParallel { // else B and its gradient are the SeqScatter's
+		for r := range dz.Rows {
+			for j, g := range dz.Data[r*dz.Cols : (r+1)*dz.Cols] {
+				l.B.Grad[j] += g
+			}
 		}
 	}
 	dx := l.Local.Backward(dz)

@@ -114,13 +114,14 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	// each model that has it): a model refuses options it does not have.
 	f.options = map[string]string{}
 	var names []string
-	usage := map[string][]string{}
+	usage, defaults := map[string][]string{}, map[string]string{}
 	for _, spec := range reg.Specs() {
 		for _, o := range spec.Options {
 			if usage[o.Name] == nil {
 				names = append(names, o.Name)
 			}
 			usage[o.Name] = append(usage[o.Name], fmt.Sprintf("%s: %s (default %q)", spec.Name, o.Usage, o.Default))
+			defaults[o.Name] = o.Default
 		}
 	}
 	for _, name := range names {
@@ -128,6 +129,9 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 			f.options[name] = v
 			return nil
 		})
+		if defaults[name] == "false" { // a switch: the flag alone means true
+			fs.Lookup(name).NoOptDefVal = "true"
+		}
 	}
 	f.registerMembership(fs)
 	f.s3.register(fs)

@@ -49,10 +49,17 @@ func near(t *testing.T, what string, got, want []float32) {
 }
 
 // TestSplitModelEqualsWhole: the GPT built on T = 1, 2 and 4
-// tensor-parallel ranks gives the whole model's loss, and each rank's
+// tensor-parallel ranks, with and without sequence parallelism (a batch
+// of 24 rows: 6 a rank at T = 4), gives the whole model's loss, and each rank's
 // slice of every parameter gradient equals that slice of the whole
 // model's, over two steps that reuse every buffer.
 func TestSplitModelEqualsWhole(t *testing.T) {
+	for _, sp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sequence-parallel=%v", sp), func(t *testing.T) { testSplitModel(t, sp) })
+	}
+}
+
+func testSplitModel(t *testing.T, sequenceParallel bool) {
 	const seed = 7
 	batches := []*worker.Batch{batchOf(t, sampleText, small.Context, 0, 3, 5), batchOf(t, sampleText, small.Context, 1, 2, 7)}
 	whole, err := New(small, seed, nil)
@@ -92,7 +99,9 @@ func TestSplitModelEqualsWhole(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					errs[r] = func() error {
-						m, err := New(small, seed, tp.NewComm(ctx, g))
+						cfg := small
+						cfg.SequenceParallel = sequenceParallel
+						m, err := New(cfg, seed, tp.NewComm(ctx, g))
 						if err != nil {
 							return err
 						}
@@ -476,4 +485,28 @@ func TestGradientsMatchFiniteDifferences(t *testing.T) {
 		}
 	}
 	t.Logf("%d gradients checked", checked)
+}
+
+// TestStepAllocatesNothing: once warm, a training step of the whole model
+// allocates nothing (on OpenBLAS: the pure-Go BLAS's parallel products
+// allocate for their goroutines, which nn's own test accounts for).
+func TestStepAllocatesNothing(t *testing.T) {
+	if !strings.HasPrefix(nn.BLAS(), "openblas") {
+		t.Skipf("on %s, whose parallel products allocate; the openblas build checks this", nn.BLAS())
+	}
+	m, err := New(small, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := batchOf(t, sampleText, small.Context, 0, 2, 4)
+	step := func() {
+		nn.ZeroGrads(m.Params())
+		if _, err := m.Step(b, 1/3., func(int) {}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step()
+	if n := testing.AllocsPerRun(5, step); n != 0 {
+		t.Errorf("a warm step allocates %v times", n)
+	}
 }

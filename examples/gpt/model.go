@@ -16,6 +16,10 @@ type Config struct {
 	Depth   int // transformer blocks
 	Heads   int // attention heads; they divide Width
 	Context int // tokens a window holds, and the positions learned
+	// SequenceParallel splits the rows (tokens) of the regions tensor
+	// parallelism does not (LayerNorms, the residual stream) across the
+	// tensor-parallel ranks, as Megatron-LM's sequence parallelism.
+	SequenceParallel bool
 }
 
 // Check is an error naming what does not fit, for a model split across
@@ -65,6 +69,7 @@ type Model struct {
 	layers []nn.Layer // the body's, for Slices
 	loss   lossFunc
 	comm   *tp.Comm
+	sync   []*nn.Param // sequence parallel: the gradients summed across the group after the backward
 	params []*nn.Param
 	ids    []int32
 	labels []int32
@@ -104,8 +109,19 @@ func New(cfg Config, seed uint64, comm *tp.Comm) (*Model, error) {
 		layers = append(layers, final, head)
 		m.emb, m.loss = emb, &nn.SoftmaxCrossEntropy{}
 	} else {
+		if cfg.SequenceParallel {
+			layers = append(layers, tp.NewSeqSplit(comm))
+		}
 		for _, b := range blocks {
-			cut, err := tp.CutBlock(comm, b)
+			var cut []nn.Layer
+			var err error
+			if cfg.SequenceParallel {
+				var sync []*nn.Param
+				cut, sync, err = tp.CutBlockSequenceParallel(comm, b)
+				m.sync = append(m.sync, sync...)
+			} else {
+				cut, err = tp.CutBlock(comm, b)
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -113,7 +129,13 @@ func New(cfg Config, seed uint64, comm *tp.Comm) (*Model, error) {
 		}
 		h := tp.NewColumnParallel(comm, head, false)
 		h.Local.SkipInputGrad = false
-		layers = append(layers, final, h)
+		layers = append(layers, final)
+		if cfg.SequenceParallel {
+			h.SeqParallel = true
+			layers = append(layers, tp.NewSeqGather(comm))
+			m.sync = append(m.sync, final.Gain, final.Bias)
+		}
+		layers = append(layers, h)
 		m.emb, m.loss = tp.NewVocabParallelEmbedding(comm, emb), tp.NewVocabParallelLoss(comm, Vocab)
 	}
 	m.layers = layers
@@ -188,9 +210,21 @@ func (m *Model) Step(b *worker.Batch, scale float32, ready func(int)) (worker.Re
 	if err != nil {
 		return res, err
 	}
-	m.emb.Backward(m.body.Backward(grad, ready))
+	if m.sync == nil {
+		m.emb.Backward(m.body.Backward(grad, ready))
+		if ready != nil {
+			for i := len(m.body.Params()); i < len(m.params); i++ {
+				ready(i)
+			}
+		}
+		return res, m.commErr()
+	}
+	// Sequence parallel: some gradients are complete only once summed
+	// across the group, so every one is announced after that.
+	m.emb.Backward(m.body.Backward(grad, nil))
+	m.comm.SyncGrads(m.sync)
 	if ready != nil {
-		for i := len(m.body.Params()); i < len(m.params); i++ {
+		for i := len(m.params) - 1; i >= 0; i-- {
 			ready(i)
 		}
 	}

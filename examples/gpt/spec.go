@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,7 @@ func Spec() phalanx.ModelSpec {
 			{Name: "goroot", Default: "", Usage: "the Go tree whose src/ is the corpus; empty: go env GOROOT"},
 			{Name: "corpus-mb", Default: "8", Usage: "MiB of the Go source to read (0: all of it)"},
 			{Name: "eval-windows", Default: "256", Usage: "held-out windows scored at the end (0: all)"},
+			{Name: "sequence-parallel", Default: "false", Usage: "split the LayerNorm regions' tokens across the tensor-parallel ranks (Megatron's sequence parallelism)"},
 		},
 		Check: func(o phalanx.Options) error {
 			if _, _, err := options(o); err != nil {
@@ -85,6 +87,11 @@ func options(o phalanx.Options) (Config, settings, error) {
 		}
 		*f.to = v
 	}
+	sp, err := strconv.ParseBool(o.String("sequence-parallel"))
+	if err != nil {
+		return c, s, fmt.Errorf("option sequence-parallel %q: want true or false", o.String("sequence-parallel"))
+	}
+	c.SequenceParallel = sp
 	return c, s, c.Check(1)
 }
 
