@@ -73,11 +73,10 @@ func (c *Comm) reduceScatterRows(what string, partial nn.Matrix, into *[]float32
 // (replicated), its output this rank's rows; its backward all-gathers the
 // rows' gradients, so that the layer before sees all of them.
 type SeqSplit struct {
-	comm     *Comm
-	rows     int
-	y, dx    []float32
-	cuts     []int
-	cols, lo int
+	comm  *Comm
+	rows  int
+	y, dx []float32
+	cuts  []int
 }
 
 // NewSeqSplit enters the sequence-parallel region of comm's group.
@@ -104,7 +103,6 @@ func (s *SeqSplit) Backward(dy nn.Matrix) nn.Matrix {
 // rank's rows.
 type SeqGather struct {
 	comm  *Comm
-	local int // this rank's rows in the forward
 	y, dx []float32
 	cuts  []int
 }
@@ -117,7 +115,6 @@ func (s *SeqGather) Params() []*nn.Param { return nil }
 // Forward takes this rank's rows of the rows the group's SeqSplit
 // split last.
 func (s *SeqGather) Forward(x nn.Matrix) nn.Matrix {
-	s.local = x.Rows
 	return s.comm.allGatherRows("sequence-parallel gather", x, s.comm.seqRows, &s.y, &s.cuts)
 }
 
