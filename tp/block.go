@@ -14,7 +14,7 @@ import (
 // The LayerNorms stay whole on every rank. Its layers are the block's two
 // Residuals; the group must divide the heads.
 func CutBlock(comm *Comm, b *nn.Block) ([]nn.Layer, error) {
-	T, heads, width := comm.G.Size(), b.Attention.Heads, b.Attention.Width
+	T, heads, width := comm.Size(), b.Attention.Heads, b.Attention.Width
 	if heads%T != 0 {
 		return nil, fmt.Errorf("tp: %d heads do not split across %d tensor-parallel ranks: the ranks must divide the heads", heads, T)
 	}

@@ -26,7 +26,7 @@ type VocabParallelEmbedding struct {
 // NewVocabParallelEmbedding cuts full (the same on every rank) by rows.
 func NewVocabParallelEmbedding(comm *Comm, full *nn.Embedding) *VocabParallelEmbedding {
 	vocab, dim := full.Table.Shape[0], full.Table.Shape[1]
-	lo, hi := collective.ShardRange(vocab, comm.G.Size(), comm.G.Rank())
+	lo, hi := collective.ShardRange(vocab, comm.Size(), comm.Rank())
 	t := nn.NewParam(full.Table.Name, hi-lo, dim)
 	copy(t.Value, full.Table.Value[lo*dim:hi*dim])
 	return &VocabParallelEmbedding{Table: t, comm: comm, vocab: vocab, dim: dim, lo: lo, hi: hi}

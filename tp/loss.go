@@ -27,7 +27,7 @@ type VocabParallelLoss struct {
 // NewVocabParallelLoss is the loss over a vocabulary of vocab split on
 // comm's group.
 func NewVocabParallelLoss(comm *Comm, vocab int) *VocabParallelLoss {
-	lo, hi := collective.ShardRange(vocab, comm.G.Size(), comm.G.Rank())
+	lo, hi := collective.ShardRange(vocab, comm.Size(), comm.Rank())
 	return &VocabParallelLoss{comm: comm, vocab: vocab, lo: lo, hi: hi}
 }
 

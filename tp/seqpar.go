@@ -32,7 +32,7 @@ func rowCuts(cuts *[]int, rows, cols, size int) []int {
 // RowsOf is the range of a group's rows this rank holds under sequence
 // parallelism.
 func (c *Comm) RowsOf(rows int) (lo, hi int) {
-	return collective.ShardRange(rows, c.G.Size(), c.G.Rank())
+	return collective.ShardRange(rows, c.Size(), c.Rank())
 }
 
 // allGatherRows makes every rank's rows whole on every rank: local is
@@ -43,8 +43,11 @@ func (c *Comm) allGatherRows(what string, local nn.Matrix, rows int, into *[]flo
 		clear(out.Data)
 		return out
 	}
-	cs := rowCuts(cuts, rows, local.Cols, c.G.Size())
-	copy(out.Data[cs[c.G.Rank()]:cs[c.G.Rank()+1]], local.Data)
+	cs := rowCuts(cuts, rows, local.Cols, c.Size())
+	copy(out.Data[cs[c.Rank()]:cs[c.Rank()+1]], local.Data)
+	if c.alone() {
+		return out
+	}
 	if err := c.G.AllGatherRanges(c.ctx, collective.Float32s(out.Data), cs); err != nil {
 		c.fail(what, err)
 		clear(out.Data)
@@ -61,7 +64,11 @@ func (c *Comm) reduceScatterRows(what string, partial nn.Matrix, into *[]float32
 		clear(out.Data)
 		return out
 	}
-	cs := rowCuts(cuts, partial.Rows, partial.Cols, c.G.Size())
+	cs := rowCuts(cuts, partial.Rows, partial.Cols, c.Size())
+	if c.alone() {
+		copy(out.Data, partial.Data)
+		return out
+	}
 	if err := c.G.ReduceScatterRanges(c.ctx, collective.Float32s(partial.Data), cs, collective.Float32s(out.Data), collective.Sum); err != nil {
 		c.fail(what, err)
 		clear(out.Data)

@@ -26,16 +26,50 @@ import (
 
 // Comm is a tensor-parallel group as the layers use it: the group, the
 // context their collectives run under (Step sets it), and the first
-// failure since.
+// failure since. Its size and rank are fixed when it is made; the group
+// itself may be replaced (Use) by another of the same shape, as a job
+// forms a new one each generation while a rank keeps its place.
 type Comm struct {
-	G       *collective.Group
-	ctx     context.Context
-	err     error
-	seqRows int // the rows the last SeqSplit split
+	G          *collective.Group
+	size, rank int
+	ctx        context.Context
+	err        error
+	seqRows    int // the rows the last SeqSplit split
 }
 
 // NewComm makes g's Comm, its collectives under ctx until Step.
-func NewComm(ctx context.Context, g *collective.Group) *Comm { return &Comm{G: g, ctx: ctx} }
+func NewComm(ctx context.Context, g *collective.Group) *Comm {
+	return &Comm{G: g, size: g.Size(), rank: g.Rank(), ctx: ctx}
+}
+
+// NewCommAt makes the Comm of rank of a group of size ranks, to build
+// layers with before the group exists (Use gives it).
+func NewCommAt(size, rank int) (*Comm, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("tp: rank %d of a tensor-parallel group of %d", rank, size)
+	}
+	return &Comm{size: size, rank: rank, ctx: context.Background()}, nil
+}
+
+// Use makes the layers' collectives run on g, under ctx, from now on, and
+// forgets an earlier failure: g must have the Comm's size, and its rank.
+func (c *Comm) Use(ctx context.Context, g *collective.Group) error {
+	if g.Size() != c.size || g.Rank() != c.rank {
+		return fmt.Errorf("tp: a group where this rank is %d of %d, for layers built as rank %d of %d", g.Rank(), g.Size(), c.rank, c.size)
+	}
+	c.G, c.ctx, c.err = g, ctx, nil
+	return nil
+}
+
+// alone: a group of one rank with no group given (NewCommAt(1, 0)):
+// every collective is the identity.
+func (c *Comm) alone() bool { return c.G == nil && c.size == 1 }
+
+// Size is the group's size.
+func (c *Comm) Size() int { return c.size }
+
+// Rank is this rank's place in the group.
+func (c *Comm) Rank() int { return c.rank }
 
 // Step sets the context of the layers' collectives for a step.
 func (c *Comm) Step(ctx context.Context) { c.ctx = ctx }
@@ -55,6 +89,9 @@ func (c *Comm) allReduce(what string, x []float32) {
 		clear(x)
 		return
 	}
+	if c.alone() {
+		return
+	}
 	if err := c.G.AllReduce(c.ctx, collective.Float32s(x), collective.Sum); err != nil {
 		c.fail(what, err)
 		clear(x)
@@ -67,6 +104,10 @@ func (c *Comm) gatherColumns(what string, m nn.Matrix, cols int, into *[]float32
 	out := nn.Matrix{Rows: m.Rows, Cols: cols, Data: grow(into, m.Rows*cols)}
 	if c.err != nil {
 		clear(out.Data)
+		return out
+	}
+	if c.alone() {
+		copy(out.Data, m.Data)
 		return out
 	}
 	t := &dtensor.Tensor{Shape: []int{m.Rows, cols}, Place: dtensor.Split(1), Local: m.Data, G: c.G}
@@ -148,7 +189,7 @@ func cutColumns(comm *Comm, full *nn.Dense, blocks int) (*ColumnParallel, error)
 		return nil, fmt.Errorf("tp: %s: %d outputs do not cut into %d blocks", full.W.Name, out, blocks)
 	}
 	bw := out / blocks
-	lo, hi := collective.ShardRange(bw, comm.G.Size(), comm.G.Rank())
+	lo, hi := collective.ShardRange(bw, comm.Size(), comm.Rank())
 	w := hi - lo
 	local := emptyDense(full, in, blocks*w)
 	for b := range blocks {
@@ -210,7 +251,7 @@ type RowParallel struct {
 // keeps its range (collective.ShardRange of the inputs).
 func NewRowParallel(comm *Comm, full *nn.Dense, splitInput bool) *RowParallel {
 	in, out := full.W.Shape[0], full.W.Shape[1]
-	lo, hi := collective.ShardRange(in, comm.G.Size(), comm.G.Rank())
+	lo, hi := collective.ShardRange(in, comm.Size(), comm.Rank())
 	local := emptyDense(full, hi-lo, out)
 	copy(local.W.Value, full.W.Value[lo*out:hi*out])
 	b := nn.NewParam(full.B.Name, out)

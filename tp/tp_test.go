@@ -188,3 +188,35 @@ func TestLostPeerIsAnError(t *testing.T) {
 		}
 	}
 }
+
+// TestCommAtOneRankNeedsNoGroup: layers built on NewCommAt(1, 0) run
+// without a group, equal to the unsplit layers; a group of another shape
+// is refused by Use.
+func TestCommAtOneRankNeedsNoGroup(t *testing.T) {
+	comm, err := NewCommAt(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := twin(3, 4, 6, 2)
+	refA, refB := twin(3, 4, 6, 2)
+	seq := nn.NewSequential(NewColumnParallel(comm, a, false), &nn.GELU{}, NewRowParallel(comm, b, true))
+	ref := nn.NewSequential(refA, &nn.GELU{}, refB)
+	x := randMatrix(1, 3, 4)
+	near(t, "output", seq.Forward(x).Data, ref.Forward(x).Data)
+	if comm.Err() != nil {
+		t.Fatal(comm.Err())
+	}
+	if _, err := NewCommAt(2, 2); err == nil {
+		t.Error("rank 2 of 2 accepted")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	gs := groups(t, ctx, 2)
+	c2, _ := NewCommAt(2, 0)
+	if err := c2.Use(ctx, gs[1]); err == nil || !strings.Contains(err.Error(), "this rank is 1 of 2, for layers built as rank 0 of 2") {
+		t.Errorf("rank 1's group for rank 0's layers: %v", err)
+	}
+	if err := c2.Use(ctx, gs[0]); err != nil {
+		t.Error(err)
+	}
+}

@@ -83,7 +83,7 @@ type Model struct {
 func New(cfg Config, seed uint64, comm *tp.Comm) (*Model, error) {
 	T := 1
 	if comm != nil {
-		T = comm.G.Size()
+		T = comm.Size()
 	}
 	if err := cfg.Check(T); err != nil {
 		return nil, err
