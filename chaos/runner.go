@@ -263,7 +263,7 @@ func (r *Runner) jobKind(sc *Scenario) (map[int]string, any, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
 	}
-	k, err := r.Registry.KindOf(spec)
+	k, err := r.Registry.KindOf(spec, &phalanx.Config{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
 	}

@@ -151,7 +151,7 @@ func (lc *LaunchConfig) prepare(ctx context.Context) (Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	kind, err := lc.Registry.KindOf(spec)
+	kind, err := lc.Registry.KindOf(spec, &lc.Config)
 	if err != nil {
 		return nil, err
 	}

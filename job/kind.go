@@ -13,9 +13,11 @@ import (
 type Kind interface {
 	// Name names the kind (ModelSpec.Kind, messages).
 	Name() string
-	// Owns reports whether a model that names no kind is of this one (a
-	// ring model has New, a parameter-server model PS).
-	Owns(spec ModelSpec) bool
+	// Owns reports whether a model that names no kind is of this one in a
+	// job of configuration cfg (a ring model has New, a parameter-server
+	// model PS; a model that Splits, with cfg.Pipeline.Tensor above 1, is
+	// the pipeline kind's).
+	Owns(spec ModelSpec, cfg *Config) bool
 	// Prepare checks a launch of this kind before anything starts (its
 	// LaunchConfig's own fields are checked), filling in its defaults, and
 	// returns the job to run.
@@ -42,11 +44,11 @@ type Job interface {
 // process's own place (Index, RankHint, Bind, Logger, Reports) filled in.
 type Role func(ctx context.Context, cfg Config, reg *Registry) (*Result, error)
 
-// KindOf is the kind of a model: the one it names, else the first that
-// owns it.
-func (r *Registry) KindOf(spec ModelSpec) (Kind, error) {
+// KindOf is the kind of a model in a job of configuration cfg: the one it
+// names, else the first that owns it.
+func (r *Registry) KindOf(spec ModelSpec, cfg *Config) (Kind, error) {
 	for _, k := range r.kinds {
-		if spec.Kind == k.Name() || (spec.Kind == "" && k.Owns(spec)) {
+		if spec.Kind == k.Name() || (spec.Kind == "" && k.Owns(spec, cfg)) {
 			return k, nil
 		}
 	}

@@ -31,7 +31,7 @@ type fakeKind struct {
 }
 
 func (k fakeKind) Name() string { return k.name }
-func (k fakeKind) Owns(s ModelSpec) bool {
+func (k fakeKind) Owns(s ModelSpec, _ *Config) bool {
 	return k.owns != nil && k.owns(s)
 }
 func (k fakeKind) Prepare(context.Context, *LaunchConfig, ModelSpec, Options) (Job, error) {
@@ -65,7 +65,7 @@ func TestRegistryKinds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		k, err := reg.KindOf(spec)
+		k, err := reg.KindOf(spec, &Config{})
 		switch {
 		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 			t.Errorf("%s: KindOf: %v, want an error saying %q", tc.model, err, tc.err)
@@ -77,7 +77,7 @@ func TestRegistryKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	if spec, _ := reg.Lookup("pipe"); true {
-		if k, err := reg.KindOf(spec); err != nil || k.Name() != "pipeline" {
+		if k, err := reg.KindOf(spec, &Config{}); err != nil || k.Name() != "pipeline" {
 			t.Errorf("once added, KindOf(pipe): %v, %v; want pipeline", k, err)
 		}
 	}

@@ -120,7 +120,7 @@ func RunModel(ctx context.Context, cfg Config, reg *Registry) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	kind, err := reg.KindOf(spec)
+	kind, err := reg.KindOf(spec, &cfg)
 	if err != nil {
 		return nil, err
 	}

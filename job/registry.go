@@ -9,6 +9,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/ps"
+	"github.com/phalanx-rt/phalanx/tp"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -40,6 +41,11 @@ type ModelSpec struct {
 	Check func(o Options) error
 	// New builds a worker's task from the options and the job's seed.
 	New func(o Options, seed uint64) (Task, error)
+	// Split, when set, builds a ring model split across a tensor-parallel
+	// group (--tp): each rank's part of the model (comm says which), and
+	// the data. The model's parameters are slices of the whole model's;
+	// it implements Sliced to say which.
+	Split func(o Options, seed uint64, comm *tp.Comm) (Task, error)
 	// PS is a parameter-server model's worker.
 	PS *PSModel
 	// Kind names the model's job kind when it is neither a ring model

@@ -103,7 +103,8 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 
 	pl := &c.Pipeline
 	fs.IntVar(&pl.Stages, "pp", pl.Stages, "pipeline models (deep-mlp): stages per replica, one worker process each")
-	fs.IntVar(&pl.Replicas, "dp", pl.Replicas, "pipeline models: replicas of the pipeline; --workers defaults to --dp × --pp")
+	fs.IntVar(&pl.Replicas, "dp", pl.Replicas, "pipeline and tensor-parallel models: replicas of the pipeline (or of the split model); --workers defaults to\n--dp × --pp (or --dp × --tp)")
+	fs.IntVar(&pl.Tensor, "tp", 1, "tensor-parallel models (gpt): ranks each replica's model is split across, one worker process each")
 	fs.StringVar(&pl.Schedule, "pp-schedule", pl.Schedule, "pipeline models: micro-batch schedule: gpipe, 1f1b, interleaved or zb-h1 (zero bubble)")
 	fs.IntVar(&pl.Chunks, "pp-chunks", 0, "pipeline models, --pp-schedule interleaved: model chunks per stage (default 2)")
 	fs.StringVar(&f.ppCuts, "pp-cuts", "", "pipeline models: the first layer of each stage after the first, as indices or layer names\n(\"4,8,12\" or \"fc2,fc4,fc6\"); default: balanced by --pp-balance")
@@ -195,7 +196,7 @@ var flagOf = map[string]string{
 	"ReferenceWorld": "--reference-world", "LeaseTTL": "--lease-ttl", "Unreachable": "--unreachable", "Job": "--job", "Etcd": "--etcd-endpoints", "EtcdDialTimeout": "--etcd-dial-timeout",
 	"Restarts.MaxRestarts": "--max-restarts", "Restarts.Window": "--restart-window", "Faults.FailStep": "--fail-at",
 	"Faults.FailTimes": "--fail-times", "Faults.FailWorker": "--fail-at",
-	"Pipeline.Stages": "--pp", "Pipeline.Replicas": "--dp", "Pipeline.Schedule": "--pp-schedule", "Pipeline.Chunks": "--pp-chunks",
+	"Pipeline.Stages": "--pp", "Pipeline.Replicas": "--dp", "Pipeline.Tensor": "--tp", "Pipeline.Schedule": "--pp-schedule", "Pipeline.Chunks": "--pp-chunks",
 	"Pipeline.Cuts": "--pp-cuts", "Pipeline.Balance": "--pp-balance", "Pipeline": "--pp, --micro-batches, --pp-schedule",
 	"Checkpoint.Location": "--checkpoint", "Checkpoint.EverySteps": "--checkpoint-every-steps", "Checkpoint.Every": "--checkpoint-every",
 	"Checkpoint.KeepLast": "--checkpoint-keep", "Checkpoint.KeepEvery": "--checkpoint-keep-every", "Checkpoint.Wait": "--checkpoint-wait",

@@ -52,8 +52,11 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 		}
 		lc.Config, lc.Registry, lc.NoCoordinator = f.cfg, reg, !*coordinate
 		lc.Output, lc.Stderr = stdout, stderr
-		if pl := lc.Pipeline; !fs.Changed("workers") && isPipeline(reg, lc.Model) {
+		if pl := lc.Pipeline; !fs.Changed("workers") && isPipeline(reg, &lc.Config) {
 			lc.Workers = pl.Stages * pl.Replicas // a pipeline's processes
+			if pl.Tensor > 1 {
+				lc.Workers = pl.Tensor * pl.Replicas // a split model's
+			}
 		}
 		if *eventsPath != "" {
 			ev, err := os.OpenFile(*eventsPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -107,12 +110,12 @@ func workerCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	})
 }
 
-// isPipeline reports whether model name is of the pipeline kind.
-func isPipeline(reg *phalanx.Registry, name string) bool {
-	spec, err := reg.Lookup(name)
+// isPipeline reports whether cfg's model is of the pipeline kind.
+func isPipeline(reg *phalanx.Registry, cfg *phalanx.Config) bool {
+	spec, err := reg.Lookup(cfg.Model)
 	if err != nil {
 		return false
 	}
-	k, err := reg.KindOf(spec)
+	k, err := reg.KindOf(spec, cfg)
 	return err == nil && k.Name() == "pipeline"
 }

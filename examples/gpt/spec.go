@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/tp"
 )
 
 // Spec is the GPT as a registered model, "gpt": options width, depth,
@@ -43,6 +44,7 @@ func Spec() phalanx.ModelSpec {
 			return nil
 		},
 		New:      build,
+		Split:    buildSplit,
 		Generate: generate,
 	}
 }
@@ -129,7 +131,11 @@ func GOROOT(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("gpt: no Go tree found (go env GOROOT: %v): give the option goroot or data", err)
 }
 
-func build(o phalanx.Options, seed uint64) (phalanx.Task, error) {
+func build(o phalanx.Options, seed uint64) (phalanx.Task, error) { return buildSplit(o, seed, nil) }
+
+// buildSplit is the task of a tensor-parallel rank (comm nil: the whole
+// model).
+func buildSplit(o phalanx.Options, seed uint64, comm *tp.Comm) (phalanx.Task, error) {
 	cfg, s, err := options(o)
 	if err != nil {
 		return phalanx.Task{}, err
@@ -144,7 +150,7 @@ func build(o phalanx.Options, seed uint64) (phalanx.Task, error) {
 		return phalanx.Task{}, fmt.Errorf("gpt: %s gives %d training and %d held-out windows of %d characters: too little text",
 			corpus.Source, train.Len(), test.Len(), cfg.Context+1)
 	}
-	m, err := New(cfg, seed, nil)
+	m, err := New(cfg, seed, comm)
 	if err != nil {
 		return phalanx.Task{}, err
 	}

@@ -57,7 +57,7 @@ func (Kind) Unchecked() map[int]string {
 func (Kind) Name() string { return "barrier" }
 
 // Owns no model that does not name it.
-func (Kind) Owns(job.ModelSpec) bool { return false }
+func (Kind) Owns(job.ModelSpec, *job.Config) bool { return false }
 
 // Worker is the one role.
 func (Kind) Worker() string { return "barrier-worker" }

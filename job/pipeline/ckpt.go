@@ -302,6 +302,18 @@ func openIndex(ctx context.Context, store checkpoint.Store, name string) (*index
 
 // restoreStage loads stage st's tensors, by name, from the parts of x.
 func restoreStage(ctx context.Context, x *index, ms []*manifestOf, st *stageState) error {
+	if st.tensor != nil {
+		// A split model's ranks name their parts alike: each reads its own.
+		if T := st.tensor.comm.Size(); x.Stages != T || len(ms) != T {
+			return fmt.Errorf("pipeline checkpoint of step %d was written by %d tensor-parallel ranks a replica; this job has %d (resharding a split model's checkpoint is not supported yet)", x.Step, x.Stages, T)
+		}
+		for _, t := range stageTensors(st) {
+			if err := checkpoint.ReadTensor(ctx, ms[st.stage].store, ms[st.stage].m, t.Name, t.Data); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	where := map[string]int{}
 	for i, p := range x.Parts {
 		for _, n := range p.Tensors {

@@ -7,7 +7,8 @@
 // overlapping the last backward passes. The layout of every generation
 // (package layout) keeps replicas whose stages all survived, so that when
 // a stage process dies its replica drops out and the others go on at the
-// next step.
+// next step. A model split across tensor-parallel ranks (--tp) runs on
+// the same machinery, its ranks in place of stages (tensor.go).
 package pipeline
 
 import (
@@ -30,10 +31,11 @@ type Kind struct{}
 // Name is "pipeline".
 func (Kind) Name() string { return "pipeline" }
 
-// Owns a model whose Impl is a *Model.
-func (Kind) Owns(spec job.ModelSpec) bool {
+// Owns a model whose Impl is a *Model, and one that Splits in a job of
+// more than one tensor-parallel rank (cfg.Pipeline.Tensor).
+func (Kind) Owns(spec job.ModelSpec, cfg *job.Config) bool {
 	_, ok := spec.Impl.(*Model)
-	return ok
+	return ok || (spec.Split != nil && cfg.Pipeline.Tensor > 1)
 }
 
 // Worker is the role of a pipeline worker.
@@ -50,6 +52,12 @@ func (Kind) Roles() map[string]job.Role {
 // when none are given).
 func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
 	m, ok := spec.Impl.(*Model)
+	if !ok && spec.Split != nil && lc.Pipeline.Tensor > 1 {
+		if err := prepareTensor(lc, spec, opts); err != nil {
+			return nil, err
+		}
+		return prepareStore(ctx, lc)
+	}
 	if !ok {
 		return nil, fmt.Errorf("pipeline: model %s is not a pipeline model (ModelSpec.Impl is %T)", spec.Name, spec.Impl)
 	}
@@ -73,6 +81,11 @@ func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpe
 	case lc.MinWorkersTimeout <= 0:
 		return nil, job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
 	}
+	return prepareStore(ctx, lc)
+}
+
+// prepareStore opens the job's checkpoint store, if any.
+func prepareStore(ctx context.Context, lc *job.LaunchConfig) (job.Job, error) {
 	store, err := job.OpenStore(ctx, &lc.Config, lc.Output)
 	if err != nil {
 		return nil, err
@@ -177,7 +190,7 @@ func (p prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env
 	pj.end.event(env.Events)
 	same, crc := pj.end.identical()
 	return &job.Result{Step: d.Step, Generation: d.Generation, World: d.Replicas * lc.Pipeline.Stages, Loss: d.Loss, Accuracy: d.Accuracy,
-		ParametersIdentical: same, ParametersCRC: crc}, nil
+		ParametersIdentical: same, ParametersCRC: crc, Metrics: d.Metrics}, nil
 }
 
 // every is the steps between progress lines.
@@ -232,7 +245,7 @@ func (pj *pipeJob) handle(l launch.Line) error {
 			rep.stepEvent(pj.Events)
 		}
 		if all := pj.line.add(rep); all != nil {
-			fmt.Fprint(pj.Out, progressText(&pj.progress, all))
+			fmt.Fprint(pj.Out, progressText(&pj.progress, all, pj.LC.Pipeline.Tensor > 1))
 		}
 	case Done:
 		if pj.end.done == nil {

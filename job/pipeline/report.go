@@ -63,6 +63,9 @@ type Done struct {
 	Replicas   int     `json:"replicas"`
 	Loss       float64 `json:"loss"`
 	Accuracy   float64 `json:"accuracy"`
+	// Metrics are a split model's further held-out measures
+	// (job.Task.Measures).
+	Metrics map[string]float64 `json:"metrics,omitempty"`
 }
 
 // StageDone: a worker's stage at the job's end, a CRC32C of each of its
@@ -176,7 +179,7 @@ func (r Step) Event(int) (string, []events.Field) {
 		events.F("generation", r.Generation), events.F("replicas", r.Replicas),
 		events.F("param_bytes", r.ParamBytes), events.F("slot_bytes", r.SlotBytes), events.F("activation_bytes", r.ActBytes)}
 	if r.Samples > 0 {
-		f = append(f, events.F("loss", r.Loss), events.F("accuracy", r.Accuracy))
+		f = append(f, events.F("loss", r.Loss), events.F("accuracy", r.Accuracy), events.F("grad_norm", r.GradNorm))
 	}
 	return "pipeline_step", f
 }
@@ -218,44 +221,71 @@ func (e *ending) identical() (bool, uint32) {
 func (e *ending) event(sink events.Sink) {
 	same, crc := e.identical()
 	d := e.done
-	sink.Emit("done", events.F("step", d.Step), events.F("accuracy", d.Accuracy), events.F("loss", d.Loss),
+	fields := []events.Field{events.F("step", d.Step), events.F("accuracy", d.Accuracy), events.F("loss", d.Loss),
 		events.F("generation", d.Generation), events.F("replicas", d.Replicas), events.F("world", e.world),
-		events.F("parameters_identical", same), events.F("parameters_crc32c", crc))
+		events.F("parameters_identical", same), events.F("parameters_crc32c", crc)}
+	for _, k := range slices.Sorted(maps.Keys(d.Metrics)) {
+		fields = append(fields, events.F(k, d.Metrics[k]))
+	}
+	sink.Emit("done", fields...)
 }
 
 // Text gives the held-out measures.
 func (r Done) Text(*job.Progress) string {
-	return fmt.Sprintf("done: step %d on %s; held-out loss %.4f, accuracy %.2f%%\n", r.Step, plural(r.Replicas, "replica"), r.Loss, 100*r.Accuracy)
+	var more string
+	for _, k := range slices.Sorted(maps.Keys(r.Metrics)) {
+		more += fmt.Sprintf(", %s %.4f", k, r.Metrics[k])
+	}
+	return fmt.Sprintf("done: step %d on %s; held-out loss %.4f, accuracy %.2f%%%s\n", r.Step, plural(r.Replicas, "replica"), r.Loss, 100*r.Accuracy, more)
 }
 
-// stepLine gathers one step's reports from every stage of replica 0 and
-// says the progress line when all are in and one is due.
+// stepLine gathers each step's reports from every stage of replica 0 and
+// says the progress line when all are in and one is due. The stages'
+// reports come from several processes and interleave (a stage may report
+// step s+1 before another has reported s), so a few steps are gathered
+// at once.
 type stepLine struct {
-	stages int
-	step   int64
-	got    []*Step
+	stages  int
+	pending map[int64][]*Step
 }
+
+// stepLineWindow bounds the steps gathered at once: a step whose reports
+// are still incomplete this far behind the newest is dropped (a stage
+// lost in it never reports it).
+const stepLineWindow = 64
 
 // add takes a stage's report; it returns the step's reports once every
 // stage's has come.
 func (l *stepLine) add(r Step) []*Step {
-	if r.Step != l.step || l.got == nil {
-		l.step, l.got = r.Step, make([]*Step, l.stages)
-	}
 	if r.Stage < 0 || r.Stage >= l.stages {
 		return nil
 	}
-	l.got[r.Stage] = &r
-	for _, g := range l.got {
+	if l.pending == nil {
+		l.pending = map[int64][]*Step{}
+	}
+	got := l.pending[r.Step]
+	if got == nil {
+		got = make([]*Step, l.stages)
+		l.pending[r.Step] = got
+		for s := range l.pending {
+			if s < r.Step-stepLineWindow {
+				delete(l.pending, s)
+			}
+		}
+	}
+	got[r.Stage] = &r
+	for _, g := range got {
 		if g == nil {
 			return nil
 		}
 	}
-	return l.got
+	delete(l.pending, r.Step)
+	return got
 }
 
-// progressText is a step's progress line, when one is due.
-func progressText(p *job.Progress, all []*Step) string {
+// progressText is a step's progress line, when one is due; tensor: the
+// replica's processes are tensor-parallel ranks, not stages.
+func progressText(p *job.Progress, all []*Step, tensor bool) string {
 	last := all[len(all)-1]
 	rate, due := p.Due(last.Step, float64(last.Samples)/max(last.ElapsedS, 1e-12), last.ElapsedS)
 	if !due {
@@ -268,8 +298,12 @@ func progressText(p *job.Progress, all []*Step) string {
 		}
 		fmt.Fprintf(&busy, "%.2f", s.BusyS/max(s.ElapsedS, 1e-12))
 	}
-	line := fmt.Sprintf("step %d/%d  loss %.4f  acc %5.1f%%  %s × %d stages  stage busy %s", last.Step, p.Steps, last.Loss,
-		100*last.Accuracy, plural(last.Replicas, "replica"), len(all), busy.String())
+	unit := "stages  stage busy"
+	if tensor {
+		unit = "tensor-parallel ranks  busy"
+	}
+	line := fmt.Sprintf("step %d/%d  loss %.4f  acc %5.1f%%  %s × %d %s %s", last.Step, p.Steps, last.Loss,
+		100*last.Accuracy, plural(last.Replicas, "replica"), len(all), unit, busy.String())
 	if rate >= 0 {
 		line += fmt.Sprintf("  %.0f samples/s", rate)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -28,11 +29,15 @@ type stageState struct {
 	chunks []engine.Chunk
 	params []*nn.Param
 	opt    nn.Optimizer
+	tensor *tensorStage // a split model's rank (no chunks)
 }
 
 // buildStage makes stage s's chunks from the model, weights drawn from
 // the job's seed.
 func (w *pipeWorker) buildStage(s int) (*stageState, error) {
+	if w.split != nil {
+		return w.buildTensorStage(s)
+	}
 	p, v := w.cfg.Pipeline.Stages, w.shape.chunks
 	st := &stageState{stage: s}
 	for k := range v {
@@ -83,6 +88,7 @@ type roundState struct {
 	replica   *collective.Group // the replica's stages (nil: one stage)
 	fuser     *collective.Fuser[float32]
 	eng       *engine.Engine
+	tens      *tensorEngine // a split model's, instead of eng
 	data      *stepData
 	grads     [][]float32 // the fuser's tensors: every parameter's gradient, then the loss and right answers (last stage), then ctl
 	offset    []int       // per chunk: its first parameter's index in grads
@@ -198,9 +204,11 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 	for s := range p {
 		stageAddrs[s] = addr(lay.Ranks[me.Replica][s])
 	}
-	if rd.links, err = engine.Connect(ctx, w.data, engine.LinkSpec{Job: fmt.Sprintf("%s/pp/r%d", w.cfg.Job, me.Replica),
-		Generation: g.Number, Schedule: w.sched(), Stage: me.Stage, Addrs: stageAddrs, Options: opts}); err != nil {
-		return nil, err
+	if w.split == nil {
+		if rd.links, err = engine.Connect(ctx, w.data, engine.LinkSpec{Job: fmt.Sprintf("%s/pp/r%d", w.cfg.Job, me.Replica),
+			Generation: g.Number, Schedule: w.sched(), Stage: me.Stage, Addrs: stageAddrs, Options: opts}); err != nil {
+			return nil, err
+		}
 	}
 	if d > 1 {
 		peers := make([]string, d)
@@ -216,6 +224,11 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 		m := collective.Membership{Job: fmt.Sprintf("%s/rep/r%d", w.cfg.Job, me.Replica), Generation: g.Number, Rank: me.Stage, Peers: stageAddrs}
 		if rd.replica, err = collective.Join(ctx, w.data, m, opts); err != nil {
 			return nil, fmt.Errorf("pipeline: replica %d's group: %w", me.Replica, err)
+		}
+		if ts := w.stage.tensor; ts != nil {
+			if err := ts.comm.Use(ctx, rd.replica); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := w.synchronise(ctx, rd, kept); err != nil {
@@ -262,15 +275,62 @@ func (w *pipeWorker) synchronise(ctx context.Context, rd *roundState, kept bool)
 // gradient reduction across replicas.
 func (w *pipeWorker) buildEngine(rd *roundState) error {
 	st := w.stage
-	lastStage := rd.me.Stage == w.cfg.Pipeline.Stages-1
-	rd.data = &stepData{rows: make([]int, w.cfg.MicroBatches), offs: make([]int, w.cfg.MicroBatches),
-		features: w.shape.layers[0].In}
+	features := 0 // a split model's samples are its own (Batch.IDs)
+	if w.shape != nil {
+		features = w.shape.layers[0].In
+	}
+	rd.data = &stepData{rows: make([]int, w.cfg.MicroBatches), offs: make([]int, w.cfg.MicroBatches), features: features}
+	if st.tensor != nil {
+		rd.offset = []int{0}
+		for _, p := range st.params {
+			rd.grads = append(rd.grads, p.Grad)
+		}
+	}
 	for k := range st.chunks {
 		rd.offset = append(rd.offset, len(rd.grads))
 		for _, p := range st.chunks[k].Stage.Params() {
 			rd.grads = append(rd.grads, p.Grad)
 		}
 	}
+	reduce, update, err := w.reduction(rd)
+	if err != nil {
+		return err
+	}
+	var ready func(k, p int)
+	if rd.fuser != nil {
+		ready = func(k, p int) { rd.fuser.MarkReady(rd.offset[k] + p) }
+	}
+	if st.tensor != nil {
+		e := &tensorEngine{ts: st.tensor, data: rd.data, reduce: reduce, update: update, now: w.now}
+		if ready != nil {
+			e.ready = func(p int) { ready(0, p) }
+		}
+		rd.tens = e
+		return nil
+	}
+	// A replica's share of the global batch grows when replicas drop out.
+	m, replicas := w.cfg.MicroBatches, len(rd.lay.Ranks)
+	rows := ((w.cfg.Batch+replicas-1)/replicas + m - 1) / m
+	cfg := engine.Config{Schedule: w.sched(), Stage: rd.me.Stage, Chunks: st.chunks, Rows: rows,
+		Links: rd.links.Links, Data: rd.data, Now: w.cfg.Now, Ready: ready, Reduce: reduce, Update: update}
+	rd.eng, err = engine.New(cfg)
+	return err
+}
+
+func (w *pipeWorker) now() time.Time {
+	if w.cfg.Now != nil {
+		return w.cfg.Now()
+	}
+	return time.Now()
+}
+
+// reduction prepares the step's end, the same for a pipeline stage and a
+// split model's rank: the reduction of the gradients (rd.grads, filled by
+// the caller) with the step's statistics across replicas (reduce), then
+// the replica's vote, the clipping and the optimizer's update (update).
+func (w *pipeWorker) reduction(rd *roundState) (reduce func(ctx context.Context, s *engine.Stats) error, update func(ctx context.Context) error, err error) {
+	st := w.stage
+	lastStage := rd.me.Stage == w.cfg.Pipeline.Stages-1
 	statsAt := len(rd.grads)
 	if lastStage { // the loss, the right answers and the fingerprint of the samples
 		rd.stats = make([]float32, 7)
@@ -280,23 +340,16 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 	rd.ctl = make([]float32, 1)
 	rd.grads = append(rd.grads, rd.ctl)
 	rd.asked = w.stopAsked.Load
-	// A replica's share of the global batch grows when replicas drop out.
-	m, replicas := w.cfg.MicroBatches, len(rd.lay.Ranks)
-	rows := ((w.cfg.Batch+replicas-1)/replicas + m - 1) / m
-	cfg := engine.Config{Schedule: w.sched(), Stage: rd.me.Stage, Chunks: st.chunks, Rows: rows,
-		Links: rd.links.Links, Data: rd.data, Now: w.cfg.Now}
 	if rd.dp != nil {
 		rd.fuser = collective.NewFuser(context.Background(), rd.dp, rd.grads, collective.Sum, w.cfg.BucketBytes)
-		cfg.Ready = func(k, p int) { rd.fuser.MarkReady(rd.offset[k] + p) }
 	}
 	rd.norm = make([]float64, 5) // the norm², the checkpoint vote (stored, failed), stages whose round is over, stop asked
 	if rd.me.Replica == 0 && w.store != nil {
-		var err error
 		if rd.saver, err = newSaver(w.store, &w.cfg, w.cfg.Pipeline.Stages, rd.me.Stage, st, w.log); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
-	cfg.Reduce = func(ctx context.Context, s *engine.Stats) error {
+	reduce = func(ctx context.Context, s *engine.Stats) error {
 		if rd.fuser == nil {
 			return nil
 		}
@@ -319,12 +372,16 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 		return rd.fuser.Wait(ctx)
 	}
 	sched := w.cfg.LRSchedule()
-	cfg.Update = func(ctx context.Context) error {
+	counted := st.params
+	if st.tensor != nil {
+		counted = st.tensor.norm // a whole parameter once, not once a rank
+	}
+	update = func(ctx context.Context) error {
 		// The replica's stages agree, in one small allreduce, that every
 		// one of them has its reduced gradients (and on their global
 		// norm): a step is applied by all of a replica's stages or, when
 		// one fails first, by none, so a replica never tears.
-		if err := clip(ctx, rd, st.params, w.cfg.ClipNorm); err != nil {
+		if err := clip(ctx, rd, counted, st.params, w.cfg.ClipNorm); err != nil {
 			return err
 		}
 		st.opt.Update(st.params, sched.LR(w.step+1), w.step+1)
@@ -336,17 +393,16 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 		}
 		return nil
 	}
-	var err error
-	rd.eng, err = engine.New(cfg)
-	return err
+	return reduce, update, nil
 }
 
-// clip scales the stage's gradients so that the global norm over every
-// stage of the replica is at most max (0: no clipping); the norm is left
-// in rd.norm[0].
-func clip(ctx context.Context, rd *roundState, params []*nn.Param, max float64) error {
+// clip scales the stage's gradients (params) so that the global norm
+// over every stage of the replica is at most max (0: no clipping); the
+// stage's part of the norm is over counted. The norm is left in
+// rd.norm[0].
+func clip(ctx context.Context, rd *roundState, counted, params []*nn.Param, max float64) error {
 	var sq float64
-	for _, p := range params {
+	for _, p := range counted {
 		for _, g := range p.Grad {
 			sq += float64(g) * float64(g)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/pipeline/engine"
 	"github.com/phalanx-rt/phalanx/job/pipeline/layout"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -99,7 +100,7 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 		if err != nil {
 			return err
 		}
-		s, err := rd.eng.Step(stepCtx)
+		s, err := rd.step(stepCtx)
 		if err != nil {
 			return err
 		}
@@ -284,11 +285,22 @@ func slotCount(st *stageState) int64 {
 // activationBytes is what the stage's chunks and engine hold for
 // micro-batches in flight.
 func (rd *roundState) activationBytes() int64 {
+	if rd.eng == nil {
+		return 0 // a split model's are its own
+	}
 	n := rd.eng.BufferBytes()
 	for _, c := range rd.eng.Chunks() {
 		n += c.Stage.ActivationBytes()
 	}
 	return n
+}
+
+// step runs one training step on the round's engine.
+func (rd *roundState) step(ctx context.Context) (engine.Stats, error) {
+	if rd.tens != nil {
+		return rd.tens.Step(ctx)
+	}
+	return rd.eng.Step(ctx)
 }
 
 // errRoundOver: the replica stopped at a step boundary for a new
@@ -308,7 +320,18 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 	c := &w.cfg
 	p := c.Pipeline.Stages
 	res := job.Result{Step: w.step, Generation: w.gen, World: len(rd.lay.Ranks) * p}
-	if rd.me.Replica == 0 && w.test != nil && w.test.Len() > 0 {
+	if rd.tens != nil && rd.me.Replica == 0 && w.test != nil && w.test.Len() > 0 {
+		// Every rank of a split model computes the whole loss.
+		loss, correct, err := rd.tens.evaluate(ctx, w.test)
+		if err != nil {
+			return err
+		}
+		n := float64(w.test.Len())
+		res.Loss, res.Accuracy = loss/n, float64(correct)/n
+		if m := w.stage.tensor.measures; m != nil {
+			res.Metrics = m(res.Loss, res.Accuracy)
+		}
+	} else if rd.me.Replica == 0 && w.test != nil && w.test.Len() > 0 {
 		ev := &stepData{features: w.shape.layers[0].In}
 		n := w.test.Len()
 		batches := (n + w.shape.rows - 1) / w.shape.rows
@@ -346,12 +369,16 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 	}
 	crcs := map[string]uint32{}
 	for _, pr := range w.stage.params {
-		crcs[pr.Name] = paramsCRC([]*nn.Param{pr})
+		name := pr.Name
+		if w.stage.tensor != nil { // every rank has a part named so
+			name = fmt.Sprintf("%s@tp%d", name, rd.me.Stage)
+		}
+		crcs[name] = paramsCRC([]*nn.Param{pr})
 	}
 	res.ParametersCRC = paramsCRC(w.stage.params)
 	w.rep.Send(StageDone{Replica: rd.me.Replica, Stage: rd.me.Stage, CRCs: crcs})
 	if rd.me.Replica == 0 {
-		w.rep.Send(Done{Step: w.step, Generation: w.gen, Replicas: len(rd.lay.Ranks), Loss: res.Loss, Accuracy: res.Accuracy})
+		w.rep.Send(Done{Step: w.step, Generation: w.gen, Replicas: len(rd.lay.Ranks), Loss: res.Loss, Accuracy: res.Accuracy, Metrics: res.Metrics})
 	}
 	if err := rd.barriers(ctx); err != nil {
 		return err

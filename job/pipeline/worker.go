@@ -26,6 +26,9 @@ func runRole(ctx context.Context, cfg job.Config, reg *job.Registry) (*job.Resul
 	if err != nil {
 		return nil, err
 	}
+	if spec.Split != nil && cfg.Pipeline.Tensor > 1 {
+		return RunTensorWorker(ctx, cfg, spec.Split, opts)
+	}
 	m, ok := spec.Impl.(*Model)
 	if !ok {
 		return nil, fmt.Errorf("pipeline: model %s is not a pipeline model (ModelSpec.Impl is %T, want *pipeline.Model)", spec.Name, spec.Impl)
@@ -43,11 +46,20 @@ func RunWorker(ctx context.Context, cfg job.Config, m *Model, opts job.Options) 
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.CheckJoin(); err != nil {
+	return newWorker(cfg, m, opts, shape).run(ctx)
+}
+
+func newWorker(cfg job.Config, m *Model, opts job.Options, shape *shape) *pipeWorker {
+	return &pipeWorker{cfg: cfg, log: cfg.Logger, model: m, opts: opts, shape: shape, rep: job.NewReporter(cfg.Reports),
+		place: layout.Spare, commits: &commits{}}
+}
+
+// run is the worker's life: it joins the job, and trains in the place
+// each generation gives it until the job's end.
+func (w *pipeWorker) run(ctx context.Context) (*job.Result, error) {
+	if err := w.cfg.CheckJoin(); err != nil {
 		return nil, err
 	}
-	w := &pipeWorker{cfg: cfg, log: cfg.Logger, model: m, opts: opts, shape: shape, rep: job.NewReporter(cfg.Reports),
-		place: layout.Spare, commits: &commits{}}
 	defer w.close()
 	if err := w.start(ctx); err != nil {
 		return nil, err
@@ -56,7 +68,7 @@ func RunWorker(ctx context.Context, cfg job.Config, m *Model, opts job.Options) 
 	watched := make(chan struct{})
 	go func() { defer close(watched); w.watchStop(wctx) }()
 	defer func() { stopWatch(); <-watched }() // before the etcd client closes
-	err = w.agent.Run(ctx, w.round)
+	err := w.agent.Run(ctx, w.round)
 	switch {
 	case err != nil:
 		return nil, err
@@ -84,7 +96,8 @@ func (w *pipeWorker) watchStop(ctx context.Context) {
 type pipeWorker struct {
 	cfg   job.Config
 	log   *zap.Logger
-	model *Model
+	model *Model    // a pipeline model, or
+	split SplitFunc // a model split across tensor-parallel ranks
 	opts  job.Options
 	shape *shape
 	rep   *job.Reporter
@@ -125,11 +138,13 @@ func (w *pipeWorker) close() {
 func (w *pipeWorker) start(ctx context.Context) error {
 	c := &w.cfg
 	var err error
-	if w.train, w.test, err = w.model.Data(w.opts, c.Seed); err != nil {
-		return fmt.Errorf("pipeline: model %s's data: %w", c.Model, err)
-	}
-	if w.sampler, err = worker.NewSampler(w.train.Len(), c.Seed); err != nil {
-		return err
+	if w.split == nil { // a split model's data comes with its part (buildTensorStage)
+		if w.train, w.test, err = w.model.Data(w.opts, c.Seed); err != nil {
+			return fmt.Errorf("pipeline: model %s's data: %w", c.Model, err)
+		}
+		if w.sampler, err = worker.NewSampler(w.train.Len(), c.Seed); err != nil {
+			return err
+		}
 	}
 	dp, err := job.OpenDataPlane(c, w.log)
 	if err != nil {

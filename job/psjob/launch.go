@@ -107,7 +107,7 @@ type Kind struct{}
 func (Kind) Name() string { return "ps" }
 
 // Owns a model with PS.
-func (Kind) Owns(spec job.ModelSpec) bool { return spec.PS != nil }
+func (Kind) Owns(spec job.ModelSpec, _ *job.Config) bool { return spec.PS != nil }
 
 // Worker is the role of a parameter-server worker.
 func (Kind) Worker() string { return "ps-worker" }

@@ -33,7 +33,9 @@ type Kind struct{}
 func (Kind) Name() string { return "ring" }
 
 // Owns a model with New.
-func (Kind) Owns(spec job.ModelSpec) bool { return spec.New != nil }
+func (Kind) Owns(spec job.ModelSpec, cfg *job.Config) bool {
+	return spec.New != nil && cfg.Pipeline.Tensor <= 1
+}
 
 // Worker is the role of a ring worker.
 func (Kind) Worker() string { return "worker" }

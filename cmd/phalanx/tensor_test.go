@@ -1,0 +1,150 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/phalanx-rt/phalanx/examples/gpt"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/worker"
+)
+
+// gptArgs are a small gpt job's flags: 1 MiB of the Go source, a model
+// of width 32, one block of 2 heads, windows of 32 characters.
+func gptArgs(steps int, more ...string) []string {
+	return append([]string{"--example", "gpt", "--steps", fmt.Sprint(steps), "--width", "32", "--depth", "1", "--heads", "2",
+		"--context", "32", "--batch", "16", "--corpus-mb", "1", "--eval-windows", "32", "--optimizer", "momentum", "--lr", "1", "--clip", "0.1",
+		"--threads", "1"}, more...)
+}
+
+// TestTensorParallelMatchesOneRank: the gpt example split across 2
+// tensor-parallel ranks, with 1 replica and with 2, reaches the held-out
+// loss of the unsplit model on one worker within 2% after the same steps
+// (the same samples, the sums in another order), and its first step's
+// gradient norm over the ranks is the whole model's (a whole parameter,
+// held by every rank, counted once); its done event carries
+// the held-out nats per character and perplexity, and the replicas end
+// identical.
+func TestTensorParallelMatchesOneRank(t *testing.T) {
+	const steps = 30
+	ref := doneOf(t, startJob(t, gptArgs(steps, "--workers", "1")...).Finish(t))
+	want := ref["loss"].(float64)
+	norm1 := firstGradNorm(t)
+	for _, dp := range []string{"1", "2"} {
+		t.Run("dp"+dp, func(t *testing.T) {
+			ev := startJob(t, gptArgs(steps, "--dp", dp, "--tp", "2")...).Finish(t)
+			seen := false
+			for _, e := range ev["pipeline_step"] {
+				if jobtest.Num(e, "step") == 1 && e["grad_norm"] != nil {
+					seen = true
+					if g := e["grad_norm"].(float64); math.Abs(g-norm1) > 1e-4*norm1 {
+						t.Errorf("step 1's gradient norm over the ranks %v, the whole model's %v", g, norm1)
+					}
+				}
+			}
+			if !seen {
+				t.Error("no pipeline_step event of step 1 with a grad_norm")
+			}
+			d := doneOf(t, ev)
+			got, _ := d["loss"].(float64)
+			if math.Abs(got-want) > 0.02*want || jobtest.Num(d, "step") != steps || d["parameters_identical"] != true {
+				t.Errorf("--dp %s --tp 2: done %v; the unsplit model's held-out loss %.4f", dp, d, want)
+			}
+			if p, _ := d["perplexity"].(float64); math.Abs(p-math.Exp(got)) > 1e-6*p {
+				t.Errorf("perplexity %v for a loss of %v", d["perplexity"], got)
+			}
+			if n := len(ev["worker_started"]); n != 2*int(dp[0]-'0') {
+				t.Errorf("%d workers started for --dp %s --tp 2", n, dp)
+			}
+		})
+	}
+}
+
+// firstGradNorm is the global norm of the whole model's gradient at
+// step 1 of gptArgs' job: its first batch, as the sampler draws it.
+func firstGradNorm(t *testing.T) float64 {
+	t.Helper()
+	spec := gpt.Spec()
+	o, err := spec.Resolve(map[string]string{"width": "32", "depth": "1", "heads": "2", "context": "32", "corpus-mb": "1", "eval-windows": "32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := spec.New(o, 1) // the default --seed
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := worker.NewSampler(task.Train.Len(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, size, _, err := s.Batch(worker.Position{}, 16, 1, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b worker.Batch
+	if err := task.Train.Fill(idx, &b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := task.Model.Step(&b, 1/float32(size), nil); err != nil {
+		t.Fatal(err)
+	}
+	return nn.GlobalNorm(task.Model.Params())
+}
+
+// TestTensorParallelRankKilled: at --dp 2 --tp 2, a tensor-parallel rank
+// SIGKILLed takes its replica with it; the other replica goes on with no
+// step redone, the replica re-forms from it when the replacement worker
+// joins, and the job finishes with identical replicas.
+func TestTensorParallelRankKilled(t *testing.T) {
+	const steps = 3000 // outlasts the kill and the replacement's start
+	j := startJob(t, gptArgs(steps, "--dp", "2", "--tp", "2", "--width", "16", "--context", "16", "--batch", "8")...)
+	j.Until(t, "step 10", func(e jobtest.Event) bool { return e["event"] == "pipeline_step" && jobtest.Num(e, "step") >= 10 })
+	j.KillWorker(t, 3, syscall.SIGKILL) // replica 1, rank 1
+	lost := j.Until(t, "stage_lost", jobtest.Kind("stage_lost"))
+	if jobtest.Num(lost, "replica") != 1 || jobtest.Num(lost, "stage") != 1 {
+		t.Errorf("stage_lost %v, want replica 1 rank 1", lost)
+	}
+	j.Until(t, "replica_dropped", func(e jobtest.Event) bool { return e["event"] == "replica_dropped" && jobtest.Num(e, "replica") == 1 })
+	formed := j.Until(t, "replica_formed", jobtest.Kind("replica_formed"))
+	if jobtest.Num(formed, "replica") != 1 || jobtest.Num(formed, "donor") != 0 {
+		t.Errorf("replica_formed %v, want replica 1 from replica 0", formed)
+	}
+	ev := j.Finish(t)
+	d := doneOf(t, ev)
+	if jobtest.Num(d, "step") != steps || jobtest.Num(d, "replicas") != 2 || d["parameters_identical"] != true {
+		t.Errorf("done %v, want step %d on 2 identical replicas", d, steps)
+	}
+	last := map[int]int{}
+	for _, e := range ev["pipeline_step"] {
+		r, s := jobtest.Num(e, "stage"), jobtest.Num(e, "step")
+		if s <= last[r] {
+			t.Fatalf("rank %d stepped %d after %d: a step redone", r, s, last[r])
+		}
+		last[r] = s
+	}
+}
+
+// TestTensorParallelBadInput: a T that does not divide the heads, a mesh
+// that does not match the workers, pipeline stages with tensor
+// parallelism, and more than one micro-batch are each refused before any
+// worker starts, naming the problem.
+func TestTensorParallelBadInput(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{gptArgs(5, "--tp", "4"), "4 tensor-parallel ranks do not divide the 2 heads"},
+		{gptArgs(5, "--tp", "2", "--dp", "2", "--workers", "3"), "needs 4 workers"},
+		{gptArgs(5, "--tp", "2", "--pp", "2"), "a 3-D mesh, are not supported yet"},
+		{gptArgs(5, "--tp", "2", "--micro-batches", "2"), "want 1"},
+	} {
+		err := runCommand(t, append([]string{"train"}, c.args...), new(strings.Builder), new(strings.Builder))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error saying %q", c.args[len(c.args)-4:], err, c.want)
+		}
+	}
+}
