@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -108,6 +109,9 @@ func TestBlockEqualsTwin(t *testing.T) {
 						whole := strings.Contains(s.Local.Name, ".ln") || s.Local.Name == "blk.proj.b" || s.Local.Name == "blk.fc2.b"
 						if split := s.Split(); split != !whole {
 							t.Errorf("%s%s split %v at T=%d", p, s.Local.Name, split, size)
+						}
+						if at := s.At(size, r); s.Split() && (!slices.Equal(at.Ranges, s.Ranges) || at.Len() != len(s.Local.Value)) {
+							t.Errorf("%s%s: ranges %v, but BlockRanges gives %v", p, s.Local.Name, s.Ranges, at.Ranges)
 						}
 						part := make([]float32, len(s.Local.Grad))
 						s.Take(want, part)

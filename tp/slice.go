@@ -3,6 +3,7 @@ package tp
 import (
 	"fmt"
 
+	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -16,6 +17,49 @@ type Slice struct {
 	Shape  []int // the logical tensor's shape
 	Axis   int
 	Ranges [][2]int // [lo, hi) along Axis; none: the whole tensor
+	// Blocks: Axis is cut into this many equal blocks, and the rank holds
+	// collective.ShardRange of each (BlockRanges): how the slice of any
+	// rank of any group size is found from one's. 0 for a whole tensor.
+	Blocks int
+}
+
+// BlockRanges are the ranges along an axis of n that rank holds of a
+// group of size when the axis is cut into blocks equal blocks, each
+// shared out by collective.ShardRange.
+func BlockRanges(n, blocks, size, rank int) [][2]int {
+	bw := n / blocks
+	lo, hi := collective.ShardRange(bw, size, rank)
+	out := make([][2]int, blocks)
+	for b := range blocks {
+		out[b] = [2]int{b*bw + lo, b*bw + hi}
+	}
+	return out
+}
+
+// At is the same slice as another rank of a group of size holds it, its
+// Local left nil.
+func (s Slice) At(size, rank int) Slice {
+	if !s.Split() {
+		return Slice{Shape: s.Shape}
+	}
+	return Slice{Shape: s.Shape, Axis: s.Axis, Blocks: s.Blocks, Ranges: BlockRanges(s.Shape[s.Axis], s.Blocks, size, rank)}
+}
+
+// Len is the number of values the slice holds.
+func (s Slice) Len() int {
+	n := 1
+	for _, d := range s.Shape {
+		n *= d
+	}
+	if !s.Split() {
+		return n
+	}
+	outer, _, inner := s.geometry()
+	var w int
+	for _, r := range s.Ranges {
+		w += r[1] - r[0]
+	}
+	return outer * w * inner
 }
 
 // Whole is a parameter every rank holds whole.
@@ -131,15 +175,15 @@ func (l *ColumnParallel) Slices() []Slice {
 	}
 	in := l.Local.W.Shape[0]
 	return []Slice{
-		{Local: l.Local.W, Shape: []int{in, l.out}, Axis: 1, Ranges: rs},
-		{Local: l.Local.B, Shape: []int{l.out}, Axis: 0, Ranges: rs},
+		{Local: l.Local.W, Shape: []int{in, l.out}, Axis: 1, Ranges: rs, Blocks: l.blocks},
+		{Local: l.Local.B, Shape: []int{l.out}, Axis: 0, Ranges: rs, Blocks: l.blocks},
 	}
 }
 
 // Slices: W's rows, and b whole.
 func (l *RowParallel) Slices() []Slice {
 	out := l.Local.W.Shape[1]
-	w := Slice{Local: l.Local.W, Shape: []int{l.in, out}, Axis: 0, Ranges: [][2]int{{l.lo, l.hi}}}
+	w := Slice{Local: l.Local.W, Shape: []int{l.in, out}, Axis: 0, Ranges: [][2]int{{l.lo, l.hi}}, Blocks: 1}
 	if l.SeqParallel {
 		return []Slice{w} // B is the SeqScatter's
 	}
@@ -148,5 +192,5 @@ func (l *RowParallel) Slices() []Slice {
 
 // Slices: the table's rows.
 func (e *VocabParallelEmbedding) Slices() []Slice {
-	return []Slice{{Local: e.Table, Shape: []int{e.vocab, e.Table.Shape[1]}, Axis: 0, Ranges: [][2]int{{e.lo, e.hi}}}}
+	return []Slice{{Local: e.Table, Shape: []int{e.vocab, e.Table.Shape[1]}, Axis: 0, Ranges: [][2]int{{e.lo, e.hi}}, Blocks: 1}}
 }

@@ -148,3 +148,53 @@ func TestTensorParallelBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestTensorParallelCheckpointReshards: a checkpoint written by 2
+// tensor-parallel ranks resumes into 4, and one written by 4 into 2
+// replicas of 2: each rank rebuilds every logical tensor from the old
+// ranks' slices and keeps its own. The resumed jobs start at the
+// checkpoint's step and end within 2% of the held-out loss of a job run
+// through on 2 ranks (the same samples; sums in other orders). With the
+// newest checkpoint's part of rank 1 corrupted by one byte, the resume
+// names it (checkpoint_skipped) and takes the one before.
+func TestTensorParallelCheckpointReshards(t *testing.T) {
+	args := func(steps int, more ...string) []string {
+		return gptArgs(steps, append([]string{"--heads", "4", "--schedule", "constant", "--optimizer", "adam", "--lr", "0.01"}, more...)...)
+	}
+	ref := doneOf(t, startJob(t, args(40, "--tp", "2")...).Finish(t))["loss"].(float64)
+	for _, c := range []struct {
+		name       string
+		from, into []string
+	}{
+		{"tp2-into-tp4", []string{"--tp", "2"}, []string{"--tp", "4"}},
+		{"tp4-into-dp2xtp2", []string{"--tp", "4"}, []string{"--dp", "2", "--tp", "2"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			startJob(t, args(20, append(c.from, "--checkpoint", dir, "--checkpoint-every-steps", "10")...)...).Finish(t)
+			ev := startJob(t, args(40, append(c.into, "--checkpoint", dir)...)...).Finish(t)
+			if r := ev["checkpoint_restored"]; len(r) != 1 || jobtest.Num(r[0], "step") != 20 {
+				t.Fatalf("checkpoint_restored %v, want one at step 20", r)
+			}
+			if s := ev["pipeline_step"]; len(s) == 0 || jobtest.Num(s[0], "step") != 21 {
+				t.Errorf("the resumed job's first step event %v, want step 21", s[:min(len(s), 1)])
+			}
+			d := doneOf(t, ev)
+			if got := d["loss"].(float64); math.Abs(got-ref) > 0.02*ref || jobtest.Num(d, "step") != 40 {
+				t.Errorf("resumed %s: done %v; run through on 2 ranks: held-out loss %.4f", c.name, d, ref)
+			}
+		})
+	}
+	t.Run("corrupt", func(t *testing.T) {
+		dir := t.TempDir()
+		startJob(t, args(20, "--tp", "2", "--checkpoint", dir, "--checkpoint-every-steps", "10")...).Finish(t)
+		corruptNewestPart(t, dir) // rank 1's part of step 20
+		ev := startJob(t, args(40, "--tp", "4", "--checkpoint", dir)...).Finish(t)
+		if s := ev["checkpoint_skipped"]; len(s) == 0 || !strings.Contains(fmt.Sprint(s[0]), "step-000000000020") || !strings.Contains(fmt.Sprint(s[0]), "checksum") {
+			t.Errorf("checkpoint_skipped %v, want the corrupted one named with its checksum", s)
+		}
+		if r := ev["checkpoint_restored"]; len(r) != 1 || jobtest.Num(r[0], "step") != 10 {
+			t.Fatalf("checkpoint_restored %v, want one at step 10 (the step-20 one is corrupt)", r)
+		}
+	})
+}

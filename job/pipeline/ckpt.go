@@ -17,6 +17,7 @@ import (
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/tp"
 )
 
 // A pipeline checkpoint is every stage's own checkpoint of one step (each
@@ -39,8 +40,22 @@ type index struct {
 	Cuts       []int   `json:"cuts"`
 	Parts      []part  `json:"parts"`
 	Loss       float64 `json:"loss"`
-	CRC        uint32  `json:"crc32c"` // of the JSON with this field 0
-	name       string  // its object's name, when read
+	// Split: a split model's parameters by name, how each is cut across
+	// the Stages tensor-parallel ranks that wrote the parts (their
+	// optimizer slots, named param/kind, are cut alike); a parameter
+	// absent is whole in every part. A restore into another number of
+	// ranks rebuilds each logical tensor from the parts' slices.
+	Split map[string]splitLayout `json:"split,omitempty"`
+	CRC   uint32                 `json:"crc32c"` // of the JSON with this field 0
+	name  string                 // its object's name, when read
+}
+
+// splitLayout is how a logical tensor is cut (tp.Slice without the
+// ranges, which BlockRanges gives for each rank).
+type splitLayout struct {
+	Shape  []int `json:"shape"`
+	Axis   int   `json:"axis"`
+	Blocks int   `json:"blocks"`
 }
 
 // part is one stage's checkpoint in an index.
@@ -303,16 +318,7 @@ func openIndex(ctx context.Context, store checkpoint.Store, name string) (*index
 // restoreStage loads stage st's tensors, by name, from the parts of x.
 func restoreStage(ctx context.Context, x *index, ms []*manifestOf, st *stageState) error {
 	if st.tensor != nil {
-		// A split model's ranks name their parts alike: each reads its own.
-		if T := st.tensor.comm.Size(); x.Stages != T || len(ms) != T {
-			return fmt.Errorf("pipeline checkpoint of step %d was written by %d tensor-parallel ranks a replica; this job has %d (resharding a split model's checkpoint is not supported yet)", x.Step, x.Stages, T)
-		}
-		for _, t := range stageTensors(st) {
-			if err := checkpoint.ReadTensor(ctx, ms[st.stage].store, ms[st.stage].m, t.Name, t.Data); err != nil {
-				return err
-			}
-		}
-		return nil
+		return restoreSplit(ctx, x, ms, st)
 	}
 	where := map[string]int{}
 	for i, p := range x.Parts {
@@ -421,3 +427,82 @@ func finalIndex(ctx context.Context, store checkpoint.Store, c *job.Config, step
 // partPrefix begins the IDs of the stage parts of step saved in
 // generation gen (package checkpoint's names).
 func partPrefix(step int64, gen uint64) string { return fmt.Sprintf("step-%012d-g%d-", step, gen) }
+
+// restoreSplit loads a split model's rank from the parts of x, written by
+// x.Stages ranks: with as many ranks as this job's, each reads its own
+// part; otherwise each logical tensor is rebuilt from every part's slice
+// of it (x.Split says how they are cut) and this rank takes its own.
+func restoreSplit(ctx context.Context, x *index, ms []*manifestOf, st *stageState) error {
+	ts := st.tensor
+	T := ts.comm.Size()
+	if len(ms) != x.Stages {
+		return fmt.Errorf("pipeline checkpoint of step %d names %d parts for %d ranks", x.Step, len(ms), x.Stages)
+	}
+	if x.Stages == T {
+		for _, t := range stageTensors(st) {
+			if err := checkpoint.ReadTensor(ctx, ms[st.stage].store, ms[st.stage].m, t.Name, t.Data); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if x.Split == nil {
+		return fmt.Errorf("pipeline checkpoint of step %d was written by %d ranks a replica and says nothing of how its tensors are cut: it restores only into %d", x.Step, x.Stages, x.Stages)
+	}
+	mine := map[string]tp.Slice{}
+	for _, s := range ts.slices {
+		mine[s.Local.Name] = s
+	}
+	var logical, src []float32
+	for _, t := range stageTensors(st) {
+		param, _, _ := strings.Cut(t.Name, "/") // an optimizer slot is cut as its parameter
+		s, ok := mine[param]
+		if !ok {
+			return fmt.Errorf("pipeline: tensor %s of no parameter of the model", t.Name)
+		}
+		lay, split := x.Split[param]
+		if split != s.Split() || (split && (!slices.Equal(lay.Shape, s.Shape) || lay.Axis != s.Axis || lay.Blocks != s.Blocks)) {
+			return &checkpoint.IncompatibleError{ID: x.name, Reason: fmt.Sprintf("tensor %s is cut %+v there, %v × %d blocks along axis %d here", t.Name, lay, s.Shape, s.Blocks, s.Axis)}
+		}
+		if !split { // whole in every part
+			if err := checkpoint.ReadTensor(ctx, ms[0].store, ms[0].m, t.Name, t.Data); err != nil {
+				return err
+			}
+			continue
+		}
+		n := 1
+		for _, d := range s.Shape {
+			n *= d
+		}
+		logical = growF32(logical, n)
+		for q := range x.Stages {
+			old := s.At(x.Stages, q)
+			src = growF32(src, old.Len())
+			if err := checkpoint.ReadTensor(ctx, ms[q].store, ms[q].m, t.Name, src); err != nil {
+				return err
+			}
+			old.Put(src, logical)
+		}
+		s.Take(logical, t.Data)
+	}
+	return nil
+}
+
+func growF32(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// splitLayouts are the layouts of a split model's parameters that are
+// cut (tp.Slices).
+func splitLayouts(ss []tp.Slice) map[string]splitLayout {
+	out := map[string]splitLayout{}
+	for _, s := range ss {
+		if s.Split() {
+			out[s.Local.Name] = splitLayout{Shape: s.Shape, Axis: s.Axis, Blocks: s.Blocks}
+		}
+	}
+	return out
+}

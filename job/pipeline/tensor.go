@@ -138,6 +138,9 @@ func (w *pipeWorker) buildTensorStage(s int) (*stageState, error) {
 			ts.norm = append(ts.norm, sl.Local)
 		}
 	}
+	if w.splitLayout == nil {
+		w.splitLayout = splitLayouts(ts.slices)
+	}
 	if w.train == nil {
 		w.train, w.test = task.Train, task.Test
 		if w.sampler, err = worker.NewSampler(w.train.Len(), w.cfg.Seed); err != nil {

@@ -212,7 +212,7 @@ func (w *pipeWorker) index(ctx context.Context, step int64, pos [2]int64, gen ui
 	x, err := indexOf(ctx, w.store, &w.cfg, step, pos, gen)
 	name := ""
 	if err == nil {
-		x.Loss = loss
+		x.Loss, x.Split = loss, w.splitLayout
 		name, err = writeIndex(ctx, w.store, x)
 	}
 	ev := checkpoint.Event{Kind: "saved", ID: name, Step: step, URL: w.store.Location(), Seconds: time.Since(t0).Seconds(), WorldAfter: w.cfg.Pipeline.Stages}

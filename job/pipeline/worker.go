@@ -122,6 +122,9 @@ type pipeWorker struct {
 	// commits: this stage's last commits, and copies of the previous
 	// stage's (one replica only), kept across generations.
 	commits *commits
+	// splitLayout: a split model's, how its parameters are cut (the same
+	// on every rank; set once, before any index is written).
+	splitLayout map[string]splitLayout
 
 	coord     *coordinator.Job
 	stopAsked atomic.Bool    // the job's operator asked it to stop
