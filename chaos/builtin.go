@@ -228,6 +228,16 @@ func pipelineJob(replicas, stages int, checkpointEvery int64) JobSpec {
 		Pipeline: &PipelineSpec{Stages: stages, Replicas: replicas, MicroBatches: 4, CommitEvery: 5}}
 }
 
+// tensorJob is the tensor-parallel scenarios' job: the gpt example, small
+// (width 32, one block of 2 heads, windows of 32 characters, 1 MiB of the
+// Go source), replicas × ranks workers.
+func tensorJob(replicas, ranks int) JobSpec {
+	return JobSpec{Kind: "pipeline", Model: "gpt",
+		Options: map[string]string{"width": "32", "depth": "1", "heads": "2", "context": "32", "corpus-mb": "1", "eval-windows": "32"},
+		Workers: replicas * ranks, MinWorkers: 1, Steps: 400, Batch: 16, Seed: 7,
+		Pipeline: &PipelineSpec{Stages: 1, Replicas: replicas, MicroBatches: 1, CommitEvery: 5, Tensor: ranks}}
+}
+
 // pipelineScenarios kill stages of pipeline jobs: of a replica among two
 // (it drops out, the other goes on, the launcher's replacement re-forms
 // it), of a lone pipeline (the replacement takes the stage from the copy
@@ -243,6 +253,10 @@ func pipelineScenarios() []Scenario {
 			Description: "pp2, one replica: SIGKILL of stage 1; the replacement takes its state from the commit in stage 0's memory, stage 0 rolls back to its own commit of that step",
 			Job:         pipelineJob(1, 2, 0),
 			Faults:      []FaultSpec{{Kind: "sigkill", Target: "rank:1", Trigger: Trigger{Step: 60}}}},
+		{Name: "tp-rank-kill", CI: true, RecoveryBound: Duration(time.Second),
+			Description: "dp2×tp2 (gpt): SIGKILL of a random tensor-parallel rank of a random replica at a random step; its replica drops out, the other goes on with no step redone, a replacement re-forms it from the other's parameters",
+			Job:         tensorJob(2, 2),
+			Faults:      []FaultSpec{{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 40, StepMax: 120}}}},
 		{Name: "stage-kill-both", CI: true,
 			Description: "pp2, one replica: SIGKILL of both stages, their commits with them; the replacements restore from the newest checkpoint",
 			Job:         pipelineJob(1, 2, 20),

@@ -214,7 +214,7 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 		psConfigure(sc, &lc)
 	}
 	if p := j.Pipeline; p != nil {
-		lc.Pipeline.Stages, lc.Pipeline.Replicas = p.Stages, max(p.Replicas, 1)
+		lc.Pipeline.Stages, lc.Pipeline.Replicas, lc.Pipeline.Tensor = p.Stages, max(p.Replicas, 1), p.Tensor
 		if p.Schedule != "" {
 			lc.Pipeline.Schedule = p.Schedule
 		}
@@ -263,7 +263,11 @@ func (r *Runner) jobKind(sc *Scenario) (map[int]string, any, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
 	}
-	k, err := r.Registry.KindOf(spec, &phalanx.Config{})
+	var cfg phalanx.Config
+	if p := sc.Job.Pipeline; p != nil {
+		cfg.Pipeline.Tensor = p.Tensor
+	}
+	k, err := r.Registry.KindOf(spec, &cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w %q: %w", ErrScenario, sc.Name, err)
 	}

@@ -85,14 +85,17 @@ type JobSpec struct {
 }
 
 // PipelineSpec is a pipeline job's shape (phalanx.PipelineConfig):
-// replicas, stages, micro-batches per step, schedule, and the steps
-// between a stage's commits in its neighbour's memory.
+// replicas, stages, micro-batches per step, schedule, the steps between
+// a stage's commits in its neighbour's memory, and tensor-parallel ranks.
 type PipelineSpec struct {
 	Stages       int    `json:"stages"`
 	Replicas     int    `json:"replicas,omitempty"`
 	MicroBatches int    `json:"micro_batches,omitempty"`
 	Schedule     string `json:"schedule,omitempty"`
 	CommitEvery  int    `json:"commit_every,omitempty"`
+	// Tensor: tensor-parallel ranks a replica (a model that Splits, as
+	// gpt; Stages stays 1 and Workers is Replicas × Tensor).
+	Tensor int `json:"tensor,omitempty"`
 }
 
 // has says whether the job runs beside the named service.
