@@ -46,8 +46,12 @@ type Config struct {
 	LocalSteps   int                `json:"local_steps"`   // 1: average gradients every step; K > 1: local SGD, average parameters every K
 	CommitEvery  int                `json:"commit_every"`  // commit the state in memory every this many steps
 	BucketBytes  int                `json:"bucket_bytes"`  // gradient fusion bucket size
-	Seed         uint64             `json:"seed"`          // of the weights, the data and the shuffle
-	OpTimeout    time.Duration      `json:"op_timeout"`    // deadline of every collective operation
+	// MaxMemory bounds a worker's training state (parameters, gradients,
+	// optimizer slots) in bytes: a model that needs more is refused
+	// before any worker starts (0: no budget).
+	MaxMemory int64         `json:"max_memory,omitempty"`
+	Seed      uint64        `json:"seed"`       // of the weights, the data and the shuffle
+	OpTimeout time.Duration `json:"op_timeout"` // deadline of every collective operation
 	// Transport is the data plane between ranks: "auto" (shared memory
 	// between ranks on one host, TCP between hosts, hierarchical allreduce
 	// when every host has several ranks), "tcp" or "shm" (every rank on one
@@ -353,6 +357,8 @@ func (c *Config) ValidateCommon() error {
 		return Invalid("Model", "", "name the model")
 	case c.Steps < 1:
 		return Invalid("Steps", c.Steps, "want at least 1")
+	case c.MaxMemory < 0:
+		return Invalid("MaxMemory", c.MaxMemory, "must not be negative (0: no budget)")
 	case c.LeaseTTL < time.Second:
 		return Invalid("LeaseTTL", c.LeaseTTL, "want at least 1s (etcd leases count whole seconds)")
 	case c.Unreachable <= 0:

@@ -23,6 +23,7 @@ import (
 type configFlags struct {
 	cfg                                    phalanx.Config
 	bucket, deadline, excludeAfter, failAt string
+	maxMemory                              string
 	ppCuts                                 string
 	etcd                                   string
 	options                                map[string]string // model options set on the command line
@@ -52,6 +53,7 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	fs.IntVar(&c.LocalSteps, "local-steps", c.LocalSteps, "1: average gradients every step; K > 1: local SGD, average parameters every K steps")
 	fs.IntVar(&c.CommitEvery, "commit-every", c.CommitEvery, "commit the training state in memory every this many steps (a membership change\nredoes the steps since the last commit)")
 	fs.StringVar(&f.bucket, "bucket", "1MiB", "gradient fusion bucket size")
+	fs.StringVar(&f.maxMemory, "max-memory", "0", "a worker's budget for its training state (parameters, gradients, optimizer slots), such as\n512MiB: a model that needs more is refused before any worker starts (0: none)")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the weights, the data and the shuffle")
 	fs.DurationVar(&c.OpTimeout, "timeout", c.OpTimeout, "deadline of every collective operation")
 	fs.StringVar((*string)(&c.Transport), "transport", string(c.Transport), "data plane between ranks: auto (shared memory between ranks on one host, TCP between hosts,\nhierarchical allreduce when every host has several ranks), tcp, or shm (every rank on one host)")
@@ -160,6 +162,11 @@ func (f *configFlags) apply() error {
 		return usagef("--bucket %q: want a size such as 1MiB", f.bucket)
 	}
 	c.BucketBytes = n
+	mem, err := bytesize.Parse(f.maxMemory)
+	if err != nil || mem < 0 {
+		return usagef("--max-memory %q: want a size such as 512MiB, or 0 for none", f.maxMemory)
+	}
+	c.MaxMemory = int64(mem)
 	if f.deadline != "auto" {
 		if c.Sync.Deadline, err = time.ParseDuration(f.deadline); err != nil || c.Sync.Deadline <= 0 {
 			return usagef("--step-deadline %q: want auto or a positive duration such as 200ms", f.deadline)
@@ -196,7 +203,7 @@ var flagOf = map[string]string{
 	"ReferenceWorld": "--reference-world", "LeaseTTL": "--lease-ttl", "Unreachable": "--unreachable", "Job": "--job", "Etcd": "--etcd-endpoints", "EtcdDialTimeout": "--etcd-dial-timeout",
 	"Restarts.MaxRestarts": "--max-restarts", "Restarts.Window": "--restart-window", "Faults.FailStep": "--fail-at",
 	"Faults.FailTimes": "--fail-times", "Faults.FailWorker": "--fail-at",
-	"Pipeline.Stages": "--pp", "Pipeline.Replicas": "--dp", "Pipeline.Tensor": "--tp", "Pipeline.Schedule": "--pp-schedule", "Pipeline.Chunks": "--pp-chunks",
+	"Pipeline.Stages": "--pp", "Pipeline.Replicas": "--dp", "Pipeline.Tensor": "--tp", "MaxMemory": "--max-memory", "Pipeline.Schedule": "--pp-schedule", "Pipeline.Chunks": "--pp-chunks",
 	"Pipeline.Cuts": "--pp-cuts", "Pipeline.Balance": "--pp-balance", "Pipeline": "--pp, --micro-batches, --pp-schedule",
 	"Checkpoint.Location": "--checkpoint", "Checkpoint.EverySteps": "--checkpoint-every-steps", "Checkpoint.Every": "--checkpoint-every",
 	"Checkpoint.KeepLast": "--checkpoint-keep", "Checkpoint.KeepEvery": "--checkpoint-keep-every", "Checkpoint.Wait": "--checkpoint-wait",

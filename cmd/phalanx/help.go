@@ -55,7 +55,7 @@ var flagTopics = []struct {
 	{"Data plane", []string{"transport", "bucket", "timeout", "wire-dtype", "error-feedback"}},
 	{"Parameter server (sparse-lr)", []string{"ps-servers", "ps-shards", "ps-replicas", "ps-partition", "ps-optimizer", "ps-lr",
 		"ps-cache-rows", "ps-cache-staleness", "report-every"}},
-	{"Pipeline and tensor parallelism (deep-mlp, gpt)", []string{"pp", "dp", "tp", "pp-schedule", "pp-chunks", "pp-cuts", "pp-balance", "pp-recompute"}},
+	{"Pipeline and tensor parallelism (deep-mlp, gpt)", []string{"pp", "dp", "tp", "max-memory", "pp-schedule", "pp-chunks", "pp-cuts", "pp-balance", "pp-recompute"}},
 	{"Fault injection", []string{"fail-at", "fail-times", "inject-slow", "inject-pause"}},
 	{"Logs", []string{"job-dir", "log-dir", "log-level"}},
 }

@@ -8,8 +8,11 @@ import (
 	"testing"
 
 	"github.com/phalanx-rt/phalanx/examples/gpt"
+	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/tp"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -197,4 +200,66 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 			t.Fatalf("checkpoint_restored %v, want one at step 10 (the step-20 one is corrupt)", r)
 		}
 	})
+}
+
+// TestTensorParallelMemory: with --max-memory at 60% of what the unsplit
+// model's training state needs, one worker is refused before it starts,
+// naming the need and the budget; split across 2 ranks the model trains,
+// and each rank's own accounting (pipeline_step param_bytes) holds its
+// half of every split weight and every whole one.
+func TestTensorParallelMemory(t *testing.T) {
+	spec := gpt.Spec()
+	o, err := spec.Resolve(map[string]string{"width": "32", "depth": "1", "heads": "2", "context": "32", "corpus-mb": "1", "eval-windows": "32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := spec.New(o, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	need, err := job.TrainingBytes(whole.Model.Params(), nn.OptimizerConfig{Kind: "momentum", Momentum: 0.9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := need * 6 / 10
+	mem := fmt.Sprint(budget)
+	err = runCommand(t, append([]string{"train"}, gptArgs(3, "--workers", "1", "--max-memory", mem)...), new(strings.Builder), new(strings.Builder))
+	if err == nil || !strings.Contains(err.Error(), bytesize.Format(need)) || !strings.Contains(err.Error(), bytesize.Format(budget)) {
+		t.Fatalf("one worker within %s of %s needed: %v", bytesize.Format(budget), bytesize.Format(need), err)
+	}
+	ev := startJob(t, gptArgs(3, "--tp", "2", "--max-memory", mem)...).Finish(t)
+	// Each rank's part: half of each split parameter, every whole one.
+	want := map[int]int{}
+	for r := range 2 {
+		comm, _ := tp.NewCommAt(2, r)
+		part, err := spec.Split(o, 1, comm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range part.Model.(tp.Sliced).Slices() {
+			n := s.Len()
+			if s.Split() && 2*n != s.At(1, 0).Len() {
+				t.Errorf("rank %d holds %d of the %d values of %s", r, n, s.At(1, 0).Len(), s.Local.Name)
+			}
+			want[r] += 4 * n
+		}
+	}
+	seen := 0
+	for _, e := range ev["pipeline_step"] {
+		if r := jobtest.Num(e, "stage"); jobtest.Num(e, "param_bytes") != want[r] {
+			t.Fatalf("rank %d's param_bytes %v, want %d", r, e["param_bytes"], want[r])
+		}
+		seen++
+	}
+	if seen == 0 || want[0] >= 4*paramCount(whole.Model.Params()) {
+		t.Errorf("%d step events; rank 0 holds %d bytes of the whole model's %d", seen, want[0], 4*paramCount(whole.Model.Params()))
+	}
+}
+
+func paramCount(ps []*nn.Param) int {
+	n := 0
+	for _, p := range ps {
+		n += len(p.Value)
+	}
+	return n
 }

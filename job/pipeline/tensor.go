@@ -90,10 +90,11 @@ func prepareTensor(lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) e
 	if err != nil {
 		return err
 	}
-	if _, err := spec.Split(opts, lc.Seed, comm); err != nil {
+	task, err := spec.Split(opts, lc.Seed, comm)
+	if err != nil {
 		return job.Invalid("Pipeline.Tensor", p.Tensor, "model %s: %v", spec.Name, err)
 	}
-	return nil
+	return job.CheckMemory(&lc.Config, task.Model.Params(), p.Tensor) // rank 0's part is the largest
 }
 
 // tensorStage is what a stage of a split model has beyond stageState's:

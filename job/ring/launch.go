@@ -77,6 +77,15 @@ func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpe
 	if lc.Rescale == "lr" && lc.ReferenceWorld == 0 {
 		lc.ReferenceWorld = lc.Workers
 	}
+	if lc.MaxMemory > 0 {
+		task, err := spec.New(opts, lc.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("phalanx: building model %s: %w", spec.Name, err)
+		}
+		if err := job.CheckMemory(&lc.Config, task.Model.Params(), 1); err != nil {
+			return nil, err
+		}
+	}
 	store, err := job.OpenStore(ctx, &lc.Config, lc.Output)
 	if err != nil {
 		return nil, err
