@@ -179,12 +179,13 @@ type PSConfig struct {
 // pipeline of Stages (P) processes, D·P workers in all. MicroBatches is
 // the number of micro-batches a replica's share of a step is cut into.
 type PipelineConfig struct {
-	Stages   int `json:"stages"`   // P, processes per replica (--pp; with Tensor > 1, Tensor)
+	Stages   int `json:"stages"`   // P, processes per replica (--pp; with Tensor set, Tensor)
 	Replicas int `json:"replicas"` // D, pipeline replicas (--dp)
-	// Tensor is T, tensor-parallel ranks per replica (--tp): above 1 the
-	// job's model is built split across them (ModelSpec.Split), and each
-	// replica is T processes (Stages is set to T; pipeline stages and
-	// tensor parallelism together are not supported yet).
+	// Tensor is T, tensor-parallel ranks per replica (--tp): when set (1
+	// or more) the job's model is built split across them
+	// (ModelSpec.Split) on the pipeline kind, each replica T processes
+	// (Stages is set to T; pipeline stages and tensor parallelism together
+	// are not supported yet); 0 leaves a ring model to the ring.
 	Tensor   int    `json:"tensor,omitempty"`
 	Schedule string `json:"schedule"` // gpipe, 1f1b, interleaved or zb-h1
 	Chunks   int    `json:"chunks"`   // v, model chunks per stage (interleaved; 0: 2 there, else 1)

@@ -49,8 +49,12 @@ func (l *VocabParallelLoss) Loss(logits nn.Matrix, labels []int32, scale float32
 			return 0, 0, nn.Matrix{}, fmt.Errorf("tp: label %d of row %d outside a vocabulary of %d", label, i, l.vocab)
 		}
 	}
-	g := l.comm.G
-	ctx := l.comm.ctx
+	reduce := func(b []float64, op collective.ReduceOp) error {
+		if l.comm.alone() {
+			return nil
+		}
+		return l.comm.G.AllReduce(l.comm.ctx, collective.Float64s(b), op)
+	}
 	mx := growF64(&l.max, rows)
 	for i := range rows {
 		m := math.Inf(-1)
@@ -59,7 +63,7 @@ func (l *VocabParallelLoss) Loss(logits nn.Matrix, labels []int32, scale float32
 		}
 		mx[i] = m
 	}
-	if err := g.AllReduce(ctx, collective.Float64s(mx), collective.Max); err != nil {
+	if err := reduce(mx, collective.Max); err != nil {
 		return 0, 0, nn.Matrix{}, fmt.Errorf("tp: the logits' maxima: %w", err)
 	}
 	// Per row: the sum of exponentials, the label's logit (from the rank
@@ -84,10 +88,10 @@ func (l *VocabParallelLoss) Loss(logits nn.Matrix, labels []int32, scale float32
 			sums[rows+i] = float64(z[int(label)-l.lo])
 		}
 	}
-	if err := g.AllReduce(ctx, collective.Float64s(sums), collective.Sum); err != nil {
+	if err := reduce(sums, collective.Sum); err != nil {
 		return 0, 0, nn.Matrix{}, fmt.Errorf("tp: the softmax sums: %w", err)
 	}
-	if err := g.AllReduce(ctx, collective.Float64s(first), collective.Min); err != nil {
+	if err := reduce(first, collective.Min); err != nil {
 		return 0, 0, nn.Matrix{}, fmt.Errorf("tp: the logits' first maxima: %w", err)
 	}
 	for i, label := range labels {

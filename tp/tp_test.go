@@ -220,3 +220,29 @@ func TestCommAtOneRankNeedsNoGroup(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestCommAtOneRankLoss: the vocabulary-parallel loss and embedding on
+// NewCommAt(1, 0), with no group, equal the whole-vocabulary ones.
+func TestCommAtOneRankLoss(t *testing.T) {
+	comm, _ := NewCommAt(1, 0)
+	logits := randMatrix(4, 3, 5)
+	labels := []int32{0, 4, 2}
+	var ref nn.SoftmaxCrossEntropy
+	wantSum, wantRight, wantGrad, err := ref.Loss(logits, labels, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]float32(nil), wantGrad.Data...)
+	sum, right, grad, err := NewVocabParallelLoss(comm, 5).Loss(logits, labels, 0.5)
+	if err != nil || math.Abs(sum-wantSum) > 1e-9*math.Abs(wantSum) || right != wantRight {
+		t.Fatalf("loss %v (%d right), %v; want %v (%d right)", sum, right, err, wantSum, wantRight)
+	}
+	near(t, "gradient", grad.Data, want)
+	e := nn.NewEmbedding("e", 5, 3, rand.New(rand.NewPCG(1, 2)))
+	got, err := NewVocabParallelEmbedding(comm, e).Lookup(labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRows, _ := e.Lookup(labels)
+	near(t, "embedding", got.Data, wantRows.Data)
+}

@@ -106,7 +106,7 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	pl := &c.Pipeline
 	fs.IntVar(&pl.Stages, "pp", pl.Stages, "pipeline models (deep-mlp): stages per replica, one worker process each")
 	fs.IntVar(&pl.Replicas, "dp", pl.Replicas, "pipeline and tensor-parallel models: replicas of the pipeline (or of the split model); --workers defaults to\n--dp × --pp (or --dp × --tp)")
-	fs.IntVar(&pl.Tensor, "tp", 1, "tensor-parallel models (gpt): ranks each replica's model is split across, one worker process each")
+	fs.IntVar(&pl.Tensor, "tp", 0, "tensor-parallel models (gpt): ranks each replica's model is split across, one worker process each;\n0: not split, a data-parallel ring of --workers (--dp 2 --tp 1 is a data-parallel mesh whose checkpoints\nreshard to any --tp)")
 	fs.StringVar(&pl.Schedule, "pp-schedule", pl.Schedule, "pipeline models: micro-batch schedule: gpipe, 1f1b, interleaved or zb-h1 (zero bubble)")
 	fs.IntVar(&pl.Chunks, "pp-chunks", 0, "pipeline models, --pp-schedule interleaved: model chunks per stage (default 2)")
 	fs.StringVar(&f.ppCuts, "pp-cuts", "", "pipeline models: the first layer of each stage after the first, as indices or layer names\n(\"4,8,12\" or \"fc2,fc4,fc6\"); default: balanced by --pp-balance")

@@ -153,8 +153,9 @@ func TestTensorParallelBadInput(t *testing.T) {
 }
 
 // TestTensorParallelCheckpointReshards: a checkpoint written by 2
-// tensor-parallel ranks resumes into 4, and one written by 4 into 2
-// replicas of 2: each rank rebuilds every logical tensor from the old
+// tensor-parallel ranks resumes into 4, one written by 4 into 2 replicas
+// of 2, one of 2 replicas of the unsplit model (--dp 2 --tp 1) into 2
+// ranks, and the reverse: each rank rebuilds every logical tensor from the old
 // ranks' slices and keeps its own. The resumed jobs start at the
 // checkpoint's step and end within 2% of the held-out loss of a job run
 // through on 2 ranks (the same samples; sums in other orders). With the
@@ -171,6 +172,8 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 	}{
 		{"tp2-into-tp4", []string{"--tp", "2"}, []string{"--tp", "4"}},
 		{"tp4-into-dp2xtp2", []string{"--tp", "4"}, []string{"--dp", "2", "--tp", "2"}},
+		{"dp2xtp1-into-tp2", []string{"--dp", "2", "--tp", "1"}, []string{"--tp", "2"}},
+		{"tp2-into-dp2xtp1", []string{"--tp", "2"}, []string{"--dp", "2", "--tp", "1"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -262,4 +265,29 @@ func paramCount(ps []*nn.Param) int {
 		n += len(p.Value)
 	}
 	return n
+}
+
+// TestTensorParallelRankKilledAlone: --tp 2 with one replica commits each
+// rank's state every --commit-every steps and copies it to the next rank.
+// SIGKILL rank 1: the launcher's replacement takes rank 1's state from the
+// copy in rank 0's memory (stage_restored, source peer; at most
+// --commit-every steps redone), and the job finishes.
+func TestTensorParallelRankKilledAlone(t *testing.T) {
+	const steps, commit = 3000, 4
+	j := startJob(t, gptArgs(steps, "--tp", "2", "--width", "16", "--context", "16", "--batch", "8", "--commit-every", fmt.Sprint(commit))...)
+	j.Until(t, "step 20", func(e jobtest.Event) bool { return e["event"] == "pipeline_step" && jobtest.Num(e, "step") >= 20 })
+	j.KillWorker(t, 1, syscall.SIGKILL)
+	r := j.Until(t, "rank 1's stage_restored", func(e jobtest.Event) bool {
+		return e["event"] == "stage_restored" && jobtest.Num(e, "stage") == 1
+	})
+	if r["source"] != "peer" || jobtest.Num(r, "steps_redone") > commit {
+		t.Errorf("stage_restored %v, want from the peer with at most %d steps redone", r, commit)
+	}
+	ev := j.Finish(t)
+	if n := len(ev["worker_started"]); n != 3 {
+		t.Errorf("%d workers started, want 2 and a replacement", n)
+	}
+	if d := doneOf(t, ev); jobtest.Num(d, "step") != steps {
+		t.Errorf("done %v, want step %d", d, steps)
+	}
 }

@@ -54,7 +54,7 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 		lc.Output, lc.Stderr = stdout, stderr
 		if pl := lc.Pipeline; !fs.Changed("workers") && isPipeline(reg, &lc.Config) {
 			lc.Workers = pl.Stages * pl.Replicas // a pipeline's processes
-			if pl.Tensor > 1 {
+			if pl.Tensor > 0 {
 				lc.Workers = pl.Tensor * pl.Replicas // a split model's
 			}
 		}

@@ -32,10 +32,10 @@ type Kind struct{}
 func (Kind) Name() string { return "pipeline" }
 
 // Owns a model whose Impl is a *Model, and one that Splits in a job of
-// more than one tensor-parallel rank (cfg.Pipeline.Tensor).
+// tensor-parallel ranks (cfg.Pipeline.Tensor set).
 func (Kind) Owns(spec job.ModelSpec, cfg *job.Config) bool {
 	_, ok := spec.Impl.(*Model)
-	return ok || (spec.Split != nil && cfg.Pipeline.Tensor > 1)
+	return ok || (spec.Split != nil && cfg.Pipeline.Tensor > 0)
 }
 
 // Worker is the role of a pipeline worker.
@@ -52,7 +52,7 @@ func (Kind) Roles() map[string]job.Role {
 // when none are given).
 func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
 	m, ok := spec.Impl.(*Model)
-	if !ok && spec.Split != nil && lc.Pipeline.Tensor > 1 {
+	if !ok && spec.Split != nil && lc.Pipeline.Tensor > 0 {
 		if err := prepareTensor(lc, spec, opts); err != nil {
 			return nil, err
 		}
@@ -245,7 +245,7 @@ func (pj *pipeJob) handle(l launch.Line) error {
 			rep.stepEvent(pj.Events)
 		}
 		if all := pj.line.add(rep); all != nil {
-			fmt.Fprint(pj.Out, progressText(&pj.progress, all, pj.LC.Pipeline.Tensor > 1))
+			fmt.Fprint(pj.Out, progressText(&pj.progress, all, pj.LC.Pipeline.Tensor > 0))
 		}
 	case Done:
 		if pj.end.done == nil {

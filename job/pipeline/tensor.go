@@ -49,8 +49,8 @@ func checkTensor(c *job.Config) error {
 	}
 	p := &c.Pipeline
 	switch {
-	case p.Tensor < 2:
-		return job.Invalid("Pipeline.Tensor", p.Tensor, "a split model's job needs at least 2 tensor-parallel ranks")
+	case p.Tensor < 1:
+		return job.Invalid("Pipeline.Tensor", p.Tensor, "a split model's job needs at least 1 tensor-parallel rank")
 	case p.Stages != p.Tensor:
 		return job.Invalid("Pipeline.Stages", p.Stages, "pipeline stages (--pp) together with tensor parallelism (--tp %d), a 3-D mesh, are not supported yet", p.Tensor)
 	case p.Replicas < 1:

@@ -26,7 +26,7 @@ func runRole(ctx context.Context, cfg job.Config, reg *job.Registry) (*job.Resul
 	if err != nil {
 		return nil, err
 	}
-	if spec.Split != nil && cfg.Pipeline.Tensor > 1 {
+	if spec.Split != nil && cfg.Pipeline.Tensor > 0 {
 		return RunTensorWorker(ctx, cfg, spec.Split, opts)
 	}
 	m, ok := spec.Impl.(*Model)
