@@ -252,8 +252,10 @@ func (s *Scenario) Validate(kinds Kinds) error {
 		switch {
 		case f.Trigger.Step < 0 || f.Trigger.StepMax < 0:
 			return bad("fault %d (%s): negative trigger step", i, f.Kind)
-		case f.Trigger.On != "" && f.Trigger.On != "launch" && f.Trigger.On != "upload":
-			return bad("fault %d (%s): trigger on %q: want launch or upload", i, f.Kind, f.Trigger.On)
+		case f.Trigger.On != "" && f.Trigger.On != "launch" && f.Trigger.On != "upload" && f.Trigger.On != "checkpoint":
+			return bad("fault %d (%s): trigger on %q: want launch, upload or checkpoint", i, f.Kind, f.Trigger.On)
+		case f.Trigger.On == "checkpoint" && (f.Trigger.After != 0 || f.Trigger.StepMax != 0 || s.Job.CheckpointEvery == 0):
+			return bad("fault %d (%s): a trigger on checkpoint takes a step at most (the first at or after it once a checkpoint is saved), and needs checkpoints (job.checkpoint_every)", i, f.Kind)
 		case f.Trigger.On == "launch" && (f.Trigger.Step != 0 || f.Trigger.StepMax != 0 || f.Trigger.After != 0):
 			return bad("fault %d (%s): a trigger on launch takes no step or after", i, f.Kind)
 		case f.Trigger.On == "launch" && (f.Target == "random" || strings.HasPrefix(f.Target, "rank:")):

@@ -21,6 +21,7 @@ type timetable struct {
 	ringStep int64     // the latest step seen with a ring (or in a ps job): what step triggers wait for
 	firstAt  time.Time // the first step's: what After counts from
 	holding  bool      // an upload is held at the gate: "upload" triggers are due
+	saved    bool      // a checkpoint_saved seen: "checkpoint" triggers wait for it
 }
 
 // action is a fault the timetable says to fire, or to heal.
@@ -36,6 +37,8 @@ func (t *timetable) observe(e Event) {
 	switch e.Kind {
 	case "job_started":
 		t.launched = true
+	case "checkpoint_saved":
+		t.saved = true
 	case "generation":
 		t.gen = e.num("generation")
 		t.members = membersOfEvent(e, t.members[:0])
@@ -123,6 +126,8 @@ func (t *timetable) triggered(f *FaultRecord) bool {
 		return t.launched
 	case f.On == "upload":
 		return t.holding && t.step >= f.Step
+	case f.On == "checkpoint":
+		return t.saved && t.ringStep >= f.Step
 	case f.On == "" && f.Step > 0:
 		return t.ringStep >= f.Step
 	}

@@ -46,6 +46,14 @@ func TestScheduleTimetable(t *testing.T) {
 		want    []string      // "fire N" or "heal N", N the fault's place
 		wake    time.Duration // after t0; 0: none
 	}{
+		{name: "a checkpoint trigger at its step, no checkpoint yet", faults: []*FaultRecord{on("checkpoint", 5)},
+			events: []Event{ring(1, 3), step(6, time.Second)}, now: time.Second},
+		{name: "a checkpoint trigger once a checkpoint is saved", faults: []*FaultRecord{on("checkpoint", 5)},
+			events: []Event{ring(1, 3), step(6, time.Second), {At: at(time.Second), Kind: "checkpoint_saved", Fields: map[string]any{}}, step(7, 2*time.Second)},
+			now: 2 * time.Second, want: []string{"fire 0"}},
+		{name: "a checkpoint trigger after a checkpoint, before its step", faults: []*FaultRecord{on("checkpoint", 9)},
+			events: []Event{ring(1, 3), {At: at(time.Second), Kind: "checkpoint_saved", Fields: map[string]any{}}, step(7, 2*time.Second)},
+			now: 2 * time.Second},
 		{name: "a step trigger before its step", faults: []*FaultRecord{byStep(5)},
 			events: []Event{ring(1, 3), step(4, time.Second)}, now: time.Second},
 		{name: "a step trigger at its step", faults: []*FaultRecord{byStep(5)},
