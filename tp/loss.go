@@ -53,7 +53,10 @@ func (l *VocabParallelLoss) Loss(logits nn.Matrix, labels []int32, scale float32
 		if l.comm.alone() {
 			return nil
 		}
-		return l.comm.G.AllReduce(l.comm.ctx, collective.Float64s(b), op)
+		t0 := l.comm.now()
+		err := l.comm.G.AllReduce(l.comm.ctx, collective.Float64s(b), op)
+		l.comm.spent += l.comm.now().Sub(t0)
+		return err
 	}
 	mx := growF64(&l.max, rows)
 	for i := range rows {

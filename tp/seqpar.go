@@ -48,6 +48,8 @@ func (c *Comm) allGatherRows(what string, local nn.Matrix, rows int, into *[]flo
 	if c.alone() {
 		return out
 	}
+	t0 := c.now()
+	defer func() { c.spent += c.now().Sub(t0) }()
 	if err := c.G.AllGatherRanges(c.ctx, collective.Float32s(out.Data), cs); err != nil {
 		c.fail(what, err)
 		clear(out.Data)
@@ -69,6 +71,8 @@ func (c *Comm) reduceScatterRows(what string, partial nn.Matrix, into *[]float32
 		copy(out.Data, partial.Data)
 		return out
 	}
+	t0 := c.now()
+	defer func() { c.spent += c.now().Sub(t0) }()
 	if err := c.G.ReduceScatterRanges(c.ctx, collective.Float32s(partial.Data), cs, collective.Float32s(out.Data), collective.Sum); err != nil {
 		c.fail(what, err)
 		clear(out.Data)

@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/dtensor"
@@ -35,7 +36,21 @@ type Comm struct {
 	ctx        context.Context
 	err        error
 	seqRows    int // the rows the last SeqSplit split
+	// Now is the clock the time in collectives is measured by (nil:
+	// time.Now).
+	Now   func() time.Time
+	spent time.Duration
 }
+
+func (c *Comm) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// Spent is the time the layers have spent in their collectives so far.
+func (c *Comm) Spent() time.Duration { return c.spent }
 
 // NewComm makes g's Comm, its collectives under ctx until Step.
 func NewComm(ctx context.Context, g *collective.Group) *Comm {
@@ -92,6 +107,8 @@ func (c *Comm) allReduce(what string, x []float32) {
 	if c.alone() {
 		return
 	}
+	t0 := c.now()
+	defer func() { c.spent += c.now().Sub(t0) }()
 	if err := c.G.AllReduce(c.ctx, collective.Float32s(x), collective.Sum); err != nil {
 		c.fail(what, err)
 		clear(x)
@@ -110,6 +127,8 @@ func (c *Comm) gatherColumns(what string, m nn.Matrix, cols int, into *[]float32
 		copy(out.Data, m.Data)
 		return out
 	}
+	t0 := c.now()
+	defer func() { c.spent += c.now().Sub(t0) }()
 	t := &dtensor.Tensor{Shape: []int{m.Rows, cols}, Place: dtensor.Split(1), Local: m.Data, G: c.G}
 	whole, err := dtensor.Redistribute(c.ctx, t, dtensor.Replicate())
 	if err != nil {

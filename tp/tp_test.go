@@ -246,3 +246,34 @@ func TestCommAtOneRankLoss(t *testing.T) {
 	wantRows, _ := e.Lookup(labels)
 	near(t, "embedding", got.Data, wantRows.Data)
 }
+
+// TestCommSpentCountsCollectives: the time between each collective's
+// start and end, by the Comm's clock, adds up in Spent; the layers'
+// own computing does not.
+func TestCommSpentCountsCollectives(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	gs := groups(t, ctx, 2)
+	var wg sync.WaitGroup
+	spent := make([]time.Duration, 2)
+	for r, g := range gs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comm := NewComm(ctx, g)
+			var ticks int64
+			comm.Now = func() time.Time { ticks++; return time.Unix(0, ticks*int64(time.Millisecond)) }
+			_, b := twin(3, 4, 6, 2)
+			row := NewRowParallel(comm, b, true)
+			lo, hi := row.Range()
+			row.Forward(randMatrix(1, 3, hi-lo)) // one all-reduce: g
+			spent[r] = comm.Spent()
+		}()
+	}
+	wg.Wait()
+	for r, s := range spent {
+		if s != time.Millisecond {
+			t.Errorf("rank %d: %v in collectives, want one tick (1ms) for the one all-reduce", r, s)
+		}
+	}
+}

@@ -117,6 +117,7 @@ func (w *pipeWorker) buildTensorStage(s int) (*stageState, error) {
 	if err != nil {
 		return nil, err
 	}
+	comm.Now = w.cfg.Now
 	task, err := w.split(w.opts, w.cfg.Seed, comm)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: building tensor-parallel rank %d of model %s: %w", s, w.cfg.Model, err)
@@ -174,10 +175,11 @@ func (e *tensorEngine) Step(ctx context.Context) (engine.Stats, error) {
 		return engine.Stats{}, e.broken
 	}
 	var st engine.Stats
-	t0 := e.now()
+	t0, spent := e.now(), e.ts.comm.Spent()
 	e.ts.comm.Step(ctx)
 	res, err := e.ts.model.Step(&e.data.b, e.data.scale, e.ready)
 	st.Busy = e.now().Sub(t0)
+	st.Wait = e.ts.comm.Spent() - spent // the tensor-parallel collectives' share
 	st.Sched = st.Busy
 	st.LossSum, st.Correct = res.LossSum, res.Correct
 	if err == nil {
