@@ -31,6 +31,9 @@ func TestGPTTrainsAndSamples(t *testing.T) {
 	nats, ok1 := done[0]["nats_per_char"].(float64)
 	ppl, ok2 := done[0]["perplexity"].(float64)
 	loss, _ := done[0]["loss"].(float64)
+	if base, _ := done[0]["unigram_nats_per_char"].(float64); base < 2 || base > 6 {
+		t.Errorf("done event's unigram baseline %v nats per character, want a character entropy", done[0]["unigram_nats_per_char"])
+	}
 	if !ok1 || !ok2 || nats != loss || nats <= 0 || nats > 5.6 || ppl < 1 || math.Abs(ppl-math.Exp(nats)) > 1e-6*ppl {
 		t.Fatalf("done event: nats_per_char %v, perplexity %v, loss %v: %v", done[0]["nats_per_char"], done[0]["perplexity"], loss, done[0])
 	}

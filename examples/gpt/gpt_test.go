@@ -310,7 +310,10 @@ func TestLearnsBeyondUnigram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, base := res.LossSum/float64(len(idx)), unigram(corpus.Train, corpus.Heldout[:test.Len()*cfg.Context+1])
+	got, base := res.LossSum/float64(len(idx)), Unigram(corpus.Train, test)
+	if other := unigram(corpus.Train, corpus.Heldout[1:test.Len()*cfg.Context+1]); math.Abs(other-base) > 1e-9 {
+		t.Errorf("Unigram %v, the test's own count %v", base, other)
+	}
 	t.Logf("held-out %.3f nats/char, unigram %.3f", got, base)
 	if got > base-0.7 {
 		t.Errorf("held-out loss %.3f nats per character, unigram %.3f: not 0.7 below it", got, base)

@@ -237,6 +237,27 @@ func (m *Model) Evaluate(b *worker.Batch) (worker.Result, error) {
 	return res, err
 }
 
+// Unigram is the cross-entropy, in nats per character, of the characters
+// test's windows predict under the byte frequencies of train (add-one
+// smoothed): what a model that ignores context reaches, the baseline of
+// the held-out loss.
+func Unigram(train []byte, test *Windows) float64 {
+	var counts [Vocab]float64
+	for _, c := range train {
+		counts[c]++
+	}
+	total := float64(len(train) + Vocab)
+	var h float64
+	n := 0
+	for i := range test.Len() {
+		for _, c := range test.Text[i*test.Context+1 : i*test.Context+test.Context+1] {
+			h -= math.Log((counts[c] + 1) / total)
+			n++
+		}
+	}
+	return h / float64(max(n, 1))
+}
+
 // Measures are the held-out measures of a language model: the loss in
 // nats per character, bits per character, and the perplexity.
 func Measures(loss, _ float64) map[string]float64 {

@@ -154,5 +154,11 @@ func buildSplit(o phalanx.Options, seed uint64, comm *tp.Comm) (phalanx.Task, er
 	if err != nil {
 		return phalanx.Task{}, err
 	}
-	return phalanx.Task{Model: m, Train: train, Test: test, Measures: Measures}, nil
+	base := Unigram(corpus.Train, test)
+	measures := func(loss, acc float64) map[string]float64 {
+		out := Measures(loss, acc)
+		out["unigram_nats_per_char"] = base
+		return out
+	}
+	return phalanx.Task{Model: m, Train: train, Test: test, Measures: measures}, nil
 }
