@@ -19,7 +19,7 @@ markdown:
   3. the model's own speed: --workers 1 against bench/gpt_torch.py (the
      same architecture in PyTorch, one thread) in the same run.
 Environment: BATCH (default 8), STEPS (default 30), WARMUP (default 5),
-REPS (pairs, default 2), CURVE_STEPS (the accuracy runs, default 200,
+REPS (pairs, default 2), ONLY (throughput: that table alone), CURVE_STEPS (the accuracy runs, default 200,
 on a model of width 64 and 2 blocks, context 64, batch 16).
 """
 import json, os, statistics, subprocess, sys, tempfile
@@ -48,8 +48,8 @@ def run(args, model=None, steps=STEPS, batch=BATCH):
 
 def rate(events):
     """Median samples/s after the warm-up, and the collectives' share."""
-    ring = [e for e in events if e["event"] == "step" and e["step"] > WARMUP]
-    if ring:
+    if not any(e["event"] == "pipeline_step" for e in events):  # a ring
+        ring = [e for e in events if e["event"] == "step" and e["step"] > WARMUP]
         return statistics.median(e["samples_per_s"] for e in ring), 0.0
     last = max(e["stage"] for e in events if e["event"] == "pipeline_step")
     steps = [e for e in events if e["event"] == "pipeline_step" and e["step"] > WARMUP]
@@ -72,6 +72,9 @@ def done(events):
 
 
 def main():
+    only = os.environ.get("ONLY", "")
+    if only not in ("", "throughput"):
+        sys.exit("ONLY: throughput, or nothing for every table")
     print("## throughput: --tp 2 against one worker (one core each)\n")
     ones, twos, shares = [], [], []
     for _ in range(REPS):
@@ -85,6 +88,8 @@ def main():
     ratios = [b / a for a, b in zip(ones, twos)]
     print(f"\nratio (each pair): {', '.join(f'{x:.2f}' for x in ratios)}; median **{statistics.median(ratios):.2f}**; "
           f"tensor-parallel collectives' share of a rank's step: {statistics.median(shares):.1%}\n")
+    if only:
+        return
 
     print("## accuracy: the loss curve at --tp 2 against --tp 1\n")
     small = ["--width", "64", "--depth", "2", "--heads", "4", "--context", "64"]
