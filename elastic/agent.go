@@ -485,19 +485,18 @@ func (a *Agent) round(ctx context.Context, w *watch, g *phalanxpb.Generation, pr
 	mu.Unlock()
 	defer grp.Close()
 	// A broken ring is reported at once, even between operations, and
-	// once. Not when a newer generation ended the round (the group is
-	// aborted then, and so is what it reports); but the round's own end
-	// must not stop the report: the body may return on the group's
-	// failure and end the round before this goroutine runs, and the
-	// coordinator would then learn of the loss only from the lost worker's
-	// lease, or a newcomer's generation would still hold it.
+	// once. A newer generation ending the round does not stop the report
+	// either: the group is aborted then, and report drops what an abort
+	// reports, but a peer lost before it (a newcomer's generation decided
+	// while the loss was on its way) is still news — that generation may
+	// hold the lost worker, and the coordinator probes a report about an
+	// older generation naming a current member. Nor does the round's own
+	// end: the body may return on the group's failure and end the round
+	// before this goroutine runs, and the coordinator would then learn of
+	// the loss only from the lost worker's lease.
 	var reported sync.Once
 	reportFailure := func() {
-		reported.Do(func() {
-			if !errors.Is(context.Cause(rctx), ErrGenerationChanged) {
-				a.report(ctx, g, grp.Err())
-			}
-		})
+		reported.Do(func() { a.report(ctx, g, grp.Err()) })
 	}
 	go func() {
 		select {
