@@ -477,6 +477,9 @@ func restoreSplit(ctx context.Context, x *index, ms []*manifestOf, st *stageStat
 		logical = growF32(logical, n)
 		for q := range x.Stages {
 			old := s.At(x.Stages, q)
+			if !overlaps(old.Ranges, s.Ranges) {
+				continue // none of this rank's values: not read
+			}
 			src = growF32(src, old.Len())
 			if err := checkpoint.ReadTensor(ctx, ms[q].store, ms[q].m, t.Name, src); err != nil {
 				return err
@@ -486,6 +489,18 @@ func restoreSplit(ctx context.Context, x *index, ms []*manifestOf, st *stageStat
 		s.Take(logical, t.Data)
 	}
 	return nil
+}
+
+// overlaps reports whether any range of a meets any of b.
+func overlaps(a, b [][2]int) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x[0] < y[1] && y[0] < x[1] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func growF32(b []float32, n int) []float32 {
