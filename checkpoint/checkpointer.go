@@ -179,6 +179,13 @@ func New(cfg Config, tensors []Tensor) (*Checkpointer, error) {
 	return c, nil
 }
 
+// Resumed tells the Checkpointer its tensors were loaded from elsewhere
+// (another kind's checkpoint) at step: the schedule counts from there, as
+// after Restore.
+func (c *Checkpointer) Resumed(step int64) {
+	c.lastSaved, c.lastStart = step, c.cfg.Now()
+}
+
 // Location is the store's URL.
 func (c *Checkpointer) Location() string { return c.cfg.Store.Location() }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -174,6 +175,9 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 		{"tp4-into-dp2xtp2", []string{"--tp", "4"}, []string{"--dp", "2", "--tp", "2"}},
 		{"dp2xtp1-into-tp2", []string{"--dp", "2", "--tp", "1"}, []string{"--tp", "2"}},
 		{"tp2-into-dp2xtp1", []string{"--tp", "2"}, []string{"--dp", "2", "--tp", "1"}},
+		{"ring2-into-tp2", []string{"--workers", "2"}, []string{"--tp", "2"}},
+		{"tp2-into-ring2", []string{"--tp", "2"}, []string{"--workers", "2"}},
+		{"dp2xtp2-into-ring1", []string{"--dp", "2", "--tp", "2"}, []string{"--workers", "1"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -182,7 +186,11 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 			if r := ev["checkpoint_restored"]; len(r) != 1 || jobtest.Num(r[0], "step") != 20 {
 				t.Fatalf("checkpoint_restored %v, want one at step 20", r)
 			}
-			if s := ev["pipeline_step"]; len(s) == 0 || jobtest.Num(s[0], "step") != 21 {
+			steps := ev["pipeline_step"]
+			if !slices.Contains(c.into, "--tp") { // a ring
+				steps = ev["step"]
+			}
+			if s := steps; len(s) == 0 || jobtest.Num(s[0], "step") != 21 {
 				t.Errorf("the resumed job's first step event %v, want step 21", s[:min(len(s), 1)])
 			}
 			d := doneOf(t, ev)
@@ -191,6 +199,26 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 			}
 		})
 	}
+	t.Run("another-optimizer", func(t *testing.T) {
+		for _, c := range []struct {
+			name       string
+			from, into []string
+			want       string
+		}{
+			{"tp2-into-ring2", []string{"--tp", "2"}, []string{"--workers", "2"}, "holds another model's state"},
+			{"ring2-into-tp2", []string{"--workers", "2"}, []string{"--tp", "2"}, "its optimizer keeps slots [adam.m adam.v], this job's [momentum]"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				dir := t.TempDir()
+				startJob(t, args(10, append(c.from, "--checkpoint", dir, "--checkpoint-every-steps", "10")...)...).Finish(t)
+				var out strings.Builder
+				err := runCommand(t, append([]string{"train"}, args(20, append(c.into, "--checkpoint", dir, "--optimizer", "momentum")...)...), &out, &out)
+				if err == nil || !strings.Contains(err.Error()+out.String(), c.want) {
+					t.Errorf("resuming adam's state with momentum: %v, want it refused saying %q; output:\n%s", err, c.want, out.String())
+				}
+			})
+		}
+	})
 	t.Run("corrupt", func(t *testing.T) {
 		dir := t.TempDir()
 		startJob(t, args(20, "--tp", "2", "--checkpoint", dir, "--checkpoint-every-steps", "10")...).Finish(t)

@@ -22,6 +22,7 @@ import (
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/nn"
 )
 
 // Kind is the pipeline kind: a model names it (ModelSpec.Kind
@@ -53,10 +54,11 @@ func (Kind) Roles() map[string]job.Role {
 func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
 	m, ok := spec.Impl.(*Model)
 	if !ok && spec.Split != nil && lc.Pipeline.Tensor > 0 {
-		if err := prepareTensor(lc, spec, opts); err != nil {
+		st, err := prepareTensor(lc, spec, opts)
+		if err != nil {
 			return nil, err
 		}
-		return prepareStore(ctx, lc)
+		return prepareStore(ctx, lc, func() (*stageState, error) { return st, nil })
 	}
 	if !ok {
 		return nil, fmt.Errorf("pipeline: model %s is not a pipeline model (ModelSpec.Impl is %T)", spec.Name, spec.Impl)
@@ -81,16 +83,44 @@ func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpe
 	case lc.MinWorkersTimeout <= 0:
 		return nil, job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
 	}
-	return prepareStore(ctx, lc)
+	return prepareStore(ctx, lc, func() (*stageState, error) { return wholeModel(&lc.Config, m, opts) })
 }
 
-// prepareStore opens the job's checkpoint store, if any.
-func prepareStore(ctx context.Context, lc *job.LaunchConfig) (job.Job, error) {
+// prepareStore opens the job's checkpoint store, if any, and refuses a
+// launch whose workers would refuse the checkpoint they would resume from
+// (resumable): state builds the model's state (rank 0's part of a split
+// model), only when there is a checkpoint to check.
+func prepareStore(ctx context.Context, lc *job.LaunchConfig, state func() (*stageState, error)) (job.Job, error) {
 	store, err := job.OpenStore(ctx, &lc.Config, lc.Output)
 	if err != nil {
 		return nil, err
 	}
+	if store != nil {
+		if err := resumable(ctx, &lc.Config, store, state); err != nil {
+			return nil, err
+		}
+	}
 	return prepared{store: store}, nil
+}
+
+// wholeModel is every layer of m as one stage.
+func wholeModel(c *job.Config, m *Model, opts job.Options) (*stageState, error) {
+	ls, err := describe(m, opts)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := m.Build(opts, c.Seed, 0, len(ls))
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: building model %s to check its checkpoint: %w", c.Model, err)
+	}
+	st := &stageState{}
+	for _, l := range layers {
+		st.params = append(st.params, l.Params()...)
+	}
+	if st.opt, err = nn.NewOptimizer(c.Optimizer, st.params); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 type prepared struct {

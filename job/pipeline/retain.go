@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/job/logical"
 )
 
 // retention is the pipeline's checkpoint retention policy: which pipeline
@@ -58,7 +59,7 @@ func isStagePrefix(prefix string) bool {
 
 // indexName is an index object's name as writeIndex makes it; its groups
 // are its step and generation, which begin the IDs of the parts it names.
-var indexName = regexp.MustCompile(`^` + regexp.QuoteMeta(indexPrefix) + `step-([0-9]{12})-g([0-9]+)-[0-9a-f]+\.json$`)
+var indexName = regexp.MustCompile(`^` + regexp.QuoteMeta(logical.IndexPrefix) + `step-([0-9]{12})-g([0-9]+)-[0-9a-f]+\.json$`)
 
 // partsOf is the beginning of the IDs of the stage parts an index named
 // name names, as indexOf finds them ("" when the name is not an index's).
@@ -114,23 +115,23 @@ func (r retention) retain(ctx context.Context, store checkpoint.Store) ([]string
 	if r.keepLast <= 0 {
 		return nil, nil
 	}
-	objs, err := store.List(ctx, indexPrefix)
+	objs, err := store.List(ctx, logical.IndexPrefix)
 	if err != nil {
-		return nil, fmt.Errorf("pipeline checkpoint retention: list %s: %w", indexPrefix, err)
+		return nil, fmt.Errorf("pipeline checkpoint retention: list %s: %w", logical.IndexPrefix, err)
 	}
 	slices.SortFunc(objs, func(a, b checkpoint.ObjectInfo) int { return strings.Compare(b.Name, a.Name) })
 	type entry struct {
 		name string
-		x    *index
+		x    *logical.Index
 	}
 	var kept, doomed []entry
 	var guarded []string // ID beginnings of parts an undecodable index may name
 	n := 0               // decodable indexes, newest first
 	for _, o := range objs {
-		if strings.Contains(strings.TrimPrefix(o.Name, indexPrefix), "/") {
+		if strings.Contains(strings.TrimPrefix(o.Name, logical.IndexPrefix), "/") {
 			continue
 		}
-		x, ok, err := readIndex(ctx, store, o)
+		x, ok, err := logical.ReadIndex(ctx, store, o)
 		switch {
 		case errors.Is(err, checkpoint.ErrNotFound): // deleted since listed
 			continue
@@ -204,26 +205,11 @@ func (r retention) retain(ctx context.Context, store checkpoint.Store) ([]string
 	return deleted, nil
 }
 
-// readIndex reads and decodes index object o; ok is false, with no error,
-// when it was read but does not decode (or is too big to be an index, as
-// openIndex judges, and is not read).
-func readIndex(ctx context.Context, store checkpoint.Store, o checkpoint.ObjectInfo) (x *index, ok bool, err error) {
-	if o.Size < 0 || o.Size > 64<<20 {
-		return nil, false, nil
-	}
-	b := make([]byte, o.Size)
-	if err := store.ReadAt(ctx, o.Name, b, 0); err != nil {
-		return nil, false, err
-	}
-	x, err = decodeIndex(o.Name, b)
-	return x, err == nil, nil
-}
-
 // distinctParts are the parts x names, each once (by prefix and ID).
-func distinctParts(x *index) []part {
-	var out []part
+func distinctParts(x *logical.Index) []logical.Part {
+	var out []logical.Part
 	for _, p := range x.Parts {
-		if !slices.ContainsFunc(out, func(q part) bool { return q.Prefix == p.Prefix && q.ID == p.ID }) {
+		if !slices.ContainsFunc(out, func(q logical.Part) bool { return q.Prefix == p.Prefix && q.ID == p.ID }) {
 			out = append(out, p)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/logical"
 )
 
 // recordingStore is a store that records its calls, whose Delete of the
@@ -151,9 +152,9 @@ func (f *retainFixture) index(label string, p int, step int64, gen uint64, as in
 	f.write(label, x)
 }
 
-func (f *retainFixture) write(label string, x *index) {
+func (f *retainFixture) write(label string, x *logical.Index) {
 	f.t.Helper()
-	name, err := writeIndex(f.ctx, f.store, x)
+	name, err := logical.WriteIndex(f.ctx, f.store, x)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -180,7 +181,7 @@ func (f *retainFixture) put(label, name string, b []byte) {
 	if err := f.store.Put(f.ctx, name, b); err != nil {
 		f.t.Fatal(err)
 	}
-	if strings.HasPrefix(name, indexPrefix) {
+	if strings.HasPrefix(name, logical.IndexPrefix) {
 		f.add(label, name)
 	} else {
 		f.add(label, name[:strings.LastIndexByte(name, '/')+1])
@@ -206,7 +207,7 @@ func (f *retainFixture) exists(label string) bool {
 
 // indexNameAt is the name writeIndex would give an index of step and gen.
 func indexNameAt(step int64, gen uint64, t uint64) string {
-	return fmt.Sprintf("%sstep-%012d-g%012d-%x.json", indexPrefix, step, gen, t)
+	return fmt.Sprintf("%sstep-%012d-g%012d-%x.json", logical.IndexPrefix, step, gen, t)
 }
 
 func TestRetain(t *testing.T) {
@@ -337,16 +338,16 @@ func TestRetain(t *testing.T) {
 				if err != nil {
 					f.t.Fatal(err)
 				}
-				b, err := x.encode()
+				b, err := x.Encode()
 				if err != nil {
 					f.t.Fatal(err)
 				}
 				f.put("corrupt", indexNameAt(15, 1, 99), []byte(strings.Replace(string(b), `"step":40`, `"step":15`, 1)))
-				f.put("unnamed", indexPrefix+"notes.json", []byte("{}"))
-				f.put("nested", indexPrefix+"dir/x.json", b) // not an index: it is not directly under the prefix
-				f.save("p15", 2, 15, 1)                      // what the corrupt index may name
-				f.index("i15", 2, 15, 1, -1)                 // a deleted index naming them too
-				f.save("o15g2", 2, 15, 2)                    // not what it names
+				f.put("unnamed", logical.IndexPrefix+"notes.json", []byte("{}"))
+				f.put("nested", logical.IndexPrefix+"dir/x.json", b) // not an index: it is not directly under the prefix
+				f.save("p15", 2, 15, 1)                              // what the corrupt index may name
+				f.index("i15", 2, 15, 1, -1)                         // a deleted index naming them too
+				f.save("o15g2", 2, 15, 2)                            // not what it names
 				f.put("garbage12", indexNameAt(12, 1, 99), []byte("}"))
 				f.save("p12", 2, 12, 1) // what it may name, and no other index does
 			},
@@ -376,8 +377,8 @@ func TestRetain(t *testing.T) {
 				f.put("odd", "pipeline/p2-x/step-000000000001-g1-1/part-0", []byte("x"))
 				f.put("deep", "pipeline/old/p2-s0/step-000000000001-g1-1/part-0", []byte("x"))
 				// An old index naming the root checkpoint.
-				f.write("foreign", &index{Format: 1, Step: 1, Generation: 1, Stages: 1,
-					Parts: []part{{Stage: 0, Prefix: "", ID: "step-000000000001-g1-1"}, {Stage: 0, Prefix: "pipeline/p2-s0", ID: "/../step-000000000001-g1-1"}}})
+				f.write("foreign", &logical.Index{Format: 1, Step: 1, Generation: 1, Stages: 1,
+					Parts: []logical.Part{{Stage: 0, Prefix: "", ID: "step-000000000001-g1-1"}, {Stage: 0, Prefix: "pipeline/p2-s0", ID: "/../step-000000000001-g1-1"}}})
 			},
 			gone:    []string{"foreign", "i10", "i10.s0", "i10.s1"},
 			deleted: []string{"foreign", "i10"},

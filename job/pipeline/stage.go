@@ -178,20 +178,26 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 		}
 		w.rep.Send(StageRestored{Stage: me.Stage, Source: source, Step: w.step, Lost: lay.Step, Generation: r.Generation.Number})
 		w.log.Info("stage restored from a commit in memory", zap.Int64("step", w.step), zap.Bool("moved", slices.Contains(from.moved, me.Stage)))
-	} else if from != nil && from.x != nil {
+	} else if from != nil && from.src != nil {
 		w.commits = &commits{}
-		if err := restoreStage(ctx, from.x, from.ms, w.stage); err != nil {
+		src := from.src
+		if err := restoreStage(ctx, src, w.stage); err != nil {
 			return nil, err
 		}
-		w.step, w.pos = from.x.Step, worker.Position{Epoch: from.x.Epoch, Offset: from.x.Offset}
+		x := src.Index
+		w.step, w.pos = x.Step, worker.Position{Epoch: x.Epoch, Offset: x.Offset}
 		if me.Replica == 0 { // resumed, or a stage lost with every copy: the pipeline rolls back
-			w.rep.Send(StageRestored{Stage: me.Stage, Source: "checkpoint", Step: from.x.Step, Lost: lay.Step, Generation: r.Generation.Number})
+			w.rep.Send(StageRestored{Stage: me.Stage, Source: "checkpoint", Step: x.Step, Lost: lay.Step, Generation: r.Generation.Number})
 		}
 		if me == (layout.Place{}) {
-			w.rep.Send(job.Checkpoint{Step: from.x.Step, Checkpoint: checkpoint.Event{Kind: "restored", ID: from.x.Parts[0].ID,
-				Step: from.x.Step, URL: w.store.Location(), WorldBefore: from.x.Stages, WorldAfter: w.cfg.Pipeline.Stages}})
+			before := x.Stages
+			if src.Kind == "ring" {
+				before = int(src.Manifest(0).World)
+			}
+			w.rep.Send(job.Checkpoint{Step: x.Step, Checkpoint: checkpoint.Event{Kind: "restored", ID: src.ID,
+				Step: x.Step, URL: w.store.Location(), WorldBefore: before, WorldAfter: w.cfg.Pipeline.Stages}})
 		}
-		w.log.Info("stage restored from a checkpoint", zap.Int64("step", w.step), zap.Int("stages_before", from.x.Stages))
+		w.log.Info("stage restored from a checkpoint", zap.Int64("step", w.step), zap.Int("stages_before", from.src.Index.Stages), zap.String("format", from.src.Kind))
 	}
 	for _, p := range w.stage.params { // a failed step's partial sums
 		clear(p.Grad)

@@ -69,32 +69,44 @@ func checkTensor(c *job.Config) error {
 // T processes a replica, and the model's shape against T (rank 0's part
 // is built once, here, so that a T that does not divide it is refused
 // with the model's own message).
-func prepareTensor(lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) error {
+func prepareTensor(lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (*stageState, error) {
 	p := &lc.Pipeline
 	if p.Stages != 1 {
-		return job.Invalid("Pipeline.Stages", p.Stages, "pipeline stages (--pp) together with tensor parallelism (--tp %d), a 3-D mesh, are not supported yet", p.Tensor)
+		return nil, job.Invalid("Pipeline.Stages", p.Stages, "pipeline stages (--pp) together with tensor parallelism (--tp %d), a 3-D mesh, are not supported yet", p.Tensor)
 	}
 	p.Stages = p.Tensor
 	if err := checkTensor(&lc.Config); err != nil {
-		return err
+		return nil, err
 	}
 	switch want := p.Tensor * p.Replicas; {
 	case lc.Workers != want:
-		return job.Invalid("Workers", lc.Workers, "a job of %d replicas (--dp) × %d tensor-parallel ranks (--tp) needs %d workers", p.Replicas, p.Tensor, want)
+		return nil, job.Invalid("Workers", lc.Workers, "a job of %d replicas (--dp) × %d tensor-parallel ranks (--tp) needs %d workers", p.Replicas, p.Tensor, want)
 	case lc.MinWorkers < 1 || lc.MaxWorkers < lc.MinWorkers:
-		return job.Invalid("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
+		return nil, job.Invalid("MinWorkers", lc.MinWorkers, "want 1 <= MinWorkers <= MaxWorkers (%d)", lc.MaxWorkers)
 	case lc.MinWorkersTimeout <= 0:
-		return job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
+		return nil, job.Invalid("MinWorkersTimeout", lc.MinWorkersTimeout, "must be positive")
 	}
 	comm, err := tp.NewCommAt(p.Tensor, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	task, err := spec.Split(opts, lc.Seed, comm)
 	if err != nil {
-		return job.Invalid("Pipeline.Tensor", p.Tensor, "model %s: %v", spec.Name, err)
+		return nil, job.Invalid("Pipeline.Tensor", p.Tensor, "model %s: %v", spec.Name, err)
 	}
-	return job.CheckMemory(&lc.Config, task.Model.Params(), p.Tensor) // rank 0's part is the largest
+	params := task.Model.Params()
+	if err := job.CheckMemory(&lc.Config, params, p.Tensor); err != nil { // rank 0's part is the largest
+		return nil, err
+	}
+	sliced, ok := task.Model.(tp.Sliced)
+	if !ok {
+		return nil, fmt.Errorf("pipeline: model %s's split part (%T) does not say its slices (tp.Sliced)", spec.Name, task.Model)
+	}
+	st := &stageState{params: params, tensor: &tensorStage{slices: sliced.Slices()}}
+	if st.opt, err = nn.NewOptimizer(lc.Optimizer, params); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // tensorStage is what a stage of a split model has beyond stageState's:

@@ -12,6 +12,7 @@ import (
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/logical"
 	"github.com/phalanx-rt/phalanx/job/pipeline/engine"
 	"github.com/phalanx-rt/phalanx/job/pipeline/layout"
 	"github.com/phalanx-rt/phalanx/nn"
@@ -213,7 +214,7 @@ func (w *pipeWorker) index(ctx context.Context, step int64, pos [2]int64, gen ui
 	name := ""
 	if err == nil {
 		x.Loss, x.Split = loss, w.splitLayout
-		name, err = writeIndex(ctx, w.store, x)
+		name, err = logical.WriteIndex(ctx, w.store, x)
 	}
 	ev := checkpoint.Event{Kind: "saved", ID: name, Step: step, URL: w.store.Location(), Seconds: time.Since(t0).Seconds(), WorldAfter: w.cfg.Pipeline.Stages}
 	if err != nil {

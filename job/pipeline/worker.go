@@ -15,6 +15,7 @@ import (
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/logical"
 	"github.com/phalanx-rt/phalanx/job/pipeline/layout"
 	"github.com/phalanx-rt/phalanx/job/pipeline/schedule"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -124,7 +125,7 @@ type pipeWorker struct {
 	commits *commits
 	// splitLayout: a split model's, how its parameters are cut (the same
 	// on every rank; set once, before any index is written).
-	splitLayout map[string]splitLayout
+	splitLayout map[string]logical.Layout
 
 	coord     *coordinator.Job
 	stopAsked atomic.Bool    // the job's operator asked it to stop
@@ -299,8 +300,7 @@ func (w *pipeWorker) sched() schedule.Config {
 // restoring is the checkpoint a generation that keeps no replica restores
 // every stage from.
 type restoring struct {
-	x  *index
-	ms []*manifestOf
+	src *logical.Source
 	// Or a commit from peers' memory, and the stages whose state moved.
 	peer  *commit
 	moved []int
@@ -317,19 +317,19 @@ func (w *pipeWorker) restoring(ctx context.Context, lay layout.Layout) (*restori
 		}
 		return nil, nil
 	}
-	x, ms, err := newestIndex(ctx, w.store, stateHash(&w.cfg), func(name string, err error) {
+	src, err := newestSource(ctx, w.store, &w.cfg, func(name string, err error) {
 		w.log.Warn("skipping a pipeline checkpoint that does not verify", zap.String("index", name), zap.Error(err))
 		w.rep.Send(job.Checkpoint{Checkpoint: checkpoint.Event{Kind: "skipped", ID: name, Err: err.Error()}})
 	})
 	switch {
 	case err != nil:
 		return nil, err
-	case x == nil && (lay.Step > 0 || w.cfg.Checkpoint.Resume):
+	case src == nil && (lay.Step > 0 || w.cfg.Checkpoint.Resume):
 		return nil, fmt.Errorf("pipeline: no checkpoint in %s verifies, and the job needs one (step %d lost, or --resume)", w.store.Location(), lay.Step)
-	case x == nil:
+	case src == nil:
 		return nil, nil
 	}
-	return &restoring{x: x, ms: ms}, nil
+	return &restoring{src: src}, nil
 }
 
 // lossWait bounds how long a stage whose link broke waits for the round's

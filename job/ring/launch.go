@@ -20,6 +20,7 @@ import (
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/logical"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
@@ -354,6 +355,18 @@ func resumable(ctx context.Context, c *job.Config, store checkpoint.Store, spec 
 		return fmt.Errorf("checkpoint: listing %s: %w", store.Location(), err)
 	}
 	i := slices.IndexFunc(infos, func(in checkpoint.Info) bool { return in.Complete })
+	indexed, err := logical.NewestIndex(lctx, store, logical.StateHash(c.Model, c.ModelOptions, c.Optimizer.Kind, c.Seed), func(string, error) {})
+	if err != nil {
+		return err
+	}
+	if indexed != nil && (i < 0 || indexed.Index.Step > infos[i].Step) { // the ring resumes from the parts (restoreIndexed)
+		params, slots, err := modelState(spec, opts, c, indexed.ID)
+		if err != nil {
+			return err
+		}
+		tensors := stateTensors(params, slots)
+		return indexed.Check(tensors, logicalShapes(tensors))
+	}
 	if i < 0 {
 		if c.Checkpoint.Resume {
 			return fmt.Errorf("checkpoint: %s: %w", store.Location(), checkpoint.ErrNoCheckpoint)
@@ -364,22 +377,32 @@ func resumable(ctx context.Context, c *job.Config, store checkpoint.Store, spec 
 	if err != nil {
 		return nil
 	}
+	params, slots, err := modelState(spec, opts, c, m.Id)
+	if err != nil {
+		return err
+	}
+	if err := checkpoint.Compatible(m, stateTensors(params, slots)); err != nil {
+		return &checkpoint.IncompatibleError{ID: m.Id, Reason: err.Error()}
+	}
+	if _, state := checkpointHashes(c, params, slots); m.StateHash != state {
+		return &checkpoint.IncompatibleError{ID: m.Id, Reason: fmt.Sprintf("it was written with model, optimizer or data flags of hash %s; this job's are %s", m.StateHash, state)}
+	}
+	return nil
+}
+
+// modelState builds the model once to learn its state's layout: its
+// parameters and its optimizer's slots (to check checkpoint id against).
+func modelState(spec job.ModelSpec, opts job.Options, c *job.Config, id string) ([]*nn.Param, []nn.Tensor, error) {
 	task, err := spec.New(opts, c.Seed)
 	if err != nil {
-		return fmt.Errorf("building the model to check checkpoint %s against: %w", m.Id, err)
+		return nil, nil, fmt.Errorf("building the model to check checkpoint %s against: %w", id, err)
 	}
 	params := task.Model.Params()
 	opt, err := nn.NewOptimizer(c.Optimizer, params)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	if err := checkpoint.Compatible(m, stateTensors(params, opt.Slots())); err != nil {
-		return &checkpoint.IncompatibleError{ID: m.Id, Reason: err.Error()}
-	}
-	if _, state := checkpointHashes(c, params, opt.Slots()); m.StateHash != state {
-		return &checkpoint.IncompatibleError{ID: m.Id, Reason: fmt.Sprintf("it was written with model, optimizer or data flags of hash %s; this job's are %s", m.StateHash, state)}
-	}
-	return nil
+	return params, opt.Slots(), nil
 }
 
 // checkpoint logs a worker's checkpoint report and says it on the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -15,6 +16,7 @@ import (
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/job/logical"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -285,7 +287,7 @@ func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
 		t.SetVoter(ck.Votes)
 	}
 	w.mu.Lock()
-	w.trainer, w.params, w.ckpt = t, params, ck
+	w.trainer, w.params, w.slots, w.ckpt = t, params, opt.Slots(), ck
 	w.mu.Unlock()
 	if ck != nil && w.stopAsked.Load() { // a request that came before ck was published
 		ck.RequestStop()
@@ -333,12 +335,120 @@ func (w *ringWorker) restoreIfFresh(ctx context.Context, g *collective.Group, t 
 	if v[0] > 0 {
 		return false, nil
 	}
+	if ok, err := w.restoreIndexed(ctx, g, t, ck); ok || err != nil {
+		return ok, err
+	}
 	res, err := ck.Restore(ctx, w.cfg.Checkpoint.Resume)
 	if err != nil || res == nil {
 		return false, err
 	}
 	m := res.Manifest
 	return true, t.Restored(m.Step, worker.Position{Epoch: m.Epoch, Offset: m.Offset})
+}
+
+// restoreIndexed resumes the ring from an index of parts (a split or
+// staged run's checkpoint of the same model, package logical) when the
+// store's newest verified one is of a later step than its newest ring
+// checkpoint: rank 0 chooses and sends its name, and every rank reads the
+// logical tensors from the parts.
+func (w *ringWorker) restoreIndexed(ctx context.Context, g *collective.Group, t *worker.Trainer, ck *checkpoint.Checkpointer) (bool, error) {
+	var name []byte
+	hdr := []float64{0} // the name's length; -1: rank 0 failed
+	if g.Rank() == 0 {
+		chosen, err := w.newerIndex(ctx)
+		switch {
+		case err != nil:
+			name, hdr[0] = []byte(err.Error()), -1
+		case chosen != "":
+			name = []byte(chosen)
+		}
+		if hdr[0] == 0 {
+			hdr[0] = float64(len(name))
+		}
+	}
+	if err := g.Broadcast(ctx, collective.Float64s(hdr), 0); err != nil {
+		return false, fmt.Errorf("checkpoint: choosing the checkpoint to resume from: %w", err)
+	}
+	n := int(hdr[0])
+	if hdr[0] < 0 {
+		n = 4096 // the error's text, bounded
+	}
+	if n > 4096 {
+		return false, fmt.Errorf("checkpoint: rank 0 announced an index name of %d bytes", n)
+	}
+	if g.Rank() != 0 {
+		name = make([]byte, n)
+	} else {
+		name = append(name, make([]byte, n-len(name))...)
+	}
+	if n > 0 {
+		if err := g.Broadcast(ctx, collective.Bytes(name), 0); err != nil {
+			return false, fmt.Errorf("checkpoint: receiving the index's name: %w", err)
+		}
+	}
+	switch {
+	case hdr[0] < 0:
+		return false, fmt.Errorf("checkpoint: %s", strings.TrimRight(string(name), "\x00"))
+	case n == 0:
+		return false, nil
+	}
+	src, err := logical.OpenIndex(ctx, w.store, string(name))
+	if err != nil {
+		return false, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
+	}
+	tensors := stateTensors(w.params, w.slots)
+	shapes := logicalShapes(tensors)
+	if err := src.Check(tensors, shapes); err != nil {
+		return false, err
+	}
+	for i, ts := range tensors {
+		if err := src.Read(ctx, ts.Name, shapes[i], ts.Data); err != nil {
+			return false, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
+		}
+	}
+	x := src.Index
+	ck.Resumed(x.Step)
+	if g.Rank() == 0 {
+		w.rep.Send(checkpointReport(checkpoint.Event{Kind: "restored", ID: src.ID, Step: x.Step, URL: w.store.Location(),
+			WorldBefore: x.Stages, WorldAfter: g.Size()}))
+		w.log.Info("resumed from an index of parts", zap.String("index", src.ID), zap.Int64("step", x.Step), zap.Int("parts", src.Parts()))
+	}
+	return true, t.Restored(x.Step, worker.Position{Epoch: x.Epoch, Offset: x.Offset})
+}
+
+// logicalShapes are the shapes of a ring's tensors (each whole).
+func logicalShapes(tensors []checkpoint.Tensor) [][]int {
+	shapes := make([][]int, len(tensors))
+	for i, t := range tensors {
+		for _, d := range t.Shape {
+			shapes[i] = append(shapes[i], int(d))
+		}
+	}
+	return shapes
+}
+
+// newerIndex is the name of the store's newest verified index of parts of
+// this job's state when it is of a later step than every complete ring
+// checkpoint there ("" otherwise).
+func (w *ringWorker) newerIndex(ctx context.Context) (string, error) {
+	c := &w.cfg
+	src, err := logical.NewestIndex(ctx, w.store, logical.StateHash(c.Model, c.ModelOptions, c.Optimizer.Kind, c.Seed), func(name string, err error) {
+		w.log.Warn("skipping an index of parts that does not verify", zap.String("index", name), zap.Error(err))
+		w.rep.Send(checkpointReport(checkpoint.Event{Kind: "skipped", ID: name, Err: err.Error()}))
+	})
+	if err != nil || src == nil {
+		return "", err
+	}
+	infos, err := checkpoint.List(ctx, w.store)
+	if err != nil {
+		return "", fmt.Errorf("listing %s: %w", w.store.Location(), err)
+	}
+	for _, in := range infos {
+		if in.Complete && in.Step >= src.Index.Step {
+			return "", nil
+		}
+	}
+	return src.ID, nil
 }
 
 // evaluate scores the model on every rank's share of data and combines

@@ -102,6 +102,7 @@ type ringWorker struct {
 	ckpt    *checkpoint.Checkpointer
 	trainer *worker.Trainer
 	params  []*nn.Param
+	slots   []nn.Tensor // the optimizer's
 	result  *job.Result
 	undo    []func()
 }
