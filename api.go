@@ -135,13 +135,6 @@ func RunWorker(ctx context.Context, cfg Config, task Task) (*Result, error) {
 	return ring.RunWorker(ctx, cfg, task)
 }
 
-// Sample generates from a checkpoint of a model that generates (gpt):
-// it rebuilds the model its manifest names from the registry, loads the
-// parameters, each tensor checked, and continues the prompt.
-func Sample(ctx context.Context, sc SampleConfig, reg *Registry) ([]byte, error) {
-	return job.Sample(ctx, sc, reg)
-}
-
 // RunModel runs one worker of a job whose model is a registered one, in
 // its kind's worker role: a ring worker (RunWorker with the model's task)
 // or a parameter-server worker (cfg.Index names it).

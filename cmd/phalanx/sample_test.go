@@ -90,3 +90,28 @@ func TestGPTTrainsAndSamples(t *testing.T) {
 		t.Errorf("an mlp checkpoint: %v", err)
 	}
 }
+
+// TestSampleFromSplitCheckpoint: phalanx sample reads a checkpoint a
+// tensor-parallel job wrote (an index of its ranks' parts), the newest by
+// default or the index by name, the same text for the same seed either
+// way.
+func TestSampleFromSplitCheckpoint(t *testing.T) {
+	ck := t.TempDir()
+	startJob(t, gptArgs(10, "--tp", "2", "--checkpoint", ck, "--checkpoint-every-steps", "10")...).Finish(t)
+	indexes, _ := filepath.Glob(filepath.Join(ck, "pipeline", "index-*"))
+	if len(indexes) != 1 {
+		t.Fatalf("indexes %v, want the one of step 10", indexes)
+	}
+	sample := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := runCommand(t, append([]string{"sample", "--checkpoint", ck, "--prompt", "package ", "--tokens", "40", "--seed", "3"}, args...), &out, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSuffix(out.String(), "\n")
+	}
+	a, b := sample(), sample("--name", "pipeline/"+filepath.Base(indexes[0]))
+	if a != b || len(a) != len("package ")+40 || !strings.HasPrefix(a, "package ") {
+		t.Errorf("samples of the split checkpoint: %q (newest), %q (by name)", a, b)
+	}
+}

@@ -140,6 +140,26 @@ func StateHash(model string, options map[string]string, optimizer string, seed u
 	return hex.EncodeToString(h[:6])
 }
 
+// Newest is the store's newest checkpoint whose every part verifies, in
+// either format: the newest index of state hash hash, or the newest ring
+// checkpoint of model when its step is later ("" and nil: of any state,
+// of any model); nil when there is none. What does not verify is skipped,
+// said through skip; a checkpoint of another state or model is an error.
+func Newest(ctx context.Context, store checkpoint.Store, hash string, model *Model, skip func(name string, err error)) (*Source, error) {
+	x, err := NewestIndex(ctx, store, hash, skip)
+	if err != nil {
+		return nil, err
+	}
+	r, err := NewestRing(ctx, store, model, skip)
+	if err != nil {
+		return nil, err
+	}
+	if r != nil && (x == nil || r.Index.Step > x.Index.Step) {
+		return r, nil
+	}
+	return x, nil
+}
+
 // IndexNames are the names of the store's index objects, oldest first
 // (names sort by step, then generation, then time).
 func IndexNames(ctx context.Context, store checkpoint.Store) ([]string, error) {
@@ -199,7 +219,7 @@ func OpenIndex(ctx context.Context, store checkpoint.Store, name string) (*Sourc
 }
 
 // NewestIndex is the newest index of the store whose parts all verify
-// and whose state hash is hash; nil when there is none. Indexes that do
+// and whose state hash is hash ("": any); nil when there is none. Indexes that do
 // not verify are skipped (said through skip); one of another state is an
 // error: the store is another model's.
 func NewestIndex(ctx context.Context, store checkpoint.Store, hash string, skip func(name string, err error)) (*Source, error) {
@@ -209,7 +229,7 @@ func NewestIndex(ctx context.Context, store checkpoint.Store, hash string, skip 
 	}
 	for i := len(names) - 1; i >= 0; i-- {
 		src, err := OpenIndex(ctx, store, names[i])
-		if err == nil && src.Index.StateHash != hash {
+		if err == nil && hash != "" && src.Index.StateHash != hash {
 			return nil, fmt.Errorf("pipeline checkpoint %s holds another model's state (state %s, this job's %s): give this job another --checkpoint location",
 				names[i], src.Index.StateHash, hash)
 		}

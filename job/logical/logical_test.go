@@ -130,7 +130,7 @@ func TestReadAcrossLayouts(t *testing.T) {
 	}
 	sources := []source{{"ring", func(t *testing.T, store checkpoint.Store) *Source {
 		save(t, ctx, store, s.tensors(1, 0), "m", 5)
-		src, err := NewestRing(ctx, store, Model{Name: "m", Seed: 7}, func(id string, err error) { t.Errorf("skipped %s: %v", id, err) })
+		src, err := NewestRing(ctx, store, &Model{Name: "m", Seed: 7}, func(id string, err error) { t.Errorf("skipped %s: %v", id, err) })
 		if err != nil || src == nil {
 			t.Fatalf("newest ring checkpoint: %v, %v", src, err)
 		}
@@ -228,7 +228,7 @@ func TestDamagedAndForeign(t *testing.T) {
 	t.Run("another model", func(t *testing.T) {
 		store, _ := newStore(t)
 		save(t, ctx, store, s.tensors(1, 0), "other", 5)
-		_, err := NewestRing(ctx, store, Model{Name: "m", Seed: 7}, func(string, error) {})
+		_, err := NewestRing(ctx, store, &Model{Name: "m", Seed: 7}, func(string, error) {})
 		if err == nil || !strings.Contains(err.Error(), `model "other"`) {
 			t.Errorf("another model's checkpoint: %v, want it refused naming the model", err)
 		}
@@ -239,7 +239,7 @@ func TestDamagedAndForeign(t *testing.T) {
 		bad := save(t, ctx, store, s.tensors(1, 0), "m", 6)
 		corrupt(t, filepath.Join(dir, bad))
 		var skipped []string
-		src, err := NewestRing(ctx, store, Model{Name: "m", Seed: 7}, func(id string, err error) { skipped = append(skipped, id) })
+		src, err := NewestRing(ctx, store, &Model{Name: "m", Seed: 7}, func(id string, err error) { skipped = append(skipped, id) })
 		if err != nil || src == nil || src.ID != old || !slices.Equal(skipped, []string{bad}) {
 			t.Errorf("resumed %v (%v), skipped %v; want %s, skipping %s", src, err, skipped, old, bad)
 		}

@@ -223,6 +223,12 @@ func OpenRing(ctx context.Context, store checkpoint.Store, m *phalanxpb.Manifest
 	if err := checkpoint.Verify(ctx, store, m); err != nil {
 		return nil, err
 	}
+	return RingSource(store, m)
+}
+
+// RingSource is the ring checkpoint m of store, not verified beforehand:
+// each read checks what it reads (checkpoint.ReadTensor).
+func RingSource(store checkpoint.Store, m *phalanxpb.Manifest) (*Source, error) {
 	x := &Index{Format: 1, Step: m.Step, Epoch: m.Epoch, Offset: m.Offset, Generation: m.Generation, Stages: 1,
 		Parts: []Part{{Prefix: "", ID: m.Id}}, name: m.Id}
 	for _, t := range m.Tensors {
@@ -241,10 +247,10 @@ type Model struct {
 }
 
 // NewestRing is the store's newest complete ring checkpoint that
-// verifies, of model; nil when there is none. Checkpoints that do not
-// verify are skipped (said through skip); one of another model is an
-// error: the store is another model's.
-func NewestRing(ctx context.Context, store checkpoint.Store, model Model, skip func(id string, err error)) (*Source, error) {
+// verifies, of model (nil: of any); nil when there is none. Checkpoints
+// that do not verify are skipped (said through skip); one of another
+// model is an error: the store is another model's.
+func NewestRing(ctx context.Context, store checkpoint.Store, model *Model, skip func(id string, err error)) (*Source, error) {
 	infos, err := checkpoint.List(ctx, store)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: listing %s: %w", store.Location(), err)
@@ -254,7 +260,7 @@ func NewestRing(ctx context.Context, store checkpoint.Store, model Model, skip f
 			continue
 		}
 		m, err := checkpoint.ReadManifest(ctx, store, in.ID)
-		if err == nil && (m.Model != model.Name || m.Seed != model.Seed || !maps.Equal(m.ModelOptions, model.Options)) {
+		if err == nil && model != nil && (m.Model != model.Name || m.Seed != model.Seed || !maps.Equal(m.ModelOptions, model.Options)) {
 			return nil, &checkpoint.IncompatibleError{ID: in.ID, Reason: fmt.Sprintf("it holds the state of model %q (options %v, seed %d), this job's is %q (options %v, seed %d): give this job another --checkpoint location",
 				m.Model, m.ModelOptions, m.Seed, model.Name, model.Options, model.Seed)}
 		}

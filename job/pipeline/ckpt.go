@@ -157,18 +157,7 @@ func (s *saver) settle() int64 {
 // split or staged); nil when there is neither. Checkpoints that do not
 // verify are skipped, said through skip.
 func newestSource(ctx context.Context, store checkpoint.Store, c *job.Config, skip func(name string, err error)) (*logical.Source, error) {
-	x, err := logical.NewestIndex(ctx, store, stateHash(c), skip)
-	if err != nil {
-		return nil, err
-	}
-	r, err := logical.NewestRing(ctx, store, logical.Model{Name: c.Model, Options: c.ModelOptions, Seed: c.Seed}, skip)
-	if err != nil {
-		return nil, err
-	}
-	if r != nil && (x == nil || r.Index.Step > x.Index.Step) {
-		return r, nil
-	}
-	return x, nil
+	return logical.Newest(ctx, store, stateHash(c), &logical.Model{Name: c.Model, Options: c.ModelOptions, Seed: c.Seed}, skip)
 }
 
 // restoreStage loads stage st's tensors, by name, from src: each whole
