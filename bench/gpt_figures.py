@@ -19,8 +19,9 @@ markdown:
   3. the model's own speed: --workers 1 against bench/gpt_torch.py (the
      same architecture in PyTorch, one thread) in the same run.
 Environment: BATCH (default 8), STEPS (default 30), WARMUP (default 5),
-REPS (pairs, default 2), ONLY (throughput: that table alone), CURVE_STEPS (the accuracy runs, default 200,
-on a model of width 64 and 2 blocks, context 64, batch 16).
+REPS (pairs, default 2), ONLY (throughput, or torch: that table alone), CURVE_STEPS (the accuracy runs, default 200,
+on a model of width 64 and 2 blocks, context 64, batch 16), TP_ARGS (more flags
+for the throughput table's --tp 2 runs, e.g. --sequence-parallel).
 """
 import json, os, statistics, subprocess, sys, tempfile
 
@@ -32,6 +33,7 @@ STEPS = int(os.environ.get("STEPS", "30"))
 WARMUP = int(os.environ.get("WARMUP", "5"))
 REPS = int(os.environ.get("REPS", "2"))
 CURVE_STEPS = int(os.environ.get("CURVE_STEPS", "200"))
+TP_ARGS = os.environ.get("TP_ARGS", "").split()
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 
 
@@ -73,13 +75,15 @@ def done(events):
 
 def main():
     only = os.environ.get("ONLY", "")
-    if only not in ("", "throughput"):
-        sys.exit("ONLY: throughput, or nothing for every table")
+    if only not in ("", "throughput", "torch"):
+        sys.exit("ONLY: throughput, torch, or nothing for every table")
+    if only == "torch":
+        return speed(statistics.median(rate(run(["--workers", "1"]))[0] for _ in range(REPS)))
     print("## throughput: --tp 2 against one worker (one core each)\n")
     ones, twos, shares = [], [], []
     for _ in range(REPS):
         ones.append(rate(run(["--workers", "1"]))[0])
-        r, s = rate(run(["--tp", "2"]))
+        r, s = rate(run(["--tp", "2"] + TP_ARGS))
         twos.append(r)
         shares.append(s)
     print("| run | samples/s (each pair) | median |\n|---|---|---|")
@@ -105,8 +109,13 @@ def main():
     print(f"largest gap between the 10-step means: **{max(gaps):.2%}** over {len(gaps)} windows; "
           f"held-out loss --tp 1 {done(a)['loss']:.4f}, --tp 2 {done(b)['loss']:.4f} nats/char\n")
 
+    speed(statistics.median(ones))
+
+
+def speed(ours):
+    """The model's own speed: one worker against PyTorch, ours measured
+    earlier in the run and again after the reference."""
     print("## the model's own speed: one worker against PyTorch (one thread)\n")
-    ours = statistics.median(ones)
     env = dict(ENV, WIDTH=WIDTH, DEPTH=DEPTH, HEADS=HEADS, CONTEXT=CONTEXT, BATCH=str(BATCH), STEPS=str(STEPS), WARMUP=str(WARMUP))
     torch = json.loads(subprocess.run(["/usr/bin/python3", os.path.join(os.path.dirname(__file__), "gpt_torch.py")],
                                       check=True, capture_output=True, text=True, env=env).stdout)

@@ -87,9 +87,9 @@ func (a *CausalAttention) Forward(x Matrix) Matrix {
 				}
 				var total float64
 				for j, v := range row[:i+1] {
-					e := math.Exp(float64(v - m))
-					row[j] = float32(e)
-					total += e
+					e := Exp32(v - m)
+					row[j] = e
+					total += float64(e)
 				}
 				inv := float32(1 / total)
 				for j := range row[:i+1] {

@@ -125,8 +125,9 @@ func (d *Dense) BackwardWeight() {
 func (d *Dense) weightGrads(x, dy Matrix) {
 	gemm(blas.Trans, blas.NoTrans, 1, general(x), general(dy), 1,
 		blas32.General{Rows: d.in, Cols: d.out, Stride: d.out, Data: d.W.Grad})
+	g := d.B.Grad[:dy.Cols]
 	for i := range dy.Rows {
-		row, g := dy.Row(i), d.B.Grad
+		row := dy.Row(i)[:len(g)]
 		for j, v := range row {
 			g[j] += v
 		}
@@ -268,9 +269,9 @@ func (s *SoftmaxCrossEntropy) Loss(logits Matrix, labels []int32, scale float32)
 		zmax := float64(z[best])
 		var total float64
 		for j, v := range z {
-			e := math.Exp(float64(v) - zmax)
-			g[j] = float32(e)
-			total += e
+			e := Exp32(v - z[best])
+			g[j] = e
+			total += float64(e)
 		}
 		sum += math.Log(total) + zmax - float64(z[label])
 		for j := range g {

@@ -50,17 +50,8 @@ func (l *LayerNorm) Forward(x Matrix) Matrix {
 	n := float64(x.Cols)
 	for r := range x.Rows {
 		row := x.Data[r*x.Cols : (r+1)*x.Cols]
-		var sum float64
-		for _, v := range row {
-			sum += float64(v)
-		}
-		mu := sum / n
-		var sq float64
-		for _, v := range row {
-			d := float64(v) - mu
-			sq += d * d
-		}
-		inv := 1 / math.Sqrt(sq/n+float64(l.Eps))
+		mu := sum4(row, 0, false) / n
+		inv := 1 / math.Sqrt(sum4(row, mu, true)/n+float64(l.Eps))
 		rstd.Data[r] = float32(inv)
 		h, out := xhat.Data[r*x.Cols:(r+1)*x.Cols], y.Data[r*x.Cols:(r+1)*x.Cols]
 		for j, v := range row {
@@ -120,6 +111,28 @@ func (l *LayerNorm) BackwardWeight() {
 	}
 }
 
+// sum4 is the sum of row's values less mu, or of their squares, in four
+// running sums (one would wait on each addition before the next).
+func sum4(row []float32, mu float64, squares bool) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(row); i += 4 {
+		a, b, c, d := float64(row[i])-mu, float64(row[i+1])-mu, float64(row[i+2])-mu, float64(row[i+3])-mu
+		if squares {
+			a, b, c, d = a*a, b*b, c*c, d*d
+		}
+		s0, s1, s2, s3 = s0+a, s1+b, s2+c, s3+d
+	}
+	for ; i < len(row); i++ {
+		a := float64(row[i]) - mu
+		if squares {
+			a *= a
+		}
+		s0 += a
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
 // GELU is the Gaussian error linear unit in GPT-2's tanh form:
 // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))). It is Slotted; its zero
 // value is ready. It keeps its input, the caller's, until the backward.
@@ -155,11 +168,12 @@ func (g *GELU) Forward(x Matrix) Matrix {
 	c.x = x.Data
 	y := resize(&c.y, x.Rows, x.Cols)
 	t := resize(&c.t, x.Rows, x.Cols).Data
-	for i, v := range x.Data {
-		u := float64(v)
-		th := math.Tanh(geluC * (u + 0.044715*u*u*u))
-		t[i] = float32(th)
-		y.Data[i] = float32(0.5 * u * (1 + th))
+	for i, u := range x.Data {
+		t[i] = geluC * (u + 0.044715*u*u*u)
+	}
+	tanh32s(t, t)
+	for i, u := range x.Data {
+		y.Data[i] = 0.5 * u * (1 + t[i])
 	}
 	return y
 }
@@ -167,10 +181,11 @@ func (g *GELU) Forward(x Matrix) Matrix {
 func (g *GELU) Backward(dy Matrix) Matrix {
 	c := slotOf(&g.slots, g.slot)
 	dx := resize(&c.dx, dy.Rows, dy.Cols)
+	x, t := c.x[:len(dy.Data)], c.t[:len(dy.Data)]
 	for i, d := range dy.Data {
-		u, t := float64(c.x[i]), float64(c.t[i])
-		dt := (1 - t*t) * geluC * (1 + 3*0.044715*u*u)
-		dx.Data[i] = d * float32(0.5*(1+t)+0.5*u*dt)
+		u, th := x[i], t[i]
+		dt := (1 - th*th) * geluC * (1 + 3*0.044715*u*u)
+		dx.Data[i] = d * (0.5*(1+th) + 0.5*u*dt)
 	}
 	return dx
 }

@@ -79,9 +79,9 @@ func (l *VocabParallelLoss) Loss(logits nn.Matrix, labels []int32, scale float32
 		var total float64
 		first[i] = float64(l.vocab)
 		for j, v := range z {
-			e := math.Exp(float64(v) - mx[i])
-			gr[j] = float32(e)
-			total += e
+			e := nn.Exp32(v - float32(mx[i])) // mx[i] is one of the logits
+			gr[j] = e
+			total += float64(e)
 			if float64(v) == mx[i] && first[i] == float64(l.vocab) {
 				first[i] = float64(l.lo + j)
 			}
