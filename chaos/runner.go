@@ -233,6 +233,10 @@ func (r *Runner) launchConfig(sc *Scenario, name string, workers int, ckpt, jobD
 		lc.Transport = "tcp"
 	}
 	lc.Threads = 1
+	// Info, not the default warn: a failed run's kept logs then say what
+	// each worker decided and when (run56's stage-kill-alone left only
+	// its warnings, and the cause of its slow recovery unproven).
+	lc.LogLevel = "info"
 	lc.JobDir = jobDir
 	lc.Events = ev
 	if ckpt != "" {
