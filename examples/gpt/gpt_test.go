@@ -492,6 +492,77 @@ func TestGradientsMatchFiniteDifferences(t *testing.T) {
 	t.Logf("%d gradients checked", checked)
 }
 
+// TestSplitStepAllocatesNothing: once warm, a training step of the model
+// split across 2 tensor-parallel ranks, with and without sequence
+// parallelism, allocates nothing on either rank, its layers' collectives
+// over in-process groups included. testing.AllocsPerRun counts the whole
+// process: both ranks run on goroutines started once, each step started
+// and awaited through channels.
+func TestSplitStepAllocatesNothing(t *testing.T) {
+	if !strings.HasPrefix(nn.BLAS(), "openblas") {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("under CI, on %s: the test needs the openblas build (go test -tags openblas)", nn.BLAS())
+		}
+		t.Skipf("on %s, whose parallel products allocate; the openblas build checks this", nn.BLAS())
+	}
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector; the non-race pass runs this test")
+	}
+	for _, sp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sequence-parallel=%v", sp), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			const size = 2
+			gs, err := collective.InprocGroups(ctx, size, t.Name(), 1, collective.Options{Timeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer collective.CloseGroups(gs)
+			b := batchOf(t, sampleText, small.Context, 0, 2, 4)
+			cfg := small
+			cfg.SequenceParallel = sp
+			start, done := make(chan struct{}), make(chan error, size)
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer close(start)
+			for _, g := range gs {
+				m, err := New(cfg, 1, tp.NewComm(ctx, g))
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range start {
+						nn.ZeroGrads(m.Params())
+						_, err := m.Step(b, 1/3., func(int) {})
+						done <- err
+					}
+				}()
+			}
+			step := func() {
+				for range size {
+					start <- struct{}{}
+				}
+				for range size {
+					select {
+					case err := <-done:
+						if err != nil {
+							t.Fatal(err)
+						}
+					case <-ctx.Done():
+						t.Fatal("a split step did not end within a minute")
+					}
+				}
+			}
+			step()
+			if n := testing.AllocsPerRun(5, step); n != 0 {
+				t.Errorf("a warm split step (2 ranks) allocates %v times", n)
+			}
+		})
+	}
+}
+
 // TestStepAllocatesNothing: once warm, a training step of the whole model
 // allocates nothing (on OpenBLAS: the pure-Go BLAS's parallel products
 // allocate for their goroutines, which nn's own test accounts for).

@@ -1,0 +1,5 @@
+//go:build race
+
+package gpt
+
+const raceEnabled = true
