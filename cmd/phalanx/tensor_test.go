@@ -66,6 +66,29 @@ func TestTensorParallelMatchesOneRank(t *testing.T) {
 			}
 		})
 	}
+	// The staged form (ModelSpec.Impl): the layers cut into 2 pipeline
+	// stages, 4 micro-batches of whole windows.
+	t.Run("pp2", func(t *testing.T) {
+		ev := startJob(t, gptArgs(steps, "--pp", "2", "--micro-batches", "4")...).Finish(t)
+		d := doneOf(t, ev)
+		got, _ := d["loss"].(float64)
+		if math.Abs(got-want) > 0.02*want || jobtest.Num(d, "step") != steps || d["nats_per_char"] != got {
+			t.Errorf("--pp 2: done %v; the unsplit model's held-out loss %.4f", d, want)
+		}
+		stages, normed := map[int]bool{}, false
+		for _, e := range ev["pipeline_step"] {
+			stages[jobtest.Num(e, "stage")] = true
+			if jobtest.Num(e, "step") == 1 && e["grad_norm"] != nil { // the last stage's: the whole model's norm
+				normed = true
+				if g := e["grad_norm"].(float64); math.Abs(g-norm1) > 1e-4*norm1 {
+					t.Errorf("--pp 2: step 1's gradient norm %v, the whole model's %v", g, norm1)
+				}
+			}
+		}
+		if len(stages) != 2 || !normed {
+			t.Errorf("pipeline_step events of stages %v, want 0 and 1, and a gradient norm at step 1 (seen: %v)", stages, normed)
+		}
+	})
 }
 
 // firstGradNorm is the global norm of the whole model's gradient at
@@ -178,6 +201,10 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 		{"ring2-into-tp2", []string{"--workers", "2"}, []string{"--tp", "2"}},
 		{"tp2-into-ring2", []string{"--tp", "2"}, []string{"--workers", "2"}},
 		{"dp2xtp2-into-ring1", []string{"--dp", "2", "--tp", "2"}, []string{"--workers", "1"}},
+		{"ring2-into-pp2", []string{"--workers", "2"}, []string{"--pp", "2", "--micro-batches", "2"}},
+		{"pp2-into-tp2", []string{"--pp", "2", "--micro-batches", "2"}, []string{"--tp", "2"}},
+		{"tp2-into-pp2", []string{"--tp", "2"}, []string{"--pp", "2", "--micro-batches", "2"}},
+		{"pp2-into-ring1", []string{"--pp", "2", "--micro-batches", "2"}, []string{"--workers", "1"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -187,7 +214,7 @@ func TestTensorParallelCheckpointReshards(t *testing.T) {
 				t.Fatalf("checkpoint_restored %v, want one at step 20", r)
 			}
 			steps := ev["pipeline_step"]
-			if !slices.Contains(c.into, "--tp") { // a ring
+			if slices.Contains(c.into, "--workers") { // a ring
 				steps = ev["step"]
 			}
 			if s := steps; len(s) == 0 || jobtest.Num(s[0], "step") != 21 {

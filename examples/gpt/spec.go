@@ -45,6 +45,7 @@ func Spec() phalanx.ModelSpec {
 		},
 		New:      build,
 		Split:    buildSplit,
+		Impl:     Staged(),
 		Generate: generate,
 	}
 }
@@ -52,11 +53,7 @@ func Spec() phalanx.ModelSpec {
 // generate is Generate on the whole model of options o, its parameters
 // read by name.
 func generate(o phalanx.Options, seed uint64, read func(name string, dst []float32) error, g phalanx.Generation) ([]byte, error) {
-	cfg, _, err := options(o)
-	if err != nil {
-		return nil, err
-	}
-	m, err := New(cfg, seed, nil)
+	m, err := whole(o, seed)
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +61,15 @@ func generate(o phalanx.Options, seed uint64, read func(name string, dst []float
 		return nil, err
 	}
 	return m.Generate(g.Prompt, g.Tokens, g.Temperature, g.Seed)
+}
+
+// whole is the whole model of options o.
+func whole(o phalanx.Options, seed uint64) (*Model, error) {
+	cfg, _, err := options(o)
+	if err != nil {
+		return nil, err
+	}
+	return New(cfg, seed, nil)
 }
 
 type settings struct {
@@ -136,19 +142,9 @@ func build(o phalanx.Options, seed uint64) (phalanx.Task, error) { return buildS
 // buildSplit is the task of a tensor-parallel rank (comm nil: the whole
 // model).
 func buildSplit(o phalanx.Options, seed uint64, comm *tp.Comm) (phalanx.Task, error) {
-	cfg, s, err := options(o)
+	cfg, corpus, train, test, err := windows(o)
 	if err != nil {
 		return phalanx.Task{}, err
-	}
-	corpus, err := Load(context.Background(), o)
-	if err != nil {
-		return phalanx.Task{}, err
-	}
-	train := &Windows{Text: corpus.Train, Context: cfg.Context}
-	test := &Windows{Text: corpus.Heldout, Context: cfg.Context, Limit: s.evalWindows}
-	if train.Len() == 0 || test.Len() == 0 {
-		return phalanx.Task{}, fmt.Errorf("gpt: %s gives %d training and %d held-out windows of %d characters: too little text",
-			corpus.Source, train.Len(), test.Len(), cfg.Context+1)
 	}
 	m, err := New(cfg, seed, comm)
 	if err != nil {
@@ -161,4 +157,24 @@ func buildSplit(o phalanx.Options, seed uint64, comm *tp.Comm) (phalanx.Task, er
 		return out
 	}
 	return phalanx.Task{Model: m, Train: train, Test: test, Measures: measures}, nil
+}
+
+// windows are the training and held-out windows of the corpus the options
+// name.
+func windows(o phalanx.Options) (Config, *Corpus, *Windows, *Windows, error) {
+	cfg, s, err := options(o)
+	if err != nil {
+		return cfg, nil, nil, nil, err
+	}
+	corpus, err := Load(context.Background(), o)
+	if err != nil {
+		return cfg, nil, nil, nil, err
+	}
+	train := &Windows{Text: corpus.Train, Context: cfg.Context}
+	test := &Windows{Text: corpus.Heldout, Context: cfg.Context, Limit: s.evalWindows}
+	if train.Len() == 0 || test.Len() == 0 {
+		return cfg, nil, nil, nil, fmt.Errorf("gpt: %s gives %d training and %d held-out windows of %d characters: too little text",
+			corpus.Source, train.Len(), test.Len(), cfg.Context+1)
+	}
+	return cfg, corpus, train, test, nil
 }

@@ -19,6 +19,7 @@ type shape struct {
 	ranges       [][2]int // per virtual stage j = chunk·P + stage: its layers [from, to)
 	replicaBatch int      // samples of a replica per step
 	rows         int      // samples per micro-batch
+	per          int      // rows per sample (Model.SampleRows)
 }
 
 // check validates a pipeline job's configuration against its model and
@@ -93,9 +94,14 @@ func check(c *job.Config, m *Model, o job.Options) (*shape, error) {
 	} else if err := cut.Check(cl, p.Cuts, parts); err != nil {
 		return nil, job.Invalid("Pipeline.Cuts", p.Cuts, "%v", err)
 	}
-	rb := c.Batch / p.Replicas
+	rb, per := c.Batch/p.Replicas, 1
+	if m.SampleRows != nil {
+		if per = m.SampleRows(o); per < 1 {
+			return nil, job.Invalid("Model", c.Model, "%d rows a sample: want at least 1", per)
+		}
+	}
 	return &shape{layers: layers, chunks: p.Chunks, ranges: cut.Cuts(p.Cuts).Ranges(len(layers)),
-		replicaBatch: rb, rows: rb / c.MicroBatches}, nil
+		replicaBatch: rb, rows: rb / c.MicroBatches, per: per}, nil
 }
 
 // configHash identifies what every worker of a job must share: the

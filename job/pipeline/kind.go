@@ -32,11 +32,12 @@ type Kind struct{}
 // Name is "pipeline".
 func (Kind) Name() string { return "pipeline" }
 
-// Owns a model whose Impl is a *Model, and one that Splits in a job of
-// tensor-parallel ranks (cfg.Pipeline.Tensor set).
+// Owns a model whose Impl is a *Model (one that also has a ring form,
+// New, only in a job of stages: cfg.Pipeline.Stages above 1), and one
+// that Splits in a job of tensor-parallel ranks (cfg.Pipeline.Tensor set).
 func (Kind) Owns(spec job.ModelSpec, cfg *job.Config) bool {
 	_, ok := spec.Impl.(*Model)
-	return ok || (spec.Split != nil && cfg.Pipeline.Tensor > 0)
+	return ok && (spec.New == nil || cfg.Pipeline.Stages > 1) || (spec.Split != nil && cfg.Pipeline.Tensor > 0)
 }
 
 // Worker is the role of a pipeline worker.
@@ -53,7 +54,7 @@ func (Kind) Roles() map[string]job.Role {
 // when none are given).
 func (Kind) Prepare(ctx context.Context, lc *job.LaunchConfig, spec job.ModelSpec, opts job.Options) (job.Job, error) {
 	m, ok := spec.Impl.(*Model)
-	if !ok && spec.Split != nil && lc.Pipeline.Tensor > 0 {
+	if spec.Split != nil && lc.Pipeline.Tensor > 0 {
 		st, err := prepareTensor(lc, spec, opts)
 		if err != nil {
 			return nil, err
@@ -325,7 +326,7 @@ func balanceByTime(lc *job.LaunchConfig, m *Model, opts job.Options) ([]int, err
 	if err != nil {
 		return nil, err
 	}
-	cost, err := measure(m, opts, c.Seed, sh.layers, sh.rows, 3)
+	cost, err := measure(m, opts, c.Seed, sh.layers, sh.rows*sh.per, 3)
 	if err != nil {
 		return nil, err
 	}

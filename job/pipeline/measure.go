@@ -23,7 +23,9 @@ func measure(m *Model, o job.Options, seed uint64, layers []Layer, rows, runs in
 		x := make([]float32, rows*layers[i].In)
 		dy := make([]float32, rows*layers[i].Out)
 		for j := range x {
-			x[j] = float32(rng.NormFloat64())
+			if i > 0 || m.SampleRows == nil { // a sequence model's first layer reads token ids: zeros
+				x[j] = float32(rng.NormFloat64())
+			}
 		}
 		for j := range dy {
 			dy[j] = float32(rng.NormFloat64())

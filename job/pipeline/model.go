@@ -28,6 +28,16 @@ type Model struct {
 	// wide as the first layer's input, with labels below the last layer's
 	// output width.
 	Data func(o job.Options, seed uint64) (train, test worker.Dataset, err error)
+	// SampleRows, if set, is how many rows one sample fills in every
+	// layer's input under options o (a sequence's tokens, each a row;
+	// unset: one): Data's Fill then gives N·SampleRows rows of features and
+	// a label for each row, and a micro-batch holds whole samples. A
+	// sample's loss is its rows' mean, as a sequence model's is its
+	// tokens'.
+	SampleRows func(o job.Options) int
+	// Measures, if set, adds the model's own measures of its held-out loss
+	// and accuracy to the done event (a language model's perplexity).
+	Measures func(loss, accuracy float64) map[string]float64
 }
 
 // Layer describes one layer of a Model.

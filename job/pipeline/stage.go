@@ -281,11 +281,11 @@ func (w *pipeWorker) synchronise(ctx context.Context, rd *roundState, kept bool)
 // gradient reduction across replicas.
 func (w *pipeWorker) buildEngine(rd *roundState) error {
 	st := w.stage
-	features := 0 // a split model's samples are its own (Batch.IDs)
+	features, per := 0, 1 // a split model's samples are its own (Batch.IDs)
 	if w.shape != nil {
-		features = w.shape.layers[0].In
+		features, per = w.shape.layers[0].In, w.shape.per
 	}
-	rd.data = &stepData{rows: make([]int, w.cfg.MicroBatches), offs: make([]int, w.cfg.MicroBatches), features: features}
+	rd.data = &stepData{rows: make([]int, w.cfg.MicroBatches), offs: make([]int, w.cfg.MicroBatches), features: features, per: per}
 	if st.tensor != nil {
 		rd.offset = []int{0}
 		for _, p := range st.params {
@@ -316,7 +316,7 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 	}
 	// A replica's share of the global batch grows when replicas drop out.
 	m, replicas := w.cfg.MicroBatches, len(rd.lay.Ranks)
-	rows := ((w.cfg.Batch+replicas-1)/replicas + m - 1) / m
+	rows := ((w.cfg.Batch+replicas-1)/replicas + m - 1) / m * per
 	cfg := engine.Config{Schedule: w.sched(), Stage: rd.me.Stage, Chunks: st.chunks, Rows: rows,
 		Links: rd.links.Links, Data: rd.data, Now: w.cfg.Now, Ready: ready, Reduce: reduce, Update: update}
 	rd.eng, err = engine.New(cfg)

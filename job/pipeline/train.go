@@ -29,7 +29,8 @@ type stepData struct {
 	idx      []int
 	rows     []int // per micro-batch
 	offs     []int // per micro-batch: its first row in b
-	features int
+	features int   // per row
+	per      int   // rows per sample
 	scale    float32
 }
 
@@ -55,20 +56,33 @@ func (d *stepData) load(s *worker.Sampler, train worker.Dataset, pos worker.Posi
 		return pos, err
 	}
 	d.idx = idx
-	d.b.Reset(len(idx), d.features)
-	if err := train.Fill(idx, &d.b); err != nil {
-		return pos, fmt.Errorf("pipeline: loading samples: %w", err)
-	}
-	if d.b.Features != d.features || len(d.b.X) != len(idx)*d.features {
-		return pos, fmt.Errorf("pipeline: the dataset gave %d features for a model of %d inputs", d.b.Features, d.features)
+	if err := d.fill(train, idx); err != nil {
+		return pos, err
 	}
 	m := len(d.rows)
 	for i := range m {
 		lo, hi := collective.ShardRange(len(idx), m, i)
-		d.offs[i], d.rows[i] = lo, hi-lo
+		d.offs[i], d.rows[i] = lo*d.per, (hi-lo)*d.per
 	}
-	d.scale = 1 / float32(size)
+	d.scale = 1 / float32(size*d.per) // a sample's loss is its rows' mean
 	return next, nil
+}
+
+// fill loads samples idx into d.b: per rows of features each, a label a
+// row (a split model's samples are its own: no features).
+func (d *stepData) fill(data worker.Dataset, idx []int) error {
+	d.b.Reset(len(idx), d.features*d.per)
+	if err := data.Fill(idx, &d.b); err != nil {
+		return fmt.Errorf("pipeline: loading samples: %w", err)
+	}
+	if d.features == 0 {
+		return nil
+	}
+	if n := len(idx) * d.per; len(d.b.X) != n*d.features || len(d.b.Labels) != n {
+		return fmt.Errorf("pipeline: the dataset gave %d values and %d labels for %d samples; a model of %d inputs a row and %d rows a sample takes %d and %d",
+			len(d.b.X), len(d.b.Labels), len(idx), d.features, d.per, n*d.features, n)
+	}
+	return nil
 }
 
 // steps runs the job's steps in this round, from the worker's step.
@@ -122,11 +136,11 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 				WaitS: s.Wait.Seconds(), SendS: s.Send.Seconds(),
 				ParamBytes: 4 * paramCount(st.params), SlotBytes: 4 * slotCount(st), ActBytes: rd.activationBytes()}
 			if lastStage {
-				n := float64(rd.data.b.N)
+				n := float64(rd.data.b.N * rd.data.per) // rows
 				if rd.fuser != nil {
 					n = 1 / float64(rd.data.scale)
 				}
-				rep.Loss, rep.Accuracy, rep.Samples = loss/n, correct/n, int(n)
+				rep.Loss, rep.Accuracy, rep.Samples = loss/n, correct/n, int(math.Round(n))/rd.data.per
 				rep.GradNorm = rd.norm[0]
 				rep.Epoch, rep.Offset, rep.Fingerprint, rep.World = w.pos.Epoch, w.pos.Offset, fp, replicas*c.Pipeline.Stages
 			}
@@ -333,21 +347,21 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 			res.Metrics = m(res.Loss, res.Accuracy)
 		}
 	} else if rd.me.Replica == 0 && w.test != nil && w.test.Len() > 0 {
-		ev := &stepData{features: w.shape.layers[0].In}
+		per := w.shape.per
+		ev := &stepData{features: w.shape.layers[0].In, per: per}
 		n := w.test.Len()
 		batches := (n + w.shape.rows - 1) / w.shape.rows
 		all := make([]int, n)
 		for i := range all {
 			all[i] = i
 		}
-		ev.b.Reset(n, ev.features)
-		if err := w.test.Fill(all, &ev.b); err != nil {
-			return fmt.Errorf("pipeline: loading held-out samples: %w", err)
+		if err := ev.fill(w.test, all); err != nil {
+			return fmt.Errorf("held-out: %w", err)
 		}
 		ev.rows, ev.offs = make([]int, batches), make([]int, batches)
 		for i := range batches {
-			ev.offs[i] = i * w.shape.rows
-			ev.rows[i] = min(w.shape.rows, n-ev.offs[i])
+			ev.offs[i] = i * w.shape.rows * per
+			ev.rows[i] = min(w.shape.rows, n-i*w.shape.rows) * per
 		}
 		loss, correct, err := rd.eng.Infer(ctx, ev, batches)
 		if err != nil {
@@ -361,7 +375,10 @@ func (w *pipeWorker) finish(ctx context.Context, rd *roundState) error {
 				return err
 			}
 		}
-		res.Loss, res.Accuracy = m[0]/float64(n), m[1]/float64(n)
+		res.Loss, res.Accuracy = m[0]/float64(n*per), m[1]/float64(n*per)
+		if w.model.Measures != nil {
+			res.Metrics = w.model.Measures(res.Loss, res.Accuracy)
+		}
 	}
 	if rd.saver != nil {
 		if err := w.finalCheckpoint(ctx, rd); err != nil {

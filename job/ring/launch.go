@@ -35,7 +35,7 @@ func (Kind) Name() string { return "ring" }
 
 // Owns a model with New.
 func (Kind) Owns(spec job.ModelSpec, cfg *job.Config) bool {
-	return spec.New != nil && cfg.Pipeline.Tensor == 0
+	return spec.New != nil && cfg.Pipeline.Tensor == 0 && cfg.Pipeline.Stages <= 1
 }
 
 // Worker is the role of a ring worker.
