@@ -61,7 +61,7 @@ func Sample(ctx context.Context, sc SampleConfig, reg *Registry) ([]byte, error)
 func sampleSource(ctx context.Context, store checkpoint.Store, name string) (*logical.Source, error) {
 	switch {
 	case strings.HasPrefix(name, logical.IndexPrefix):
-		return logical.OpenIndex(ctx, store, name)
+		return logical.IndexSource(ctx, store, name)
 	case name != "":
 		m, err := checkpoint.ReadManifest(ctx, store, name)
 		if err != nil {

@@ -2,10 +2,13 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -47,8 +50,18 @@ func freePort(host string) (string, error) {
 	return port, err
 }
 
-// StartEmbedded starts the server and waits until it serves.
+// StartEmbedded starts the server and waits until it serves. Ports it
+// chooses itself are free when chosen but bound a moment later, when
+// another process may have taken one: a start that finds its port in use
+// is tried again on others, a few times.
 func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error) {
+	return startEmbedded(ctx, opts, freePort)
+}
+
+// portAttempts bounds the starts on ports chosen by StartEmbedded.
+const portAttempts = 5
+
+func startEmbedded(ctx context.Context, opts EmbeddedOptions, pick func(host string) (string, error)) (*Embedded, error) {
 	if opts.Dir == "" {
 		return nil, fmt.Errorf("coordinator: embedded etcd needs a data directory")
 	}
@@ -64,15 +77,32 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = 30 * time.Second
 	}
+	for attempt := 1; ; attempt++ {
+		e, err := startOnce(ctx, opts, pick)
+		if err == nil || !inUse(err) || opts.ClientPort != 0 && opts.PeerPort != 0 || attempt == portAttempts {
+			return e, err
+		}
+		opts.Logger.Warn("embedded etcd: a chosen port was taken before etcd bound it; trying others", zap.Int("attempt", attempt), zap.Error(err))
+	}
+}
+
+// inUse reports whether err is a listener's "address already in use".
+func inUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
+}
+
+// startOnce starts the server once, on the ports of opts or, where those
+// are 0, on ports pick chooses.
+func startOnce(ctx context.Context, opts EmbeddedOptions, pick func(host string) (string, error)) (*Embedded, error) {
 	clientPort, peerPort := strconv.Itoa(opts.ClientPort), strconv.Itoa(opts.PeerPort)
 	var err error
 	if opts.ClientPort == 0 {
-		if clientPort, err = freePort(opts.Host); err != nil {
+		if clientPort, err = pick(opts.Host); err != nil {
 			return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
 		}
 	}
 	if opts.PeerPort == 0 {
-		if peerPort, err = freePort(opts.Host); err != nil {
+		if peerPort, err = pick(opts.Host); err != nil {
 			return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
 		}
 	}

@@ -7,10 +7,14 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/examples"
 	"github.com/phalanx-rt/phalanx/examples/gpt"
 	"github.com/phalanx-rt/phalanx/internal/bytesize"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/tp"
@@ -344,5 +348,43 @@ func TestTensorParallelRankKilledAlone(t *testing.T) {
 	}
 	if d := doneOf(t, ev); jobtest.Num(d, "step") != steps {
 		t.Errorf("done %v, want step %d", d, steps)
+	}
+}
+
+// TestTensorWorkerRefusesCheckpoint: tensor-parallel workers started by
+// hand (no launcher to check the store first) against a checkpoint of
+// another optimizer's state each fail with the refusal, naming the
+// optimizers' slots, after they joined their round's groups (an error
+// there once crashed the worker: the round's cleanup ran on the nil
+// round it returned).
+func TestTensorWorkerRefusesCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	startJob(t, gptArgs(10, "--workers", "2", "--optimizer", "adam", "--lr", "0.01", "--checkpoint", dir, "--checkpoint-every-steps", "10")...).Finish(t)
+	ctx := testwait.Context(t, 3*time.Minute)
+	const name, workers = "tp-refuses", 2
+	endpoints := make(chan []string, 1)
+	coordDone := make(chan error, 1)
+	go func() {
+		coordDone <- phalanx.RunCoordinator(ctx, phalanx.CoordinatorConfig{Job: name, JobDir: t.TempDir(), MinWorkers: workers, MaxWorkers: workers,
+			Workers: workers, JoinWindow: time.Millisecond, OnEndpoints: func(e []string) { endpoints <- e }})
+	}()
+	etcd := testwait.Recv(t, endpoints, time.Minute, "the coordinator's embedded etcd to serve")
+	results := make(chan error, workers)
+	for i := range workers {
+		cfg := phalanx.DefaultConfig()
+		cfg.Model, cfg.Job, cfg.Etcd, cfg.Index = "gpt", name, etcd, i
+		cfg.ModelOptions = map[string]string{"width": "32", "depth": "1", "heads": "2", "context": "32", "corpus-mb": "1", "eval-windows": "32"}
+		cfg.Steps, cfg.Batch, cfg.Pipeline.Tensor, cfg.Optimizer.Kind = 20, 16, workers, "momentum"
+		cfg.Checkpoint.Location = dir
+		go func() {
+			_, err := phalanx.RunModel(ctx, cfg, examples.Registry())
+			results <- err
+		}()
+	}
+	for i := range workers {
+		err := testwait.Recv(t, results, 2*time.Minute, fmt.Sprintf("worker %d of %d to end", i+1, workers))
+		if err == nil || !strings.Contains(err.Error(), "its optimizer keeps slots [adam.m adam.v], this job's [momentum]") {
+			t.Errorf("a worker resuming adam's state with momentum: %v, want the refusal", err)
+		}
 	}
 }

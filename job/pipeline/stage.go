@@ -152,10 +152,10 @@ func (rd *roundState) close(failed bool) {
 // enter takes place me of layout lay in round r: it builds or keeps the
 // stage, joins its groups, receives the stage's state from the donor
 // replica when it is not current, and builds the engine.
-func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Layout, me layout.Place, from *restoring) (rd *roundState, err error) {
-	rd = &roundState{lay: lay, me: me}
+func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Layout, me layout.Place, from *restoring) (_ *roundState, err error) {
+	rd := &roundState{lay: lay, me: me}
 	defer func() {
-		if err != nil {
+		if err != nil { // rd, not the nil returned with err
 			rd.close(true)
 		}
 	}()

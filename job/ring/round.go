@@ -392,7 +392,8 @@ func (w *ringWorker) restoreIndexed(ctx context.Context, g *collective.Group, t 
 	case n == 0:
 		return false, nil
 	}
-	src, err := logical.OpenIndex(ctx, w.store, string(name))
+	// Rank 0 verified every part; every rank's reads check what they read.
+	src, err := logical.IndexSource(ctx, w.store, string(name))
 	if err != nil {
 		return false, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
 	}
