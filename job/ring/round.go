@@ -378,6 +378,8 @@ func (w *ringWorker) restoreIndexed(ctx context.Context, g *collective.Group, t 
 	}
 	if g.Rank() != 0 {
 		name = make([]byte, n)
+	} else if len(name) > n { // an error's text, cut
+		name = name[:n]
 	} else {
 		name = append(name, make([]byte, n-len(name))...)
 	}
@@ -392,20 +394,20 @@ func (w *ringWorker) restoreIndexed(ctx context.Context, g *collective.Group, t 
 	case n == 0:
 		return false, nil
 	}
-	// Rank 0 verified every part; every rank's reads check what they read.
-	src, err := logical.IndexSource(ctx, w.store, string(name))
+	src, err := w.readIndexed(ctx, string(name))
+	// Every rank restores, or none: the ring agrees on what each found.
+	failed := []float64{0}
 	if err != nil {
-		return false, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
+		failed[0] = 1
 	}
-	tensors := stateTensors(w.params, w.slots)
-	shapes := logicalShapes(tensors)
-	if err := src.Check(tensors, shapes); err != nil {
+	if aerr := g.AllReduce(ctx, collective.Float64s(failed), collective.Max); aerr != nil {
+		return false, fmt.Errorf("checkpoint: agreeing on the restore from %s: %w", name, aerr)
+	}
+	switch {
+	case err != nil:
 		return false, err
-	}
-	for i, ts := range tensors {
-		if err := src.Read(ctx, ts.Name, shapes[i], ts.Data); err != nil {
-			return false, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
-		}
+	case failed[0] > 0:
+		return false, fmt.Errorf("checkpoint: another rank could not restore from %s (it says why)", name)
 	}
 	x := src.Index
 	ck.Resumed(x.Step)
@@ -415,6 +417,26 @@ func (w *ringWorker) restoreIndexed(ctx context.Context, g *collective.Group, t 
 		w.log.Info("resumed from an index of parts", zap.String("index", src.ID), zap.Int64("step", x.Step), zap.Int("parts", src.Parts()))
 	}
 	return true, t.Restored(x.Step, worker.Position{Epoch: x.Epoch, Offset: x.Offset})
+}
+
+// readIndexed loads the worker's parameters and optimizer slots from index
+// name, which rank 0 verified wholly (each read here checks what it reads).
+func (w *ringWorker) readIndexed(ctx context.Context, name string) (*logical.Source, error) {
+	src, err := logical.IndexSource(ctx, w.store, name)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
+	}
+	tensors := stateTensors(w.params, w.slots)
+	shapes := logicalShapes(tensors)
+	if err := src.Check(tensors, shapes); err != nil {
+		return nil, err
+	}
+	for i, ts := range tensors {
+		if err := src.Read(ctx, ts.Name, shapes[i], ts.Data); err != nil {
+			return nil, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
+		}
+	}
+	return src, nil
 }
 
 // logicalShapes are the shapes of a ring's tensors (each whole).
