@@ -82,11 +82,12 @@ func (s *minioServer) Start(ctx context.Context, dir string, log *zap.Logger) er
 	if err != nil {
 		return fmt.Errorf("chaos: minio: %w", err)
 	}
-	s.srv, s.endpoint = srv, srv.Endpoint()
+	s.srv = srv
 	s.creds.AccessKey, s.creds.SecretKey = srv.Credentials()
 	if _, err := s.start(ctx); err != nil {
 		return err
 	}
+	s.endpoint = srv.Endpoint() // where it serves: its first start may have moved off a port taken meanwhile
 	url, creds := s.CheckpointLocation()
 	if _, err := checkpoint.OpenURL(ctx, url, creds); err != nil { // creates the bucket
 		return fmt.Errorf("chaos: minio: creating the bucket: %w", err)
@@ -107,7 +108,7 @@ func (s *minioServer) start(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("chaos: %w (its log: minio.log in the run's directory)", err)
 	}
 	s.pids = append(s.pids, pid)
-	s.log.Info("chaos: MinIO ready", zap.String("endpoint", s.endpoint), zap.Int("pid", pid))
+	s.log.Info("chaos: MinIO ready", zap.String("endpoint", s.srv.Endpoint()), zap.Int("pid", pid))
 	return pid, nil
 }
 

@@ -77,6 +77,11 @@ type Config struct {
 // Its methods are safe for concurrent use.
 type Server struct {
 	cfg Config
+	// auto: the endpoint was chosen by New, free when chosen; until the
+	// first start succeeds, a start whose process exits (another process
+	// took the port meanwhile) is tried again on another (pick's).
+	auto, started bool
+	pick          func() (string, error)
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd     // nil: not running
@@ -99,13 +104,12 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("minioserver: data directory: %w", err)
 	}
-	if cfg.Endpoint == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("minioserver: a loopback port: %w", err)
+	auto := cfg.Endpoint == ""
+	if auto {
+		var err error
+		if cfg.Endpoint, err = loopbackPort(); err != nil {
+			return nil, err
 		}
-		cfg.Endpoint = l.Addr().String()
-		l.Close()
 	}
 	if cfg.AccessKey == "" {
 		cfg.AccessKey = "phalanx"
@@ -118,8 +122,26 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ReadyWait == 0 {
 		cfg.ReadyWait = DefaultReadyWait
 	}
-	return &Server{cfg: cfg}, nil
+	return &Server{cfg: cfg, auto: auto, pick: loopbackPort}, nil
 }
+
+// loopbackPort is a free loopback host:port (free when returned; the
+// server binds it a moment later).
+func loopbackPort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("minioserver: a loopback port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// probeWait bounds one health probe: a port held by another process may
+// take the connection and never answer.
+const probeWait = time.Second
+
+// startAttempts bounds the first starts on endpoints New chose.
+const startAttempts = 5
 
 // Start is New then Server.Start.
 func Start(ctx context.Context, cfg Config) (*Server, error) {
@@ -133,8 +155,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Endpoint is the server's host:port.
-func (s *Server) Endpoint() string { return s.cfg.Endpoint }
+// Endpoint is the server's host:port: New's choice, or, if its first
+// start found that port taken, the one it serves on (read it after
+// Start).
+func (s *Server) Endpoint() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.Endpoint
+}
 
 // Dir is the server's data directory.
 func (s *Server) Dir() string { return s.cfg.Dir }
@@ -163,6 +191,25 @@ func (s *Server) Start(ctx context.Context) (int, error) {
 	if s.cmd != nil {
 		return 0, fmt.Errorf("minioserver: already running on %s (pid %d)", s.cfg.Endpoint, s.cmd.Process.Pid)
 	}
+	for attempt := 1; ; attempt++ {
+		pid, err := s.startOnce(ctx)
+		if err == nil {
+			s.started = true
+			return pid, nil
+		}
+		if !s.auto || s.started || !errors.Is(err, ErrExited) || attempt == startAttempts || ctx.Err() != nil {
+			return 0, err
+		}
+		endpoint, perr := s.pick()
+		if perr != nil {
+			return 0, errors.Join(err, perr)
+		}
+		s.cfg.Endpoint = endpoint
+	}
+}
+
+// startOnce runs a server process and waits until it answers healthy.
+func (s *Server) startOnce(ctx context.Context) (int, error) {
 	cmd := exec.Command(s.cfg.Binary, "server", s.cfg.Dir, "--address", s.cfg.Endpoint, "--console-address", "127.0.0.1:0", "--quiet")
 	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.cfg.AccessKey, "MINIO_ROOT_PASSWORD="+s.cfg.SecretKey,
 		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "CI=")
@@ -192,12 +239,20 @@ func (s *Server) waitReady(ctx context.Context, pid int, exited <-chan struct{})
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		select {
+		case <-exited: // before a probe, which another process on the port may leave unanswered
+			return fmt.Errorf("minioserver: %w (pid %d, on %s)", ErrExited, pid, s.cfg.Endpoint)
+		default:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, probeWait)
+		req, err := http.NewRequestWithContext(pctx, http.MethodGet, url, nil)
 		if err != nil {
+			pcancel()
 			return fmt.Errorf("minioserver: %w", err)
 		}
 		var last string
 		resp, err := http.DefaultClient.Do(req)
+		pcancel()
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {

@@ -51,9 +51,10 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{Endpoint: srv.Endpoint(), srv: srv, t: t}
+	s := &Server{srv: srv, t: t}
 	s.AccessKey, s.SecretKey = srv.Credentials()
 	s.start()
+	s.Endpoint = srv.Endpoint() // where it serves: a first start may have moved off a port taken meanwhile
 	t.Cleanup(s.Stop)
 	return s
 }
