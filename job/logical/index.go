@@ -150,12 +150,13 @@ func Newest(ctx context.Context, store checkpoint.Store, hash string, model *Mod
 	if err != nil {
 		return nil, err
 	}
-	r, err := NewestRing(ctx, store, model, skip)
-	if err != nil {
-		return nil, err
+	after := int64(-1)
+	if x != nil {
+		after = x.Index.Step
 	}
-	if r != nil && (x == nil || r.Index.Step > x.Index.Step) {
-		return r, nil
+	r, err := newestRing(ctx, store, model, skip, after) // only those later than the index are read
+	if err != nil || r != nil {
+		return r, err
 	}
 	return x, nil
 }

@@ -251,11 +251,20 @@ type Model struct {
 // that do not verify are skipped (said through skip); one of another
 // model is an error: the store is another model's.
 func NewestRing(ctx context.Context, store checkpoint.Store, model *Model, skip func(id string, err error)) (*Source, error) {
+	return newestRing(ctx, store, model, skip, -1)
+}
+
+// newestRing is NewestRing among the checkpoints of steps after after
+// (none later: nil, and nothing else read).
+func newestRing(ctx context.Context, store checkpoint.Store, model *Model, skip func(id string, err error), after int64) (*Source, error) {
 	infos, err := checkpoint.List(ctx, store)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: listing %s: %w", store.Location(), err)
 	}
 	for _, in := range infos {
+		if in.Step <= after {
+			break // newest first: none later
+		}
 		if !in.Complete {
 			continue
 		}
