@@ -213,6 +213,38 @@ func (s *Source) Check(tensors []checkpoint.Tensor, shapes [][]int) error {
 	return nil
 }
 
+// Load checks the source against tensors (Check) and loads each: whole,
+// of its logical shape, or, where slices is given, the rank's slice
+// slices[i] of it.
+func (s *Source) Load(ctx context.Context, tensors []checkpoint.Tensor, shapes [][]int, slices []tp.Slice) error {
+	if err := s.Check(tensors, shapes); err != nil {
+		return err
+	}
+	for i, t := range tensors {
+		var err error
+		if slices != nil {
+			err = s.ReadSlice(ctx, t.Name, slices[i], t.Data)
+		} else {
+			err = s.Read(ctx, t.Name, shapes[i], t.Data)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Shapes are tensors' own shapes as a whole tensor's logical shapes.
+func Shapes(tensors []checkpoint.Tensor) [][]int {
+	shapes := make([][]int, len(tensors))
+	for i, t := range tensors {
+		for _, d := range t.Shape {
+			shapes[i] = append(shapes[i], int(d))
+		}
+	}
+	return shapes
+}
+
 func slotKind(name string) string {
 	_, k, _ := strings.Cut(name, "/")
 	return k

@@ -167,34 +167,17 @@ func restoreStage(ctx context.Context, src *logical.Source, st *stageState) erro
 	if err != nil {
 		return err
 	}
-	if err := src.Check(ts, shapes); err != nil {
-		return err
-	}
-	for i, t := range ts {
-		var err error
-		if slices != nil {
-			err = src.ReadSlice(ctx, t.Name, slices[i], t.Data)
-		} else {
-			err = src.Read(ctx, t.Name, shapes[i], t.Data)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return src.Load(ctx, ts, shapes, slices)
 }
 
 // logicalState is a stage's tensors (stageTensors) with their logical
 // shapes and, for a split model's rank, the slice each one is.
 func logicalState(st *stageState) ([]checkpoint.Tensor, [][]int, []tp.Slice, error) {
 	ts := stageTensors(st)
-	shapes := make([][]int, len(ts))
 	if st.tensor == nil {
-		for i, t := range ts {
-			shapes[i] = int32s(t.Shape)
-		}
-		return ts, shapes, nil, nil
+		return ts, logical.Shapes(ts), nil, nil
 	}
+	shapes := make([][]int, len(ts))
 	mine := map[string]tp.Slice{}
 	for _, s := range st.tensor.slices {
 		mine[s.Local.Name] = s
@@ -236,14 +219,6 @@ func resumable(ctx context.Context, c *job.Config, store checkpoint.Store, state
 		return err
 	}
 	return src.Check(ts, shapes)
-}
-
-func int32s(s []int64) []int {
-	out := make([]int, len(s))
-	for i, v := range s {
-		out[i] = int(v)
-	}
-	return out
 }
 
 // indexOf builds the index of the checkpoint of step saved in generation

@@ -365,7 +365,7 @@ func resumable(ctx context.Context, c *job.Config, store checkpoint.Store, spec 
 			return err
 		}
 		tensors := stateTensors(params, slots)
-		return indexed.Check(tensors, logicalShapes(tensors))
+		return indexed.Check(tensors, logical.Shapes(tensors))
 	}
 	if i < 0 {
 		if c.Checkpoint.Resume {

@@ -427,27 +427,10 @@ func (w *ringWorker) readIndexed(ctx context.Context, name string) (*logical.Sou
 		return nil, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
 	}
 	tensors := stateTensors(w.params, w.slots)
-	shapes := logicalShapes(tensors)
-	if err := src.Check(tensors, shapes); err != nil {
-		return nil, err
-	}
-	for i, ts := range tensors {
-		if err := src.Read(ctx, ts.Name, shapes[i], ts.Data); err != nil {
-			return nil, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
-		}
+	if err := src.Load(ctx, tensors, logical.Shapes(tensors), nil); err != nil {
+		return nil, fmt.Errorf("checkpoint: resuming from %s: %w", name, err)
 	}
 	return src, nil
-}
-
-// logicalShapes are the shapes of a ring's tensors (each whole).
-func logicalShapes(tensors []checkpoint.Tensor) [][]int {
-	shapes := make([][]int, len(tensors))
-	for i, t := range tensors {
-		for _, d := range t.Shape {
-			shapes[i] = append(shapes[i], int(d))
-		}
-	}
-	return shapes
 }
 
 // newerIndex is the name of the store's newest verified index of parts of
