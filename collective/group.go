@@ -36,6 +36,11 @@ type Options struct {
 	// no data in flight is reset (default 2s).
 	CloseGrace time.Duration
 	Logger     *zap.Logger
+	// Recent is how many of its last operations the group's hang recorder
+	// keeps (Group.Recent; default 64).
+	Recent int
+	// Observer, when set, is told of every operation's end.
+	Observer Observer
 }
 
 func (o *Options) setDefaults() {
@@ -51,6 +56,9 @@ func (o *Options) setDefaults() {
 	o.SegmentBytes = max(o.SegmentBytes, 64) &^ 7 // whole elements of every dtype
 	if o.SmallBytes <= 0 {
 		o.SmallBytes = 64 << 10
+	}
+	if o.Recent <= 0 {
+		o.Recent = 64
 	}
 	if o.CloseGrace <= 0 {
 		o.CloseGrace = 2 * time.Second
@@ -97,6 +105,11 @@ type Group struct {
 	plane    string        // DataPlane's text, fixed when the group is built
 	lastAlgo atomic.Uint32 // the Algorithm the latest AllReduce ran
 	deadline time.Time     // the running operation's
+	rec      *recorder     // the hang recorder
+	recSlot  int           // the running operation's entry in rec
+	opBytes  int           // the running operation's buffer
+	opStart  time.Time
+	lastRec  OpRecord // the last operation's record, for the Observer
 	// The fast path's watch of an operation's context (watchContext) stays
 	// registered while operations keep passing the same context, as a
 	// training loop does: registering one per operation allocated.
@@ -137,6 +150,7 @@ func newGroup(conns []net.Conn, m Membership, opts Options) *Group {
 		timer:   time.NewTimer(time.Hour),
 		dead:    make(chan struct{}),
 		closing: make(chan struct{}),
+		rec:     newRecorder(opts.Recent),
 	}
 	g.timer.Stop()
 	g.fast = newShmFast(g, conns)
@@ -331,6 +345,10 @@ func (g *Group) begin(ctx context.Context, op opCode, dt DType, count int, arg u
 	g.cur = header{kind: kindData, op: op, dtype: dt, src: uint32(g.rank), gen: g.m.Generation,
 		seq: g.seq, job: g.job, count: uint64(count), arg: arg}
 	g.curSeq.Store(g.seq)
+	g.opStart = time.Now()
+	g.opBytes = count * dt.Size()
+	g.recSlot = g.rec.enter(OpRecord{Op: op.String(), Seq: g.seq, Generation: g.m.Generation, Rank: g.rank, World: g.world,
+		Bytes: g.opBytes, Plane: planeWord(g.plane), Start: g.opStart})
 	g.ctx, g.ctxDone = ctx, ctx.Done()
 	timeout := g.opts.Timeout
 	if d, ok := ctx.Deadline(); ok {
@@ -365,8 +383,26 @@ func (g *Group) end(err error) error {
 		err = g.failure()
 	}
 	g.ctx, g.ctxDone = nil, nil
+	algo := ""
+	if g.cur.op == opAllReduce {
+		algo = Algorithm(g.lastAlgo.Load()).String()
+	}
+	g.rec.end(g.recSlot, algo, time.Now(), err, &g.lastRec)
+	if g.opts.Observer != nil {
+		g.opts.Observer.OpEnded(&g.lastRec)
+	}
 	g.mu.Unlock()
 	return err
+}
+
+// planeWord is a DataPlane text's first word: the plane itself.
+func planeWord(s string) string {
+	for i := range len(s) {
+		if s[i] == ' ' {
+			return s[:i]
+		}
+	}
+	return s
 }
 
 // unwatch ends the fast path's watch of the last operation's context. A

@@ -69,3 +69,27 @@ func (l *Log) Emit(event string, fields ...Field) error {
 	_, err := l.w.Write(b.Bytes())
 	return err
 }
+
+// Tee passes every event to each of sinks (nil ones skipped), in order;
+// its error is the first sink's that failed.
+func Tee(sinks ...Sink) Sink {
+	var t tee
+	for _, s := range sinks {
+		if s != nil {
+			t = append(t, s)
+		}
+	}
+	return t
+}
+
+type tee []Sink
+
+func (t tee) Emit(event string, fields ...Field) error {
+	var first error
+	for _, s := range t {
+		if err := s.Emit(event, fields...); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}

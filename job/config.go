@@ -13,6 +13,7 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/failure"
 	"github.com/phalanx-rt/phalanx/hybrid"
+	"github.com/phalanx-rt/phalanx/metrics"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -102,6 +103,13 @@ type Config struct {
 	Logger  *zap.Logger      `json:"-"`
 	Now     func() time.Time `json:"-"`
 	Reports func(Report)     `json:"-"`
+	// Metrics: this process serves its Prometheus metrics (docs/metrics.md)
+	// on /metrics, /healthz and /readyz at this address (host:port; port
+	// 0 picks one; "": none), and reports it (Serving). A launcher's own
+	// address is LaunchConfig.Metrics.
+	Metrics string `json:"-"`
+	// Observe is this process's metrics, made by StartMetrics (nil: none).
+	Observe *metrics.Set `json:"-"`
 }
 
 // SyncConfig chooses how a step waits for the workers.

@@ -20,6 +20,7 @@ import (
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
+	"github.com/phalanx-rt/phalanx/metrics"
 )
 
 // LaunchConfig is a local job: an embedded etcd server (unless Config.Etcd
@@ -66,6 +67,12 @@ type LaunchConfig struct {
 	// log files all the same.
 	PassStderr bool
 	Events     events.Sink
+	// Metrics: the launcher serves the job's Prometheus metrics
+	// (docs/metrics.md), /healthz and /readyz here (host:port; port 0
+	// picks one; "": none): its own and every process's, which each serve
+	// their own on the same host, on the following ports (port 0: on
+	// ports of their own choosing), and tell the launcher.
+	Metrics string
 	// Command makes the command of a worker process; its environment is
 	// added to. Default: this program (os.Executable), which must call Main
 	// first thing.
@@ -91,6 +98,8 @@ type ProcessSpec struct {
 	RankHint int    `json:"rank_hint"`
 	Threads  int    `json:"threads"`
 	LogLevel string `json:"log_level"`
+	// Metrics is where the process serves its metrics (Config.Metrics).
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // Launch runs a local job to its end: the job's etcd (embedded unless
@@ -187,6 +196,12 @@ type Env struct {
 	Events    events.Sink      // never nil
 	Out       io.Writer        // progress in plain words; never nil
 	Procs     *launch.Group
+	// Metrics are the launcher's own (from the job's events); Scraper
+	// gathers its processes' for the job's one endpoint.
+	Metrics   *metrics.Set
+	Scraper   *metrics.Scraper
+	metricsAt string // the launcher's metrics address, once served
+	spawned   int    // processes started, for their metrics ports
 	undo      []func()
 	tempDir   bool
 	teeMu     sync.Mutex // the debug lines of every process, one at a time
@@ -200,6 +215,7 @@ func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error)
 	if j.Out == nil {
 		j.Out = io.Discard
 	}
+	j.Out = &lockedWriter{w: j.Out} // the kind's lines, and the processes' readers' (tap)
 	if j.Events == nil {
 		j.Events = (*events.Log)(nil)
 	}
@@ -239,6 +255,9 @@ func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error)
 		if j.Log, err = j.FileLogger("launcher"); err != nil {
 			return nil, err
 		}
+	}
+	if err := j.serveMetrics(); err != nil {
+		return nil, err
 	}
 	j.Endpoints = lc.Etcd
 	if len(j.Endpoints) == 0 {
@@ -327,6 +346,7 @@ func (j *Env) StartWorkers(ctx context.Context, role string, threads int, more .
 func (j *Env) Spawn(ctx context.Context, spec ProcessSpec) error {
 	spec.LogLevel = j.LC.LogLevel
 	spec.Config.Etcd, spec.Config.Job = j.Endpoints, j.LC.Job
+	spec.Metrics = j.processMetrics()
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return err
@@ -439,4 +459,16 @@ func (j *Env) AskStop(outer, ctx context.Context) (<-chan time.Time, error) {
 		return nil, fmt.Errorf("asked to stop, and could not tell the workers: %w", err)
 	}
 	return time.After(lc.Checkpoint.Wait + time.Minute), nil
+}
+
+// lockedWriter writes for several goroutines, one write at a time.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/procenv"
+	"github.com/phalanx-rt/phalanx/metrics"
 )
 
 // Service runs a launched process that is not one of a job's kinds' (an
@@ -50,7 +51,13 @@ func RunProcess(raw string, reg *Registry, services map[string]Service, stdout, 
 	cfg.Advertise = os.Getenv(procenv.Advertise)
 	reports := ReportLines(stdout)
 	cfg.Reports = reports
+	cfg.Metrics = spec.Metrics
 	if role, ok := reg.Role(spec.Role); ok {
+		var stopMetrics func()
+		if stopMetrics, err = StartMetrics(&cfg, metricsKind(spec.Role)); err != nil {
+			return exitStatus(err, log, reports)
+		}
+		defer stopMetrics()
 		_, err = role(ctx, cfg, reg)
 	} else if svc, ok := services[spec.Role]; ok {
 		err = svc(ctx, raw, log, stdout)
@@ -124,6 +131,11 @@ func RunModel(ctx context.Context, cfg Config, reg *Registry) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	stop, err := StartMetrics(&cfg, metricsKind(kind.Worker()))
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
 	return kind.Roles()[kind.Worker()](ctx, cfg, reg)
 }
 
@@ -157,4 +169,15 @@ func OpenDataPlane(c *Config, log *zap.Logger) (*DataPlane, error) {
 		return nil, fmt.Errorf("phalanx: data plane: %w", err)
 	}
 	return d, nil
+}
+
+// metricsKind is the metrics a process of role has.
+func metricsKind(role string) metrics.Process {
+	switch role {
+	case "ps-server":
+		return metrics.PSServer
+	case "ps-worker":
+		return metrics.PSWorker
+	}
+	return metrics.Worker
 }

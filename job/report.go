@@ -192,7 +192,7 @@ type ReportTypes map[string]reflect.Type
 // report value of its type, usually the zero value).
 func NewReportTypes(protos ...Report) ReportTypes {
 	t := ReportTypes{}
-	for _, p := range append([]Report{Registered{}, Training{}, Checkpoint{}, Stopped{}, Left{}, Failed{}}, protos...) {
+	for _, p := range append([]Report{Registered{}, Training{}, Checkpoint{}, Stopped{}, Left{}, Failed{}, Serving{}}, protos...) {
 		t[p.ReportKind()] = reflect.TypeOf(p)
 	}
 	return t

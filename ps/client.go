@@ -87,6 +87,8 @@ type Client struct {
 
 	mu    sync.Mutex
 	conns map[string]*clientConn
+	// pushes and pulls count this client's requests, for metrics.
+	pushes, pulls atomic.Int64
 }
 
 // tableClient is a table's partition and per-shard state.
@@ -197,6 +199,7 @@ func (tc *tableClient) split(keys []uint64, values []float32) {
 // Pull fills out (len(keys) × Dim) with the rows of keys, at this worker's
 // clock (under bsp and ssp it waits as its consistency model says).
 func (c *Client) Pull(ctx context.Context, table uint32, keys []uint64, out []float32) error {
+	c.pulls.Add(1)
 	tc, err := c.table(table)
 	if err != nil {
 		return err
@@ -264,6 +267,7 @@ func (c *Client) Pull(ctx context.Context, table uint32, keys []uint64, out []fl
 // keys when the batch touched none of its rows. Keys should be unique: a
 // repeated key is one update per occurrence under asp and ssp.
 func (c *Client) Push(ctx context.Context, table uint32, keys []uint64, grads []float32) (stale int, err error) {
+	c.pushes.Add(1)
 	tc, err := c.table(table)
 	if err != nil {
 		return 0, err
@@ -313,6 +317,9 @@ func (c *Client) Push(ctx context.Context, table uint32, keys []uint64, grads []
 	tc.step++
 	return stale, nil
 }
+
+// Requests is how many pushes and pulls this client made.
+func (c *Client) Requests() (pushes, pulls int64) { return c.pushes.Load(), c.pulls.Load() }
 
 // Duplicates is how many of this client's pushes of table a shard answered
 // as applied already (the steps of a share taken over, replayed).

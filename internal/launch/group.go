@@ -17,6 +17,7 @@ import (
 type Group struct {
 	lines chan Line
 	exits chan Exit
+	tap   func(Line) bool
 
 	mu    sync.Mutex
 	procs []*Proc
@@ -68,11 +69,29 @@ func (g *Group) Start(cmd *exec.Cmd, role string, index int) (*Proc, error) {
 		sc := bufio.NewScanner(p.Out)
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
-			g.lines <- Line{Role: role, Index: index, Text: append([]byte(nil), sc.Bytes()...)}
+			l := Line{Role: role, Index: index, Text: append([]byte(nil), sc.Bytes()...)}
+			if tap := g.tapFunc(); tap != nil && tap(l) {
+				continue
+			}
+			g.lines <- l
 		}
 		g.exits <- Exit{Role: role, Index: index, Pid: p.Pid(), Err: p.Cmd.Wait()}
 	}()
 	return p, nil
+}
+
+// Tap gives every line to f first, from the children's readers: a line f
+// takes (true) is not delivered on Lines.
+func (g *Group) Tap(f func(Line) bool) {
+	g.mu.Lock()
+	g.tap = f
+	g.mu.Unlock()
+}
+
+func (g *Group) tapFunc() func(Line) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tap
 }
 
 // Signal sends sig to every child of role ("" : every child) still running.

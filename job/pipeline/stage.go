@@ -205,7 +205,7 @@ func (w *pipeWorker) enter(ctx context.Context, r *elastic.Round, lay layout.Lay
 	g := r.Generation
 	addr := func(rank int) string { return g.Members[rank].DataAddr }
 	p, d := w.cfg.Pipeline.Stages, len(lay.Ranks)
-	opts := collective.Options{Timeout: w.cfg.OpTimeout, Logger: w.log}
+	opts := collective.Options{Timeout: w.cfg.OpTimeout, Logger: w.log, Observer: w.cfg.Observer()}
 	stageAddrs := make([]string, p)
 	for s := range p {
 		stageAddrs[s] = addr(lay.Ranks[me.Replica][s])

@@ -130,6 +130,18 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 				fp[i] = float64(rd.stats[2+i])
 			}
 		}
+		if m := c.Observe; m != nil {
+			m.Rank(rd.me.Replica*c.Pipeline.Stages + rd.me.Stage)
+			m.Generation(w.gen, replicas*c.Pipeline.Stages)
+			l := math.NaN() // only the last stage has a loss
+			if lastStage {
+				l = loss / float64(rd.data.b.N*rd.data.per)
+				if rd.fuser != nil {
+					l = loss * float64(rd.data.scale)
+				}
+			}
+			m.Step(rd.me.Stage, w.step, s.Elapsed, c.Batch/max(replicas, 1), l)
+		}
 		if rd.me.Replica == 0 {
 			rep := Step{Step: w.step, Stage: rd.me.Stage, Generation: w.gen, Replicas: replicas,
 				BusyS: s.Busy.Seconds(), ElapsedS: s.Elapsed.Seconds(), Bubble: s.Bubble(), Peak: s.Peak,

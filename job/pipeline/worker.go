@@ -176,7 +176,7 @@ func (w *pipeWorker) start(ctx context.Context) error {
 	}
 	w.coord = coordinator.NewJob(cli, keys)
 	w.agent, err = elastic.New(elastic.Config{Coord: w.coord, Job: c.Job, Transport: w.data,
-		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
+		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log, Observer: c.Observer()},
 		DataAddr: tr.Addr(), ControlAddr: tr.Addr(), RankHint: c.RankHint, ConfigHash: configHash(c),
 		Capabilities: []string{"pipeline", "model:" + c.Model},
 		LeaseTTL:     c.LeaseTTL, Unreachable: c.Unreachable, Logger: w.log, Now: c.Now})

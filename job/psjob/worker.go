@@ -307,7 +307,19 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 	}
 	pw := &job.PSWorker{Client: cl, Options: job.Options(rec.Options), Index: share, Workers: int(rec.Workers), Batch: int(rec.Batch), Seed: rec.Seed,
 		From: from, Steps: rec.Steps}
-	pw.Step = w.stepper(share, replayedTo, saver)
+	step := w.stepper(share, replayedTo, saver)
+	var pushed, pulled int64
+	pw.Step = func(ctx context.Context, n int64, epoch int, loss float64, st int) error {
+		if m := w.cfg.Observe; m != nil {
+			pushes, pulls := cl.Requests()
+			m.PSPush(int(pushes - pushed))
+			m.PSPull(int(pulls - pulled))
+			pushed, pulled = pushes, pulls
+			m.Rank(share)
+			m.Step(-1, n, 0, int(rec.Batch), loss)
+		}
+		return step(ctx, n, epoch, loss, st)
+	}
 	metrics, err := w.model.PS.Run(ctx, pw)
 	if err != nil {
 		return err

@@ -127,6 +127,8 @@ func (w *ringWorker) round(ctx context.Context, r *elastic.Round) error {
 func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trainer, ck *checkpoint.Checkpointer) error {
 	g, gen, c := r.Group, r.Generation, &w.cfg
 	hybridMode := c.Sync.Mode == "hybrid"
+	c.Observe.Rank(r.Rank)
+	c.Observe.Generation(gen.Number, g.Size())
 	finished := make(chan error, 1)
 	last := c.Steps
 	if plant.On(plant.ShortJob) {
@@ -149,6 +151,13 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 		},
 		OnStep: func(st worker.StepStats) {
 			now := c.Now()
+			if m := c.Observe; m != nil {
+				samples := 0
+				if !hybridMode || st.Participated {
+					samples = st.Samples / max(participants(st, g.Size()), 1)
+				}
+				m.Step(-1, st.Step, now.Sub(prev), samples, st.Loss)
+			}
 			if r.Rank == 0 && hybridMode {
 				w.publishPace(ctx, st.Step)
 				w.serveFeeds(st.Step)

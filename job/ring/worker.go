@@ -21,6 +21,7 @@ import (
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/job"
+	"github.com/phalanx-rt/phalanx/metrics"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -38,6 +39,11 @@ func RunWorker(ctx context.Context, cfg job.Config, task job.Task) (*job.Result,
 		return nil, err
 	}
 	cfg.WorkerDefaults()
+	stopMetrics, err := job.StartMetrics(&cfg, metrics.Worker)
+	if err != nil {
+		return nil, err
+	}
+	defer stopMetrics()
 	w := &ringWorker{cfg: cfg, log: cfg.Logger, task: task, rep: job.NewReporter(cfg.Reports), feeds: map[string]*phalanxpb.FeedRequest{}}
 	defer w.close()
 	if err := w.start(ctx); err != nil {
@@ -179,7 +185,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	w.sup, w.group = sup, pids[0]
 	w.agent, err = elastic.New(elastic.Config{Coord: w.coord, Job: c.Job, Transport: w.data,
-		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log},
+		HostIdentity: hostID, Collective: collective.Options{Timeout: c.OpTimeout, Logger: w.log, Observer: c.Observer()},
 		DataAddr: tr.Addr(), ControlAddr: sys.Address(), RankHint: c.RankHint, ConfigHash: jobHash(c),
 		Capabilities: []string{"allreduce", "model:" + c.Model},
 		LeaseTTL:     c.LeaseTTL, Unreachable: c.Unreachable, Logger: w.log, Now: c.Now})
