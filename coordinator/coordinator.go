@@ -254,7 +254,9 @@ func (c *Coordinator) read(ctx context.Context, f fence) (*snapshot, error) {
 	}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		var m phalanxpb.LossReport
-		if err := proto.Unmarshal(kv.Value, &m); err != nil || m.LostId == "" {
+		// No culprit (LostId empty) is a report too: the ring broke with
+		// every member alive (calls that did not match), and is rebuilt.
+		if err := proto.Unmarshal(kv.Value, &m); err != nil || m.ReporterId == "" {
 			c.log.Error("dropping a malformed loss report", zap.String("key", string(kv.Key)), zap.Error(err))
 			m = phalanxpb.LossReport{}
 		}

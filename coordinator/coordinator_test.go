@@ -217,6 +217,18 @@ func TestMembershipLifecycle(t *testing.T) {
 	}
 	last := g.Number
 
+	// A ring broken without a culprit (its members' calls did not match)
+	// is rebuilt as it is: the same members, a new generation.
+	if err := NewJob(cli, keys).ReportLoss(ctx, &phalanxpb.LossReport{ReporterId: "a", Generation: last, Detail: "mismatched call"}); err != nil {
+		t.Fatal(err)
+	}
+	before := memberIDs(g)
+	g = next(t, gens)
+	if g.Number != last+1 || !slices.Equal(memberIDs(g), before) {
+		t.Fatalf("after a report without a culprit: generation %d %v (%s), want generation %d %v", g.Number, memberIDs(g), g.Reason, last+1, before)
+	}
+	last = g.Number
+
 	// b leaves cleanly (its lease revoked).
 	if err := b.Close(ctx); err != nil {
 		t.Fatal(err)
