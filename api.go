@@ -2,14 +2,18 @@ package phalanx
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
+	"time"
 
+	"github.com/phalanx-rt/phalanx/hang"
 	"github.com/phalanx-rt/phalanx/internal/services"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/job/pipeline"
 	"github.com/phalanx-rt/phalanx/job/psjob"
 	"github.com/phalanx-rt/phalanx/job/ring"
+	"github.com/phalanx-rt/phalanx/status"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -198,6 +202,43 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 // resumes the job.
 func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
 	return job.Stop(ctx, etcd, jobName, reason)
+}
+
+// StatusSnapshot is a job's status: its state, ring and generations,
+// workers, excluded stragglers, loss curve, checkpoints and last events.
+type StatusSnapshot = status.Snapshot
+
+// JobStatus reads a running job's status from its etcd: the snapshot its
+// launcher published last (every two seconds), or, for workers started by
+// hand without a launcher, the ring the coordinator decided.
+func JobStatus(ctx context.Context, etcd []string, jobName string) (StatusSnapshot, error) {
+	return job.JobStatus(ctx, etcd, jobName)
+}
+
+// ServeStatus serves the live status page of a job started elsewhere on
+// addr, read from its etcd, until ctx ends; onServing is told the address.
+func ServeStatus(ctx context.Context, etcd []string, jobName, addr string, onServing func(addr string)) error {
+	return job.ServeStatus(ctx, etcd, jobName, addr, onServing)
+}
+
+// WriteStatus prints a job's status as tables (phalanx status).
+func WriteStatus(w io.Writer, s StatusSnapshot) error { return status.WriteTable(w, s, time.Now()) }
+
+// HangFinding is the analysis of a generation's failed collective
+// operation: the rank at fault, in one line.
+type HangFinding = hang.Finding
+
+// AnalyzeHangs reads a job's saved event log (its collective_dump events)
+// and names, for each generation whose collectives failed, the rank at
+// fault: the one that never entered the operation the others hung in, or
+// entered another (phalanx debug hang).
+func AnalyzeHangs(eventsFile string) ([]HangFinding, error) {
+	f, err := os.Open(eventsFile)
+	if err != nil {
+		return nil, fmt.Errorf("phalanx: %w", err)
+	}
+	defer f.Close()
+	return hang.FromEvents(f)
 }
 
 // ParsePipelineCuts reads a --pp-cuts value for pipeline model name of

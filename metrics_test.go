@@ -226,12 +226,12 @@ func TestMetricsDocumented(t *testing.T) {
 		{"phalanx_generation", map[string]string{"worker": "launcher"}, 1},
 		{"phalanx_checkpoints_saved_total", nil, 1},
 		{"phalanx_checkpoint_bytes_total", nil, 1},
-		{"phalanx_step", map[string]string{"worker": "0"}, 1},
-		{"phalanx_step", map[string]string{"worker": "1"}, 1},
-		{"phalanx_samples_total", map[string]string{"worker": "1"}, 32},
-		{"phalanx_step_seconds", map[string]string{"worker": "1"}, 1},
-		{"phalanx_allreduce_bytes_total", map[string]string{"worker": "0"}, 1},
-		{"phalanx_allreduce_bytes_total", map[string]string{"worker": "1"}, 1},
+		{"phalanx_step", map[string]string{"worker": "worker-0"}, 1},
+		{"phalanx_step", map[string]string{"worker": "worker-1"}, 1},
+		{"phalanx_samples_total", map[string]string{"worker": "worker-1"}, 32},
+		{"phalanx_step_seconds", map[string]string{"worker": "worker-1"}, 1},
+		{"phalanx_allreduce_bytes_total", map[string]string{"worker": "worker-0"}, 1},
+		{"phalanx_allreduce_bytes_total", map[string]string{"worker": "worker-1"}, 1},
 	} {
 		if v, n := value(fams, c.name, c.want); n == 0 || v < c.min {
 			t.Errorf("%s%v: %v over %d series, want at least %v", c.name, c.want, v, n, c.min)
@@ -260,7 +260,7 @@ func TestMetricsDocumented(t *testing.T) {
 		fams = scrape(t, launcher)
 		lost, _ := value(fams, "phalanx_workers_lost_total", nil)
 		world, _ := value(fams, "phalanx_world_size", map[string]string{"worker": "launcher"})
-		_, n := value(fams, "phalanx_step", map[string]string{"worker": "1"})
+		_, n := value(fams, "phalanx_step", map[string]string{"worker": "worker-1"})
 		return lost == 1 && world == 1 && n == 0
 	})
 }

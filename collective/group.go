@@ -347,7 +347,7 @@ func (g *Group) begin(ctx context.Context, op opCode, dt DType, count int, arg u
 	g.curSeq.Store(g.seq)
 	g.opStart = time.Now()
 	g.opBytes = count * dt.Size()
-	g.recSlot = g.rec.enter(OpRecord{Op: op.String(), Seq: g.seq, Generation: g.m.Generation, Rank: g.rank, World: g.world,
+	g.recSlot = g.rec.enter(OpRecord{Op: op.String(), Group: g.m.Job, Seq: g.seq, Generation: g.m.Generation, Rank: g.rank, World: g.world,
 		Bytes: g.opBytes, Plane: planeWord(g.plane), Start: g.opStart})
 	g.ctx, g.ctxDone = ctx, ctx.Done()
 	timeout := g.opts.Timeout

@@ -10,7 +10,8 @@ import (
 // the operation ends.
 type OpRecord struct {
 	Op         string `json:"op"`
-	Seq        uint64 `json:"seq"` // the group's operation number (send/recv: that pair's)
+	Group      string `json:"group"` // the group's name (Membership.Job)
+	Seq        uint64 `json:"seq"`   // the group's operation number (send/recv: that pair's)
 	Generation uint64 `json:"generation"`
 	Rank       int    `json:"rank"`
 	World      int    `json:"world"`

@@ -67,7 +67,7 @@ func TestRecorder(t *testing.T) {
 		for k, rec := range got {
 			i := k + 1 // the first was pushed out
 			s := steps[i]
-			want := OpRecord{Op: s.op, Seq: uint64(i + 1), Generation: 5, Rank: r, World: 3, Bytes: s.bytes, State: "done",
+			want := OpRecord{Op: s.op, Group: "test", Seq: uint64(i + 1), Generation: 5, Rank: r, World: 3, Bytes: s.bytes, State: "done",
 				Plane: "tcp", Phase: "backward", Step: int64(100 + i)}
 			rec.Start, rec.End, rec.Algorithm = time.Time{}, time.Time{}, ""
 			if rec != want {

@@ -119,6 +119,9 @@ func startOnce(ctx context.Context, opts EmbeddedOptions, pick func(host string)
 		cfg.InitialClusterToken = "phalanx"
 	}
 	cfg.ListenMetricsUrls = nil
+	// A job that runs for weeks rewrites its status and pace keys: keep an
+	// hour of history (watches reread after a compaction), not all of it.
+	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = "periodic", "1h"
 	cfg.Logger = "zap"
 	level := zap.NewAtomicLevelAt(zap.ErrorLevel) // its warnings (single port, simple token) are expected here
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger.Named("etcd").WithOptions(zap.IncreaseLevel(level)))

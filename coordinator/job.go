@@ -174,6 +174,28 @@ func (j *Job) ClaimConfig(ctx context.Context, hash string) (recorded string, er
 	return string(kvs[0].Value), nil
 }
 
+// PublishStatus records the job's status (a launcher's snapshot, JSON),
+// for `phalanx status` anywhere.
+func (j *Job) PublishStatus(ctx context.Context, b []byte) error {
+	if _, err := j.cli.Put(ctx, j.keys.Status(), string(b)); err != nil {
+		return fmt.Errorf("coordinator: publishing the job's status: %w", err)
+	}
+	return nil
+}
+
+// ReadStatus is the job's last published status (nil: none) and its
+// revision.
+func (j *Job) ReadStatus(ctx context.Context) ([]byte, int64, error) {
+	resp, err := j.cli.Get(ctx, j.keys.Status())
+	if err != nil {
+		return nil, 0, fmt.Errorf("coordinator: reading the job's status: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, 0, nil
+	}
+	return resp.Kvs[0].Value, resp.Kvs[0].ModRevision, nil
+}
+
 // MarkDone records that the job finished in generation gen: the
 // coordinator stops deciding and waiting workers exit.
 func (j *Job) MarkDone(ctx context.Context, gen uint64) error {

@@ -43,6 +43,10 @@ func (k Keys) Report(reporter, lost string) string {
 	return k.Reports() + lost + "/" + reporter
 }
 
+// Status is the job's status as its launcher last published it (JSON of
+// status.Snapshot).
+func (k Keys) Status() string { return k.prefix + "status" }
+
 // Done is written once the job has finished: the coordinator stops deciding
 // and waiting workers exit.
 func (k Keys) Done() string { return k.prefix + "done" }

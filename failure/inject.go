@@ -27,10 +27,44 @@ type Pause struct {
 	For  time.Duration
 }
 
+// WrongOp makes Rank call a collective operation the others do not (a
+// barrier) before its model code of step At: a hang for the hang
+// recorder to name.
+type WrongOp struct {
+	Rank int
+	At   int64
+}
+
 // Injection is every injected fault of a job.
 type Injection struct {
-	Slow  []Slow
-	Pause []Pause
+	Slow    []Slow
+	Pause   []Pause
+	WrongOp []WrongOp `json:",omitempty"`
+}
+
+// WrongOpAt says whether rank calls the wrong operation before step.
+func (in Injection) WrongOpAt(rank int, step int64) bool {
+	return slices.ContainsFunc(in.WrongOp, func(w WrongOp) bool { return w.Rank == rank && w.At == step })
+}
+
+// ParseWrongOp reads "rank=R,at=S".
+func ParseWrongOp(spec string) (WrongOp, error) {
+	f, err := fields(spec, "rank", "at")
+	if err != nil {
+		return WrongOp{}, fmt.Errorf("--inject-wrong-op %q: %w", spec, err)
+	}
+	var w WrongOp
+	var errs []string
+	if w.Rank, err = strconv.Atoi(f["rank"]); err != nil || w.Rank < 0 {
+		errs = append(errs, "rank: want a rank from 0")
+	}
+	if w.At, err = strconv.ParseInt(f["at"], 10, 64); err != nil || w.At < 1 {
+		errs = append(errs, "at: want a step from 1")
+	}
+	if len(errs) > 0 {
+		return WrongOp{}, fmt.Errorf("--inject-wrong-op %q: %s", spec, strings.Join(errs, "; "))
+	}
+	return w, nil
 }
 
 // Factor is how many times slower rank computes step.

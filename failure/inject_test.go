@@ -64,3 +64,19 @@ func TestInjection(t *testing.T) {
 		t.Error("pause")
 	}
 }
+
+func TestParseWrongOp(t *testing.T) {
+	w, err := ParseWrongOp("rank=1,at=30")
+	if err != nil || w != (WrongOp{Rank: 1, At: 30}) {
+		t.Errorf("%+v %v", w, err)
+	}
+	for _, bad := range []string{"rank=1,at=0", "rank=-1,at=3", "rank=1", "rank=1,at=3,for=1s", "at=3"} {
+		if _, err := ParseWrongOp(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+	in := Injection{WrongOp: []WrongOp{w}}
+	if !in.WrongOpAt(1, 30) || in.WrongOpAt(1, 31) || in.WrongOpAt(0, 30) {
+		t.Error("WrongOpAt answers another rank or step")
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/metrics"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/trace"
 )
 
 // Config is a job as one of its processes sees it. Start from
@@ -110,6 +111,9 @@ type Config struct {
 	Metrics string `json:"-"`
 	// Observe is this process's metrics, made by StartMetrics (nil: none).
 	Observe *metrics.Set `json:"-"`
+	// Tracer records this process's spans (trace timelines; nil: none). A
+	// launched process is given a file by its launcher (LaunchConfig.Trace).
+	Tracer *trace.Recorder `json:"-"`
 }
 
 // SyncConfig chooses how a step waits for the workers.

@@ -3,6 +3,7 @@ package job
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/status"
 )
 
 // CoordinatorConfig configures a standalone coordinator of a job (Launch
@@ -113,4 +115,56 @@ func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
 	}
 	defer cli.Close()
 	return coordinator.NewJob(cli, keys).RequestStop(ctx, reason)
+}
+
+// JobStatus reads a running job's status from its etcd (status.Fetch):
+// what its launcher published last, or its ring.
+func JobStatus(ctx context.Context, etcd []string, jobName string) (status.Snapshot, error) {
+	keys, err := coordinator.KeysFor(jobName)
+	if err != nil {
+		return status.Snapshot{}, Invalid("Job", jobName, "%v", err)
+	}
+	cli, err := coordinator.Connect(etcd, nil)
+	if err != nil {
+		return status.Snapshot{}, err
+	}
+	defer cli.Close()
+	s, err := status.Fetch(ctx, coordinator.NewJob(cli, keys))
+	if errors.Is(err, status.ErrNoJob) {
+		return s, fmt.Errorf("job %q at %s: %w", jobName, JoinEndpoints(etcd), err)
+	}
+	return s, err
+}
+
+// ServeStatus serves the status page of a job started elsewhere on addr,
+// read from the job's etcd every second, until ctx ends; onServing is
+// told the address served.
+func ServeStatus(ctx context.Context, etcd []string, jobName, addr string, onServing func(addr string)) error {
+	keys, err := coordinator.KeysFor(jobName)
+	if err != nil {
+		return Invalid("Job", jobName, "%v", err)
+	}
+	cli, err := coordinator.Connect(etcd, nil)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	src, err := status.Follow(ctx, coordinator.NewJob(cli, keys), time.Second)
+	if errors.Is(err, status.ErrNoJob) {
+		return fmt.Errorf("job %q at %s: %w", jobName, JoinEndpoints(etcd), err)
+	}
+	if err != nil {
+		return err
+	}
+	srv, err := status.Serve(addr, src)
+	if err != nil {
+		return err
+	}
+	if onServing != nil {
+		onServing(srv.Addr())
+	}
+	<-ctx.Done()
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return srv.Close(cctx)
 }

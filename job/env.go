@@ -21,6 +21,7 @@ import (
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/launch"
 	"github.com/phalanx-rt/phalanx/metrics"
+	"github.com/phalanx-rt/phalanx/status"
 )
 
 // LaunchConfig is a local job: an embedded etcd server (unless Config.Etcd
@@ -73,6 +74,16 @@ type LaunchConfig struct {
 	// their own on the same host, on the following ports (port 0: on
 	// ports of their own choosing), and tell the launcher.
 	Metrics string
+	// Status: the launcher serves the job's live status page here
+	// (host:port; "": none); its processes then serve their metrics too,
+	// for the page's per-worker figures. Either way the launcher publishes
+	// the job's status in its etcd every few seconds, for phalanx status.
+	Status string
+	// Trace: write the job's timeline to this file (Chrome trace JSON,
+	// which Perfetto and chrome://tracing open; it must not exist): each
+	// process records its spans in a file of its own under Trace.parts/,
+	// merged into Trace as the job ends, the processes' clocks aligned.
+	Trace string
 	// Command makes the command of a worker process; its environment is
 	// added to. Default: this program (os.Executable), which must call Main
 	// first thing.
@@ -100,6 +111,8 @@ type ProcessSpec struct {
 	LogLevel string `json:"log_level"`
 	// Metrics is where the process serves its metrics (Config.Metrics).
 	Metrics string `json:"metrics,omitempty"`
+	// Trace is the file the process records its spans in (Config.Tracer).
+	Trace string `json:"trace,omitempty"`
 }
 
 // Launch runs a local job to its end: the job's etcd (embedded unless
@@ -181,6 +194,14 @@ func (lc *LaunchConfig) prepare(ctx context.Context) (Job, error) {
 	case lvl.UnmarshalText([]byte(lc.LogLevel)) != nil:
 		return nil, Invalid("LogLevel", lc.LogLevel, "want debug, info, warn or error")
 	}
+	for _, a := range []struct{ field, addr string }{{"Metrics", lc.Metrics}, {"Status", lc.Status}, {"Config.Metrics", lc.Config.Metrics}} {
+		if err := checkListen(a.addr); err != nil {
+			return nil, Invalid(a.field, a.addr, "%v", err)
+		}
+	}
+	if err := checkTrace(lc.Trace); err != nil {
+		return nil, Invalid("Trace", lc.Trace, "%v", err)
+	}
 	return kind.Prepare(ctx, lc, spec, opts)
 }
 
@@ -198,13 +219,17 @@ type Env struct {
 	Procs     *launch.Group
 	// Metrics are the launcher's own (from the job's events); Scraper
 	// gathers its processes' for the job's one endpoint.
-	Metrics   *metrics.Set
-	Scraper   *metrics.Scraper
-	metricsAt string // the launcher's metrics address, once served
-	spawned   int    // processes started, for their metrics ports
-	undo      []func()
-	tempDir   bool
-	teeMu     sync.Mutex // the debug lines of every process, one at a time
+	Metrics    *metrics.Set
+	Scraper    *metrics.Scraper
+	Status     *status.Model
+	metricsAt  string // the launcher's metrics address, once served
+	statusAt   string // its status page's
+	traceParts string // the processes' trace files' directory ("": no trace)
+	hangs      *hangWatch
+	spawned    int // processes started, for their metrics ports
+	undo       []func()
+	tempDir    bool
+	teeMu      sync.Mutex // the debug lines of every process, one at a time
 }
 
 // OpenEnv starts the job's environment; close undoes it. What it starts
@@ -259,6 +284,9 @@ func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error)
 	if err := j.serveMetrics(); err != nil {
 		return nil, err
 	}
+	if err := j.startTrace(); err != nil {
+		return nil, err
+	}
 	j.Endpoints = lc.Etcd
 	if len(j.Endpoints) == 0 {
 		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(j.Dir, "etcd"), Logger: j.Log.Named("etcd")})
@@ -275,6 +303,7 @@ func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error)
 	}
 	j.Coord = coordinator.NewJob(cli, keys)
 	j.undo = append(j.undo, func() { cli.Close() })
+	j.follow(ctx)
 	return j, nil
 }
 
@@ -307,6 +336,16 @@ func (j *Env) LogFile(name string) (io.Writer, error) {
 // (err) keeps its directory and says where its logs are.
 func (j *Env) Close(err error) {
 	j.Procs.Kill()
+	if j.hangs != nil {
+		j.hangs.flush()
+	}
+	j.mergeTrace()
+	if j.Status != nil && err != nil {
+		var stopped *StoppedError
+		if !errors.As(err, &stopped) {
+			j.Status.Emit("job_failed", events.F("error", err.Error()))
+		}
+	}
 	for i := len(j.undo) - 1; i >= 0; i-- {
 		j.undo[i]()
 	}
@@ -347,6 +386,9 @@ func (j *Env) Spawn(ctx context.Context, spec ProcessSpec) error {
 	spec.LogLevel = j.LC.LogLevel
 	spec.Config.Etcd, spec.Config.Job = j.Endpoints, j.LC.Job
 	spec.Metrics = j.processMetrics()
+	if j.traceParts != "" {
+		spec.Trace = filepath.Join(j.traceParts, fmt.Sprintf("%s-%d.jsonl", spec.Role, spec.Index))
+	}
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/procenv"
 	"github.com/phalanx-rt/phalanx/metrics"
+	"github.com/phalanx-rt/phalanx/trace"
 )
 
 // Service runs a launched process that is not one of a job's kinds' (an
@@ -54,10 +55,16 @@ func RunProcess(raw string, reg *Registry, services map[string]Service, stdout, 
 	cfg.Metrics = spec.Metrics
 	if role, ok := reg.Role(spec.Role); ok {
 		var stopMetrics func()
-		if stopMetrics, err = StartMetrics(&cfg, metricsKind(spec.Role)); err != nil {
+		if stopMetrics, err = StartMetrics(&cfg, spec.Role, metricsKind(spec.Role)); err != nil {
 			return exitStatus(err, log, reports)
 		}
 		defer stopMetrics()
+		if spec.Trace != "" {
+			if cfg.Tracer, err = trace.Create(spec.Trace, fmt.Sprintf("%s-%d", spec.Role, spec.Index)); err != nil {
+				return exitStatus(err, log, reports)
+			}
+			defer cfg.Tracer.Close()
+		}
 		_, err = role(ctx, cfg, reg)
 	} else if svc, ok := services[spec.Role]; ok {
 		err = svc(ctx, raw, log, stdout)
@@ -131,7 +138,7 @@ func RunModel(ctx context.Context, cfg Config, reg *Registry) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	stop, err := StartMetrics(&cfg, metricsKind(kind.Worker()))
+	stop, err := StartMetrics(&cfg, kind.Worker(), metricsKind(kind.Worker()))
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/trace"
 )
 
 // RankConfig configures a rank actor. The Trainer (model, optimizer, state,
@@ -45,6 +46,8 @@ type RankConfig struct {
 	Logger  *zap.Logger
 	// Now is the clock that times the rank's compute (default time.Now).
 	Now func() time.Time
+	// Trace records the wait for each step's decision (nil: none).
+	Trace *trace.Recorder
 }
 
 // ErrStopped ends a rank whose AfterStep asked to stop (a graceful
@@ -52,6 +55,7 @@ type RankConfig struct {
 var ErrStopped = errors.New("worker: stopped at a step boundary on request")
 
 type rankState struct {
+	readyAt  time.Time // this rank said it was ready (for the trace)
 	cfg      RankConfig
 	starts   int
 	lastFail string
@@ -165,9 +169,20 @@ func (a *rankActor) compute(ctx actor.Context) {
 	a.sendReady(ctx, t.NextStep(), st.cfg.Now().Sub(start))
 }
 
+// decided records the wait, from this rank's readiness to now, for step's
+// decision: a span of the trace, on thread.
+func (a *rankActor) decided(thread, name string, step int64) {
+	st := a.st
+	if st.cfg.Trace != nil && !st.readyAt.IsZero() {
+		st.cfg.Trace.Span(thread, name, st.readyAt, time.Now(), trace.Args{Step: step, Rank: -1})
+		st.readyAt = time.Time{}
+	}
+}
+
 // sendReady tells the group actor this rank has computed step, in took.
 func (a *rankActor) sendReady(ctx actor.Context, step int64, took time.Duration) {
 	st := a.st
+	st.readyAt = time.Now()
 	ctx.Send(st.cfg.Group, &phalanxpb.StepReady{Rank: uint32(st.cfg.Rank), Step: step, Generation: st.cfg.Generation,
 		From: &phalanxpb.ActorRef{Address: ctx.Self().Address, Id: ctx.Self().Id}, ComputeNanos: int64(took)})
 }
@@ -194,6 +209,7 @@ func (a *rankActor) finish(ctx actor.Context, m *phalanxpb.StepGo) {
 			st.cfg.Rank, m.Step, m.Generation, t.NextStep(), st.cfg.Generation))
 		return
 	}
+	a.decided(trace.ThreadStep, "step decision", m.Step)
 	stats, err := t.Finish(st.cfg.Context)
 	if err != nil {
 		a.fail(err)

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"github.com/phalanx-rt/phalanx/trace"
 	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -91,6 +92,7 @@ func (a *rankActor) goHybrid(ctx actor.Context, m *phalanxpb.StepGo) {
 	if m.OverlapNext {
 		st.overlapNext = m.Step + 1
 	}
+	a.decided(trace.ThreadHybrid, "hybrid wait", m.Step)
 	participate := slices.Contains(m.Participants, uint32(st.cfg.Rank))
 	if !participate && st.overlapped && m.Step == st.computeFor && !t.Withdraw(m.Step) {
 		st.cfg.Logger.Debug("late in an overlapped step after sending a bucket: joining it", zap.Int("rank", st.cfg.Rank), zap.Int64("step", m.Step))

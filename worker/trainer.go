@@ -16,6 +16,7 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/trace"
 )
 
 // Config tunes a Trainer.
@@ -200,6 +201,7 @@ func (e *PanicError) Error() string {
 
 // Trainer runs data-parallel steps on one rank.
 type Trainer struct {
+	trace   *trace.Recorder // its steps' spans (nil: none)
 	g       *collective.Group
 	model   Model
 	params  []*nn.Param
@@ -537,6 +539,7 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 			err = &PanicError{Step: p.step, Value: v, Stack: debug.Stack()}
 		}
 	}()
+	t.g.Mark("forward/backward", p.step)
 	t.phase = phaseComputing
 	t.openGate(p.step)
 	world, rank := t.g.Size(), t.g.Rank()
@@ -589,6 +592,7 @@ func (t *Trainer) compute(ctx context.Context, overlap bool) (err error) {
 		p.correct += res.Correct
 	}
 	p.compute = time.Since(p.start)
+	t.trace.Span(trace.ThreadStep, "forward/backward", p.start, p.start.Add(p.compute), trace.Args{Step: p.step, Rank: -1})
 	t.phase = phaseComputed
 	if overlap && !local {
 		return t.seal()
@@ -657,6 +661,8 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 		}
 	}()
 	t.phase = phaseReducing
+	t.g.Mark("reduction", p.step)
+	waitFrom := time.Now()
 	if err := t.seal(); err != nil {
 		return st, err
 	}
@@ -674,6 +680,7 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 		}
 	}
 	st.Comm = time.Since(p.start) - p.compute
+	t.trace.Span(trace.ThreadStep, "wait for the reduction", waitFrom, time.Now(), trace.Args{Step: p.step, Rank: -1})
 	if err := t.checkReduced(ctx, p.step); err != nil {
 		return st, err
 	}
@@ -684,6 +691,8 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 // part-way through.
 func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	p, s := &t.pend, t.state
+	updateFrom := time.Now()
+	t.g.Mark("update", p.step)
 	s.flush() // before the parameters change
 	t.phase = phaseUpdating
 	if t.cfg.ClipNorm > 0 && !p.clipped {
@@ -720,7 +729,9 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 		t.committed = st
 	}
 	st.Compute = p.compute
-	st.Total = time.Since(p.start)
+	now := time.Now()
+	st.Total = now.Sub(p.start)
+	t.trace.Span(trace.ThreadStep, "optimizer", updateFrom, now, trace.Args{Step: p.step, Rank: -1})
 	return st, nil
 }
 
@@ -807,3 +818,7 @@ func IsNonFinite(err error) bool {
 	var e *NonFiniteError
 	return errors.As(err, &e)
 }
+
+// SetTrace records the trainer's steps' spans in r (nil: none): forward
+// and backward, the wait for the reduction, the optimizer.
+func (t *Trainer) SetTrace(r *trace.Recorder) { t.trace = r }

@@ -37,11 +37,11 @@ func newRoot(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 		}
 	}
 	add(&cobra.Group{ID: "job", Title: "Jobs"},
-		trainCmd(reg, stdout, stderr), workerCmd(reg, stdout, stderr), stopCmd(stdout))
+		trainCmd(reg, stdout, stderr), workerCmd(reg, stdout, stderr), stopCmd(stdout), statusCmd(stdout))
 	add(&cobra.Group{ID: "service", Title: "A job's services, started by hand"},
 		coordinatorCmd(stdout, stderr), psCmd(stdout, stderr), etcdCmd(stdout, stderr))
 	add(&cobra.Group{ID: "tool", Title: "Tools"},
-		ckptCmd(stdout, stderr), sampleCmd(reg, stdout), chaosCmd(reg, stdout, stderr), benchCmd(stdout, stderr))
+		ckptCmd(stdout, stderr), sampleCmd(reg, stdout), chaosCmd(reg, stdout, stderr), benchCmd(stdout, stderr), debugCmd(stdout, stderr))
 	add(&cobra.Group{ID: "other", Title: "This command"},
 		&cobra.Command{Use: "version", Short: "print the version and the commit it was built from (or --version)", Args: noArgs,
 			RunE: func(*cobra.Command, []string) error { fmt.Fprintln(stdout, versionLine()); return nil }},
@@ -99,7 +99,10 @@ func groupRun(what string, stderr io.Writer) func(*cobra.Command, []string) erro
 				names = append(names, s.Name())
 			}
 		}
-		want := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+		want := names[len(names)-1]
+		if len(names) > 1 {
+			want = strings.Join(names[:len(names)-1], ", ") + " or " + want
+		}
 		prefix := ""
 		if c.HasParent() {
 			prefix = name(c) + ": "

@@ -63,8 +63,9 @@ func (f *configFlags) register(fs *pflag.FlagSet, reg *phalanx.Registry) {
 	fs.IntVar(&c.ReferenceWorld, "reference-world", 0, "with --rescale lr: the world size --batch and --lr are meant for (default: --workers)")
 	fs.StringVar(&f.failAt, "fail-at", "", "fault injection: WORKER:STEP makes that worker's model code panic once at that step;\nits supervisor restarts the rank actor, which resumes from its commit")
 	fs.IntVar(&c.Faults.FailTimes, "fail-times", c.Faults.FailTimes, "fault injection: how many times in a row --fail-at fails")
-	fs.Var(&injectFlag{in: &c.Faults.Inject, slow: true}, "inject-slow", "fault injection: rank=R,factor=F[,from=S,to=T] makes the model code of ring rank R F times slower\nin steps S..T (T absent: to the end); repeat the flag, or separate specs with ';'")
-	fs.Var(&injectFlag{in: &c.Faults.Inject}, "inject-pause", "fault injection: rank=R,at=S,for=D pauses ring rank R for D before step S; repeatable like --inject-slow")
+	fs.Var(&injectFlag{in: &c.Faults.Inject, kind: "slow"}, "inject-slow", "fault injection: rank=R,factor=F[,from=S,to=T] makes the model code of ring rank R F times slower\nin steps S..T (T absent: to the end); repeat the flag, or separate specs with ';'")
+	fs.Var(&injectFlag{in: &c.Faults.Inject, kind: "pause"}, "inject-pause", "fault injection: rank=R,at=S,for=D pauses ring rank R for D before step S; repeatable like --inject-slow")
+	fs.Var(&injectFlag{in: &c.Faults.Inject, kind: "wrong-op"}, "inject-wrong-op", "fault injection: rank=R,at=S makes ring rank R call a barrier the others do not before step S\n(a hang the launcher's hang analysis names); repeatable like --inject-slow")
 	fs.IntVar(&c.Restarts.MaxRestarts, "max-restarts", c.Restarts.MaxRestarts, "restart budget: a rank actor failing more often than this within --restart-window ends the worker")
 	fs.DurationVar(&c.Restarts.Window, "restart-window", c.Restarts.Window, "restart budget window")
 
@@ -212,7 +213,7 @@ var flagOf = map[string]string{
 	"PS": "--ps-partition", "PS.CacheRows": "--ps-cache-rows", "PS.CacheStaleness": "--ps-cache-staleness", "PS.ReportEvery": "--report-every",
 	"Workers": "--workers", "MinWorkers": "--min-workers", "MinWorkersTimeout": "--min-workers-timeout", "JoinWindow": "--join-window",
 	"Threads": "--threads", "LogLevel": "--log-level", "LogEvery": "--log-every", "MaxWorkers": "--max-workers",
-	"Checkpoint.Resume": "--resume",
+	"Checkpoint.Resume": "--resume", "Metrics": "--metrics", "Status": "--status", "Trace": "--trace",
 }
 
 // asUsage turns a configuration error into a usage error naming the flag,
@@ -244,10 +245,11 @@ func flagNames(s string) string {
 	})
 }
 
-// injectFlag collects --inject-slow or --inject-pause specs.
+// injectFlag collects --inject-slow, --inject-pause or --inject-wrong-op
+// specs.
 type injectFlag struct {
 	in   *failure.Injection
-	slow bool
+	kind string // slow, pause, wrong-op
 	text []string
 }
 
@@ -266,18 +268,25 @@ func (f *injectFlag) Set(s string) error {
 		if spec = strings.TrimSpace(spec); spec == "" {
 			continue
 		}
-		if f.slow {
+		switch f.kind {
+		case "slow":
 			v, err := failure.ParseSlow(spec)
 			if err != nil {
 				return err
 			}
 			f.in.Slow = append(f.in.Slow, v)
-		} else {
+		case "pause":
 			v, err := failure.ParsePause(spec)
 			if err != nil {
 				return err
 			}
 			f.in.Pause = append(f.in.Pause, v)
+		default:
+			v, err := failure.ParseWrongOp(spec)
+			if err != nil {
+				return err
+			}
+			f.in.WrongOp = append(f.in.WrongOp, v)
 		}
 		f.text = append(f.text, spec)
 	}

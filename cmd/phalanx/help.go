@@ -56,8 +56,9 @@ var flagTopics = []struct {
 	{"Parameter server (sparse-lr)", []string{"ps-servers", "ps-shards", "ps-replicas", "ps-partition", "ps-optimizer", "ps-lr",
 		"ps-cache-rows", "ps-cache-staleness", "report-every"}},
 	{"Pipeline and tensor parallelism (deep-mlp, gpt)", []string{"pp", "dp", "tp", "max-memory", "pp-schedule", "pp-chunks", "pp-cuts", "pp-balance", "pp-recompute"}},
-	{"Fault injection", []string{"fail-at", "fail-times", "inject-slow", "inject-pause"}},
+	{"Fault injection", []string{"fail-at", "fail-times", "inject-slow", "inject-pause", "inject-wrong-op"}},
 	{"Logs", []string{"job-dir", "log-dir", "log-level"}},
+	{"Observability (docs/metrics.md)", []string{"metrics", "status", "trace"}},
 }
 
 // printCommands lists the commands under c, and theirs, a line each, by
@@ -179,6 +180,11 @@ var (
       a parameter-server job
   PHALANX_WORKERS=8 phalanx train --checkpoint 's3://bucket/run1?endpoint=127.0.0.1:9000'
       flags from the environment, checkpoints in S3 (MinIO)
+`,
+		"status": `  phalanx status --etcd-endpoints 10.0.0.1:2379 --job run1
+      the job's status as tables: its ring, generations, workers, stragglers, checkpoints, last events
+  phalanx status --etcd-endpoints 10.0.0.1:2379 --job run1 --serve 127.0.0.1:8080
+      its live status page, served here, for a job whose launcher runs elsewhere
 `,
 		"worker": `  phalanx worker --etcd-endpoints 10.0.0.1:2379 --job run1 --steps 300 --checkpoint 's3://ckpt/run1?endpoint=10.0.0.2:9000'
       one worker of job run1 on this host; start one per host with the same training flags

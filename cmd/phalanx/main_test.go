@@ -44,6 +44,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"train", "--example", "sparse-lr", "--ps-replicas", "2"}, "--ps-replicas 2"},
 		{[]string{"worker", "--job", "j"}, "--etcd-endpoints"},
 		{[]string{"stop"}, "--etcd-endpoints and --job"},
+		{[]string{"status", "--job", "j"}, "--etcd-endpoints and --job"},
+		{[]string{"debug", "hang"}, "--events is required"},
+		{[]string{"debug"}, "name the debug tool: hang"},
+		{[]string{"train", "--inject-wrong-op", "rank=1"}, `--inject-wrong-op "rank=1": at: want a step from 1`},
+		{[]string{"train", "--metrics", "127.0.0.1:99999"}, `--metrics 127.0.0.1:99999: port "99999"`},
+		{[]string{"train", "--status", "nohost"}, "--status nohost: want host:port"},
 	}
 	for _, tc := range cases {
 		var out, errOut bytes.Buffer
@@ -104,7 +110,7 @@ func TestMistakeIsOneLine(t *testing.T) {
 		{[]string{"train", "--steps", "many"}, `--steps "many": want a whole number`},
 		{[]string{"train", "-workers", "2"}, "train: -workers: long flags take two dashes: --workers"},
 		{[]string{"chaos", "runn"}, `chaos: unknown subcommand "runn" (want list, run or soak); did you mean run?`},
-		{[]string{"trian"}, `unknown command "trian" (want bench, chaos, ckpt, completion, coordinator, etcd, ps, sample, stop, train, version or worker); did you mean train?`},
+		{[]string{"trian"}, `unknown command "trian" (want bench, chaos, ckpt, completion, coordinator, debug, etcd, ps, sample, status, stop, train, version or worker); did you mean train?`},
 		{[]string{"help", "trian"}, `help: unknown command "trian"; did you mean train?`},
 		{[]string{"version", "x"}, `version: unexpected argument "x"`},
 		{[]string{"chaos", "run", "--bogus", "kill-one"}, "chaos run: unknown flag --bogus"},

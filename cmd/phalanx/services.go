@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -85,6 +86,73 @@ func stopCmd(stdout io.Writer) *cobra.Command {
 		fmt.Fprintf(stdout, "job %s asked to stop\n", f.cfg.Job)
 		return nil
 	})
+}
+
+// statusCmd is phalanx status: a running job's status, from its etcd.
+func statusCmd(stdout io.Writer) *cobra.Command {
+	cmd := leaf("status", "a running job's status: a table, JSON, or a live page",
+		"Prints a running job's status, read from its etcd: the state, the ring and its generations, every\n"+
+			"worker (state, step, samples/s, last heartbeat), excluded stragglers, checkpoints with their\n"+
+			"verification, and the last events, as its launcher publishes them every two seconds (for workers\n"+
+			"started by hand without a launcher: the ring alone). --json prints it for scripts; --serve serves\n"+
+			"the same live page the launcher's --status does, for a job whose launcher runs elsewhere.")
+	cmd.Example = examplesOf["status"]
+	fs := cmd.Flags()
+	var f configFlags
+	f.cfg = phalanx.DefaultConfig()
+	fs.StringVar(&f.etcd, "etcd-endpoints", "", "comma-separated endpoints of the job's etcd cluster")
+	fs.StringVar(&f.cfg.Job, "job", "", "the job's name")
+	asJSON := fs.Bool("json", false, "print the status as one JSON object")
+	serve := fs.String("serve", "", "serve the live status page at this address (host:port) until interrupted")
+	return withRun(cmd, func(ctx context.Context, _ []string) error {
+		if f.etcd == "" || f.cfg.Job == "" {
+			return usagef("status: --etcd-endpoints and --job are required")
+		}
+		etcd := endpointList(f.etcd)
+		if *serve != "" {
+			return asUsage(phalanx.ServeStatus(ctx, etcd, f.cfg.Job, *serve, func(addr string) {
+				fmt.Fprintf(stdout, "status of job %s: http://%s/\n", f.cfg.Job, addr)
+			}))
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		s, err := phalanx.JobStatus(sctx, etcd, f.cfg.Job)
+		if err != nil {
+			return asUsage(err)
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(s)
+		}
+		return phalanx.WriteStatus(stdout, s)
+	})
+}
+
+// debugCmd groups the tools that read a job's records after the fact.
+func debugCmd(stdout, stderr io.Writer) *cobra.Command {
+	hangCmd := leaf("hang", "name the rank at fault in a job's failed collective operations",
+		"Reads a job's saved event log (--events of phalanx train) and, for each generation whose collective\n"+
+			"operations failed (a timeout, an abort), names in one line the rank that never entered the operation\n"+
+			"the others hung in, or entered another one, from the survivors' dumps of their last operations.")
+	file := hangCmd.Flags().String("events", "", "the job's event log (JSON lines)")
+	withRun(hangCmd, func(ctx context.Context, _ []string) error {
+		if *file == "" {
+			return usagef("debug hang: --events is required")
+		}
+		fs, err := phalanx.AnalyzeHangs(*file)
+		if err != nil {
+			return err
+		}
+		if len(fs) == 0 {
+			fmt.Fprintln(stdout, "no collective operation failed in that log (no collective_dump events)")
+		}
+		for _, f := range fs {
+			fmt.Fprintln(stdout, f.Line)
+		}
+		return nil
+	})
+	return group("debug", "read a job's records after the fact", "Tools that read what a job left behind.", "debug tool", stderr, hangCmd)
 }
 
 // etcdCmd runs one member of an etcd cluster in this process: the embedded

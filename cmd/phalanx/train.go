@@ -44,6 +44,8 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	fs.Int64Var(&lc.LogEvery, "log-every", 0, "steps between progress lines (0: twenty lines over the job)")
 	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to --log-dir (debug: also to stderr, a line each, prefixed\nwith its process)")
 	fs.StringVar(&lc.Metrics, "metrics", "", "serve the job's Prometheus metrics (docs/metrics.md), /healthz and /readyz at this address\n(host:port); each process serves its own on the next ports (port 0: ports they choose), named in the output")
+	fs.StringVar(&lc.Status, "status", "", "serve the job's live status page at this address (host:port): the ring and its generations,\nthe workers, the loss curve, checkpoints and the last events")
+	fs.StringVar(&lc.Trace, "trace", "", "write the job's timeline to this file (Chrome trace JSON, for Perfetto or chrome://tracing;\nit must not exist): every process's forward/backward, collectives, optimizer, checkpoints")
 	coordinate := fs.Bool("coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
 	completeTraining(cmd, reg)
 	completeLogLevel(cmd)

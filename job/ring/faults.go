@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,7 @@ type injectedModel struct {
 	in      failure.Injection
 	trainer *worker.Trainer
 	paused  int64 // the step already paused at
+	wrong   int64 // the step the wrong operation was called at
 	// probeStep, when not 0, is the ring's step while this worker is
 	// excluded and times its own steps: the injection follows the ring.
 	probeStep *atomic.Int64
@@ -47,6 +49,14 @@ func (m *injectedModel) Step(b *worker.Batch, scale float32, ready func(int)) (w
 	if d := m.in.PauseAt(rank, step); d > 0 && m.paused != step {
 		m.paused = step
 		time.Sleep(d)
+	}
+	if m.in.WrongOpAt(rank, step) && m.wrong != step {
+		// The fault: a barrier the others do not call, where they enter
+		// the step's first allreduce. Its failure is the point.
+		m.wrong = step
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		m.trainer.Group().Barrier(ctx)
+		cancel()
 	}
 	start := time.Now()
 	res, err := m.Model.Step(b, scale, ready)

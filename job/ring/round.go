@@ -19,6 +19,7 @@ import (
 	"github.com/phalanx-rt/phalanx/job/logical"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/trace"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -139,6 +140,7 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 		Trainer: t, Rank: r.Rank, Generation: gen.Number, Steps: last, Context: ctx, Logger: w.log, Now: c.Now,
 		Hybrid: hybridMode,
 		Group:  actors.Ref(gen.Members[0].ControlAddr, "job/group"),
+		Trace:  c.Tracer,
 		OnDone: func(err error) { finished <- err },
 		AfterStep: func(st worker.StepStats) (bool, error) {
 			var stop bool
@@ -158,6 +160,7 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 				}
 				m.Step(-1, st.Step, now.Sub(prev), samples, st.Loss)
 			}
+			c.Tracer.Flush()
 			if r.Rank == 0 && hybridMode {
 				w.publishPace(ctx, st.Step)
 				w.serveFeeds(st.Step)
@@ -192,6 +195,13 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 		err = g.Err()
 	case <-ctx.Done():
 		err = context.Cause(ctx)
+	}
+	var oe *collective.OpError
+	if errors.As(err, &oe) && ctx.Err() == nil {
+		// The group failed of itself (a timeout, a peer's abort or death,
+		// a mismatch), not on a new generation: the hang recorder goes to
+		// the launcher, which names the culprit from the survivors' dumps.
+		w.rep.Send(job.Collectives{Rank: r.Rank, Generation: gen.Number, Reason: err.Error(), Ops: g.Recent()})
 	}
 	if err != nil && !errors.Is(err, worker.ErrStopped) {
 		g.Abort(err.Error())
@@ -261,8 +271,8 @@ func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
 		model = faulty
 	}
 	var inj *injectedModel
-	if in := c.Faults.Inject; len(in.Slow)+len(in.Pause) > 0 {
-		inj = &injectedModel{Model: model, in: in, paused: -1, probeStep: &w.probeStep}
+	if in := c.Faults.Inject; len(in.Slow)+len(in.Pause)+len(in.WrongOp) > 0 {
+		inj = &injectedModel{Model: model, in: in, paused: -1, wrong: -1, probeStep: &w.probeStep}
 		model = inj
 	}
 	params := model.Params()
@@ -281,6 +291,7 @@ func (w *ringWorker) setup(g *collective.Group) (*worker.Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.SetTrace(c.Tracer)
 	if faulty != nil {
 		faulty.trainer = t
 	}
@@ -316,7 +327,14 @@ func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*che
 		Model: c.Model, ModelOptions: c.ModelOptions, Seed: c.Seed, EverySteps: k.EverySteps, Every: k.Every,
 		Retention: checkpoint.Retention{KeepLast: k.KeepLast, KeepEvery: k.KeepEvery}, Wait: k.Wait,
 		SingleWriter: c.LocalSteps > 1, Logger: w.log.Named("checkpoint"), Now: c.Now,
-		OnEvent: func(ev checkpoint.Event) { w.rep.Send(checkpointReport(ev)) }}, tensors)
+		OnEvent: func(ev checkpoint.Event) {
+			if ev.Kind == "saved" {
+				end := time.Now()
+				w.ckLanes.Span(c.Tracer, "checkpoint: snapshot to manifest", end.Add(-time.Duration(ev.Seconds*float64(time.Second))), end,
+					trace.Args{Step: ev.Step, Bytes: int(ev.Bytes), Rank: -1})
+			}
+			w.rep.Send(checkpointReport(ev))
+		}}, tensors)
 }
 
 // stateTensors is what a ring worker checkpoints, in order: the

@@ -39,7 +39,7 @@ func RunWorker(ctx context.Context, cfg job.Config, task job.Task) (*job.Result,
 		return nil, err
 	}
 	cfg.WorkerDefaults()
-	stopMetrics, err := job.StartMetrics(&cfg, metrics.Worker)
+	stopMetrics, err := job.StartMetrics(&cfg, "worker", metrics.Worker)
 	if err != nil {
 		return nil, err
 	}
@@ -104,6 +104,7 @@ type ringWorker struct {
 	leaving    atomic.Bool   // ctx was cancelled: stop at the next boundary and leave
 	stoppedAt  atomic.Int64  // the step a requested stop ended the job at (0: none)
 
+	ckLanes job.Lanes // the trace's checkpoint threads: uploads may overlap
 	mu      sync.Mutex
 	ckpt    *checkpoint.Checkpointer
 	trainer *worker.Trainer

@@ -1,0 +1,105 @@
+package trace
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestMergeAligns: two processes whose clocks differ by five seconds,
+// running the same collective operations, are merged onto one clock: each
+// operation's spans on the two intersect (one rank cannot finish an
+// allreduce before the other entered it), the shift found is the clocks'
+// difference, a half-written last line is skipped, and each thread's
+// spans are kept in their order.
+func TestMergeAligns(t *testing.T) {
+	dir := t.TempDir()
+	base := time.Unix(1_800_000_000, 0)
+	skew := 5 * time.Second
+	for i, off := range []time.Duration{0, skew} {
+		r, err := Create(filepath.Join(dir, []string{"worker-0", "worker-1"}[i]+".jsonl"), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range 20 {
+			start := base.Add(time.Duration(k) * 10 * time.Millisecond).Add(off)
+			// Rank 1 enters each operation 2 ms after rank 0; both end together.
+			enter := start.Add(time.Duration(i) * 2 * time.Millisecond)
+			r.Span(ThreadStep, "forward/backward", start.Add(-5*time.Millisecond), enter, Args{Step: int64(k + 1), Rank: -1})
+			r.Span("collectives", "allreduce", enter, start.Add(4*time.Millisecond), Args{Seq: uint64(k + 1), Generation: 1, Rank: i, Bytes: 1024})
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "worker-1.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"name":"allreduce","thread":"collec`) // killed mid-line
+	f.Close()
+	parts, err := Parts(dir)
+	if err != nil || len(parts) != 2 {
+		t.Fatalf("Parts: %v, %v", parts, err)
+	}
+	var out bytes.Buffer
+	shifts, err := Merge(&out, parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The operations bound the offset to [skew-2ms, skew+4ms]: its middle.
+	if got := time.Duration(shifts["worker-1"]) * time.Microsecond; got != skew+time.Millisecond {
+		t.Errorf("worker-1's shift: %v, want %v", got, skew+time.Millisecond)
+	}
+	var file File
+	if err := json.Unmarshal(out.Bytes(), &file); err != nil {
+		t.Fatal(err)
+	}
+	ops := map[float64][]Event{}
+	n := 0
+	for _, e := range file.TraceEvents {
+		if e.Ph == "X" && e.Name == "allreduce" {
+			seq := e.Args["seq"].(float64)
+			ops[seq] = append(ops[seq], e)
+			n++
+		}
+	}
+	if n != 40 {
+		t.Fatalf("%d allreduce spans merged, want 40 (the half-written line skipped)", n)
+	}
+	for seq, es := range ops {
+		a, b := es[0], es[1]
+		if a.TS > b.TS+b.Dur || b.TS > a.TS+a.Dur {
+			t.Errorf("allreduce %v: the ranks' spans [%v,+%v] and [%v,+%v] do not intersect after alignment", seq, a.TS, a.Dur, b.TS, b.Dur)
+		}
+	}
+	if err := CheckFile(out.Bytes()); err != nil {
+		t.Errorf("the merged trace: %v", err)
+	}
+}
+
+// TestCheckFile: the structure check refuses what a broken trace would
+// hold.
+func TestCheckFile(t *testing.T) {
+	ok := `{"traceEvents":[{"name":"process_name","ph":"M","ts":0,"pid":0,"tid":0,"args":{"name":"w"}},` +
+		`{"name":"a","ph":"X","ts":0,"dur":10,"pid":0,"tid":1},{"name":"b","ph":"X","ts":10,"dur":5,"pid":0,"tid":1},` +
+		`{"name":"c","ph":"X","ts":3,"dur":5,"pid":0,"tid":2}]}`
+	for _, c := range []struct {
+		name, file string
+		bad        bool
+	}{
+		{"well formed", ok, false},
+		{"overlap on a thread", `{"traceEvents":[{"name":"a","ph":"X","ts":0,"dur":10,"pid":0,"tid":1},{"name":"b","ph":"X","ts":9,"dur":5,"pid":0,"tid":1}]}`, true},
+		{"a span without its end", `{"traceEvents":[{"name":"a","ph":"B","ts":0,"pid":0,"tid":1}]}`, true},
+		{"a negative duration", `{"traceEvents":[{"name":"a","ph":"X","ts":0,"dur":-1,"pid":0,"tid":1}]}`, true},
+		{"no spans", `{"traceEvents":[]}`, true},
+		{"not JSON", `{"traceEv`, true},
+	} {
+		if err := CheckFile([]byte(c.file)); (err != nil) != c.bad {
+			t.Errorf("%s: CheckFile says %v", c.name, err)
+		}
+	}
+}

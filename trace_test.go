@@ -1,0 +1,100 @@
+package phalanx_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"encoding/json"
+
+	"github.com/phalanx-rt/phalanx"
+	"github.com/phalanx-rt/phalanx/trace"
+)
+
+// TestTraceTimeline: a job launched with a trace file ends with one
+// Chrome trace merged from its processes: it parses, every span is closed
+// and no two overlap on a thread of a process; each rank is a process
+// whose every step has its forward/backward, step decision, wait for the
+// reduction and optimizer spans; the checkpoints' spans are there; and an
+// allreduce's spans on the two ranks intersect once the clocks are
+// aligned. A trace file that exists is refused before anything starts,
+// and left as it was.
+func TestTraceTimeline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "job.trace.json")
+	lc := smallJob()
+	lc.Steps, lc.Trace = 60, path
+	lc.Checkpoint.Location, lc.Checkpoint.EverySteps = t.TempDir(), 20
+	if _, err := phalanx.Launch(launchContext(t), lc); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := trace.CheckFile(b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path + ".parts"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the processes' parts are still there after the merge: %v", err)
+	}
+	var f trace.File
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{}
+	count := map[int]map[string]int{}
+	ops := map[float64][]trace.Event{}
+	for _, e := range f.TraceEvents {
+		if e.Ph == "M" && e.Name == "process_name" {
+			names[e.Pid] = e.Args["name"].(string)
+		}
+		if e.Ph != "X" {
+			continue
+		}
+		if count[e.Pid] == nil {
+			count[e.Pid] = map[string]int{}
+		}
+		count[e.Pid][e.Name]++
+		if e.Name == "allreduce" {
+			ops[e.Args["seq"].(float64)] = append(ops[e.Args["seq"].(float64)], e)
+		}
+	}
+	if names[0] != "worker-0 (rank 0)" || names[1] != "worker-1 (rank 1)" {
+		t.Errorf("processes named %v, want worker-0 (rank 0) and worker-1 (rank 1)", names)
+	}
+	for pid := range 2 {
+		for _, span := range []string{"forward/backward", "step decision", "wait for the reduction", "optimizer"} {
+			if got := count[pid][span]; got != 60 {
+				t.Errorf("process %d has %d %q spans, want one a step, 60", pid, got, span)
+			}
+		}
+	}
+	if count[0]["checkpoint: snapshot to manifest"] == 0 {
+		t.Errorf("rank 0's trace has no checkpoint span: %v", count[0])
+	}
+	shared := 0
+	for seq, es := range ops {
+		if len(es) != 2 {
+			continue
+		}
+		shared++
+		a, b := es[0], es[1]
+		if a.TS > b.TS+b.Dur || b.TS > a.TS+a.Dur {
+			t.Errorf("allreduce %v: the ranks' spans [%v,+%v] and [%v,+%v] do not intersect", seq, a.TS, a.Dur, b.TS, b.Dur)
+		}
+	}
+	if shared < 60 {
+		t.Errorf("%d allreduces seen on both ranks, want at least one a step", shared)
+	}
+
+	// The same file again: refused, and kept.
+	_, err = phalanx.Launch(launchContext(t), lc)
+	var ce *phalanx.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Trace" {
+		t.Fatalf("a second launch onto the same trace: %v, want a ConfigError on Trace", err)
+	}
+	if again, _ := os.ReadFile(path); string(again) != string(b) {
+		t.Error("the refused launch changed the trace file")
+	}
+}
