@@ -1,116 +1,88 @@
 package chaos
 
 import (
+	"encoding/json"
 	"fmt"
 	"html/template"
 	"io"
-	"math"
-	"strings"
+
+	"github.com/phalanx-rt/phalanx/webui"
 )
 
 // WriteHTML writes a self-contained page of one run: its verdicts, its
-// faults, a timeline of faults, generations and steps, and the loss curve.
-// It needs no script and no network.
+// faults, and two charts drawn with Phalanx's charts over uPlot (package
+// webui, inlined): the step reached by time, and the loss by time, each
+// with its generations shaded and its faults, heals and relaunches
+// marked, axes with values and a legend. It needs no network.
 func WriteHTML(w io.Writer, r *Report) error {
-	return pageTemplate.Execute(w, pageOf(r))
+	p, err := pageOf(r)
+	if err != nil {
+		return err
+	}
+	return pageTemplate.Execute(w, p)
 }
 
 type page struct {
-	R        *Report
-	Timeline template.HTML
-	Loss     template.HTML
+	R      *Report
+	Assets template.HTML
+	Data   template.JS
 }
 
-const (
-	plotW, plotH = 900.0, 260.0
-	padL, padB   = 60.0, 30.0
-)
-
-func pageOf(r *Report) page {
-	return page{R: r, Timeline: timelineSVG(r), Loss: lossSVG(r)}
+// chartPoint and chartMark are the charts' data (webui's charts.js).
+type chartPoint struct {
+	Step       int64   `json:"step"`
+	Loss       float64 `json:"loss"`
+	Generation int64   `json:"generation"`
+	T          float64 `json:"t"`
 }
 
-// axes maps data to the plot's pixels.
-type axes struct{ x0, x1, y0, y1 float64 }
-
-func (a axes) x(v float64) float64 {
-	return padL + (v-a.x0)/math.Max(a.x1-a.x0, 1e-9)*(plotW-padL-10)
+type chartMark struct {
+	Step  int64   `json:"step"`
+	T     float64 `json:"t"`
+	Kind  string  `json:"kind"`
+	Label string  `json:"label"`
 }
 
-func (a axes) y(v float64) float64 {
-	return plotH - padB - (v-a.y0)/math.Max(a.y1-a.y0, 1e-9)*(plotH-padB-10)
+// chartData is what the page's script draws: the steps and the marks, on
+// a time axis that starts at the first step (the run's start-up is not
+// drawn: it says nothing).
+type chartData struct {
+	T0    float64      `json:"t0"`
+	Curve []chartPoint `json:"curve"`
+	Marks []chartMark  `json:"marks"`
 }
 
-func svgOpen(b *strings.Builder, id, title string) {
-	fmt.Fprintf(b, `<svg id="%s" xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s">`,
-		id, plotW, plotH, plotW, plotH, template.HTMLEscapeString(title))
-	fmt.Fprintf(b, `<rect x="0" y="0" width="%.0f" height="%.0f" fill="#fff"/>`, plotW, plotH)
-	fmt.Fprintf(b, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="#333"/>`, padL, plotH-padB, plotW-10, plotH-padB)
-	fmt.Fprintf(b, `<line x1="%.0f" y1="10" x2="%.0f" y2="%.0f" stroke="#333"/>`, padL, padL, plotH-padB)
-}
-
-// timelineSVG: steps (x time, y step; colour by world size), generations
-// as grey lines, faults as red lines with their index, heals in green.
-func timelineSVG(r *Report) template.HTML {
-	var b strings.Builder
-	svgOpen(&b, "timeline", "timeline of faults and steps")
-	a := axes{x0: 0, x1: math.Max(r.DurationS, 1), y0: 0, y1: float64(max(r.Step, 1))}
-	for _, s := range r.Steps {
-		a.y1 = math.Max(a.y1, float64(s.Step))
+func pageOf(r *Report) (page, error) {
+	d := chartData{Curve: []chartPoint{}, Marks: []chartMark{}}
+	if len(r.Steps) > 0 {
+		d.T0 = r.Steps[0].T
 	}
-	colours := []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"}
+	for _, s := range r.Steps {
+		d.Curve = append(d.Curve, chartPoint{Step: s.Step, Loss: s.Loss, Generation: s.Generation, T: s.T})
+	}
+	launch := 1
 	for _, g := range r.Generations {
-		x := a.x(g.T)
-		fmt.Fprintf(&b, `<line class="generation" x1="%.1f" y1="10" x2="%.1f" y2="%.0f" stroke="#bbb" stroke-dasharray="3,3"><title>generation %d: %d workers (%s)</title></line>`,
-			x, x, plotH-padB, g.Generation, g.World, template.HTMLEscapeString(g.Reason))
-	}
-	for _, s := range r.Steps {
-		c := colours[int(s.World)%len(colours)]
-		fmt.Fprintf(&b, `<circle class="step" cx="%.1f" cy="%.1f" r="1.8" fill="%s"><title>step %d, world %d, generation %d</title></circle>`,
-			a.x(s.T), a.y(float64(s.Step)), c, s.Step, s.World, s.Generation)
+		if g.Launch > launch {
+			launch = g.Launch
+			d.Marks = append(d.Marks, chartMark{T: g.T, Kind: "relaunch", Label: fmt.Sprintf("launch %d", g.Launch)})
+		}
+		d.Marks = append(d.Marks, chartMark{T: g.T, Kind: "generation", Label: fmt.Sprintf("generation %d: %d workers", g.Generation, g.World)})
 	}
 	for _, f := range r.Faults {
 		if f.Injected.IsZero() {
 			continue
 		}
-		x := a.x(f.Injected.Sub(r.Started).Seconds())
-		fmt.Fprintf(&b, `<line class="fault" x1="%.1f" y1="10" x2="%.1f" y2="%.0f" stroke="#d62728" stroke-width="2"><title>%s</title></line>`,
-			x, x, plotH-padB, template.HTMLEscapeString(fmt.Sprintf("fault %d (%s): %s", f.Index, f.Kind, f.What)))
-		fmt.Fprintf(&b, `<text x="%.1f" y="22" fill="#d62728" font-size="12">%d %s</text>`, x+3, f.Index, template.HTMLEscapeString(f.Kind))
+		d.Marks = append(d.Marks, chartMark{T: f.Injected.Sub(r.Started).Seconds(), Step: f.AtStep, Kind: "fault",
+			Label: fmt.Sprintf("fault %d: %s", f.Index, f.Kind)})
 		if !f.Healed.IsZero() && f.HealWhat != "" {
-			hx := a.x(f.Healed.Sub(r.Started).Seconds())
-			fmt.Fprintf(&b, `<line class="heal" x1="%.1f" y1="10" x2="%.1f" y2="%.0f" stroke="#2ca02c" stroke-width="2"><title>%s</title></line>`,
-				hx, hx, plotH-padB, template.HTMLEscapeString(f.HealWhat))
+			d.Marks = append(d.Marks, chartMark{T: f.Healed.Sub(r.Started).Seconds(), Kind: "heal", Label: fmt.Sprintf("heal %d", f.Index)})
 		}
 	}
-	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" text-anchor="middle">seconds from the run's start (%.1f s)</text>`, plotW/2, plotH-8, r.DurationS)
-	fmt.Fprintf(&b, `<text x="14" y="%.0f" font-size="12" transform="rotate(-90 14 %.0f)" text-anchor="middle">step</text>`, plotH/2, plotH/2)
-	b.WriteString(`</svg>`)
-	return template.HTML(b.String())
-}
-
-// lossSVG: the training loss of every step, by step.
-func lossSVG(r *Report) template.HTML {
-	var b strings.Builder
-	svgOpen(&b, "loss", "training loss by step")
-	if len(r.Steps) == 0 {
-		b.WriteString(`</svg>`)
-		return template.HTML(b.String())
+	b, err := json.Marshal(d)
+	if err != nil {
+		return page{}, fmt.Errorf("chaos: the report's charts: %w", err)
 	}
-	a := axes{x0: 1, x1: 1, y0: 0, y1: 0}
-	for _, s := range r.Steps {
-		a.x1 = math.Max(a.x1, float64(s.Step))
-		a.y1 = math.Max(a.y1, s.Loss)
-	}
-	var pts []string
-	for _, s := range r.Steps {
-		pts = append(pts, fmt.Sprintf("%.1f,%.1f", a.x(float64(s.Step)), a.y(s.Loss)))
-	}
-	fmt.Fprintf(&b, `<polyline class="loss" points="%s" fill="none" stroke="#1f77b4" stroke-width="1.5"/>`, strings.Join(pts, " "))
-	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" text-anchor="middle">step (last %d)</text>`, plotW/2, plotH-8, int(a.x1))
-	fmt.Fprintf(&b, `<text x="4" y="18" font-size="12">loss (max %.3f)</text>`, a.y1)
-	b.WriteString(`</svg>`)
-	return template.HTML(b.String())
+	return page{R: r, Assets: template.HTML(webui.Inline()), Data: template.JS(b)}, nil
 }
 
 var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
@@ -129,10 +101,12 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 }).Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>chaos: {{.R.Scenario}} seed {{.R.Seed}}</title>
+{{.Assets}}
 <style>
 body { font-family: sans-serif; margin: 24px; color: #222; }
 table { border-collapse: collapse; margin: 12px 0; }
 td, th { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; font-size: 14px; }
+.chart { max-width: 1000px; }
 .pass { background: #e6f4ea; } .fail { background: #fce8e6; } .na { color: #777; }
 h1 span.pass, h1 span.fail { padding: 2px 10px; border-radius: 4px; }
 </style></head>
@@ -148,9 +122,22 @@ h1 span.pass, h1 span.fail { padding: 2px 10px; border-radius: 4px; }
 <table id="faults"><tr><th>#</th><th>kind</th><th>step</th><th>injected (s)</th><th>healed (s)</th><th>recovery (s)</th><th>what</th></tr>
 {{range .R.Faults}}<tr><td>{{.Index}}</td><td>{{.Kind}}</td><td>{{.AtStep}}</td><td>{{secs $.R .}}</td><td>{{healed $.R .}}</td><td>{{if .RecoveryS}}{{printf "%.2f" .RecoveryS}}{{else}}-{{end}}</td><td>{{.What}}{{if .HealWhat}}; {{.HealWhat}}{{end}}{{if .Error}} <b>{{.Error}}</b>{{end}}</td></tr>
 {{end}}</table>
-<h2>Timeline</h2>
-{{.Timeline}}
+<h2>Steps</h2>
+<div id="timeline" class="chart"></div>
 <h2>Loss</h2>
-{{.Loss}}
+<div id="loss" class="chart"></div>
+<script>
+"use strict";
+(function () {
+  var d = {{.Data}};
+  var steps = { curve: d.curve.map(function (p) { return { step: p.step, loss: p.step, generation: p.generation, t: p.t }; }), marks: d.marks };
+  phalanxCharts.lossChart(document.getElementById("timeline"), steps,
+    { x: "t", t0: d.t0, height: 260, xLabel: "seconds from the first step", yLabel: "step", logY: false, series: "step" });
+  phalanxCharts.lossChart(document.getElementById("loss"), d,
+    { x: "t", t0: d.t0, height: 260, xLabel: "seconds from the first step" });
+  document.body.dataset.points = d.curve.length;
+  document.body.dataset.marks = d.marks.length;
+})();
+</script>
 </body></html>
 `))

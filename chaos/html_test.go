@@ -41,8 +41,9 @@ func sampleReport() *Report {
 }
 
 // TestReportPageInChromium renders a report's page in a real headless
-// Chromium and checks what it drew: the verdict, the nine invariants, the
-// fault and heal lines, a point per step and the loss curve. The
+// Chromium and checks what it drew: the verdict, the nine invariants, two
+// charts (steps and loss by time) of a point per step with every
+// generation, fault and heal marked, and their legends. The
 // screenshot is kept in $CHAOS_SCREENSHOT (default: the test's temporary
 // directory).
 func TestReportPageInChromium(t *testing.T) {
@@ -79,7 +80,7 @@ func TestReportPageInChromium(t *testing.T) {
 		cmd.WaitDelay = 10 * time.Second
 		return cmd
 	}
-	dom, err := chromium("--dump-dom", "file://"+page).Output()
+	dom, err := chromium("--virtual-time-budget=5000", "--dump-dom", "file://"+page).Output()
 	if ctx.Err() != nil {
 		t.Fatalf("waited %v for chromium --dump-dom: %v", limit, err)
 	}
@@ -92,17 +93,22 @@ func TestReportPageInChromium(t *testing.T) {
 		`<tr class="pass">`:        7,
 		`<tr class="fail">`:        1,
 		`<tr class="na">`:          1,
-		`class="fault"`:            2,
-		`class="heal"`:             1,
-		`class="step"`:             100,
-		`class="generation"`:       2,
-		`class="loss"`:             1,
+		`<canvas`:                  2, // the two charts, drawn by the page's script
+		`data-points="100"`:        1, // a point a step
+		`data-marks="5"`:           1, // two generations, two faults, one heal
 	} {
 		if got := strings.Count(d, what); got != want {
 			t.Errorf("the rendered page has %d of %s, want %d", got, what, want)
 		}
 	}
-	err = chromium("--screenshot="+shot, "file://"+page).Run()
+	// Both charts' legends name every colour drawn: the generations'
+	// bands, the generation, fault and heal marks.
+	for _, legend := range []string{"generation 1", "generation 2", "generation", "fault", "heal"} {
+		if got := strings.Count(d, `</i>`+legend+`</span>`); got != 2 {
+			t.Errorf("%d legends name %q, want both charts'", got, legend)
+		}
+	}
+	err = chromium("--virtual-time-budget=5000", "--screenshot="+shot, "file://"+page).Run()
 	if ctx.Err() != nil {
 		t.Fatalf("waited %v for chromium --dump-dom and --screenshot: %v", limit, err)
 	}

@@ -1,8 +1,8 @@
 // Package webui holds the assets every Phalanx web page shares, embedded
 // in the binary: the pinned charting library uPlot (fetched by
 // scripts/vendor-uplot, its files' SHA-256 in assets/SOURCE) and
-// Phalanx's own charts over it (assets/charts.js: a loss curve with its
-// generations shaded and its events marked, and a timeline of spans).
+// Phalanx's own charts over it (assets/charts.js: a curve by step or by
+// time with its generations shaded and its events marked).
 // Pages need no network: the status page loads them from Handler, a
 // self-contained report inlines them (Inline).
 package webui

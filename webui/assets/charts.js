@@ -156,7 +156,9 @@
 
   // lossChart draws data ({curve: [{step, loss, generation, t}], marks:
   // [{step, t, kind, label}]}) into el and returns {update(data)}.
-  // opts: x ("step" or "t"), t0, height, title, xLabel.
+  // opts: x ("step" or "t"), t0, height, title, xLabel, yLabel and series
+  // (the y axis's and the line's names; default "loss"), logY (default:
+  // once the curve spans two decades).
   function lossChart(el, data, opts) {
     opts = opts || {};
     var p = prepare(data, opts);
@@ -179,11 +181,11 @@
         scales: { x: { time: false }, y: logY ? { distr: 3 } : {} },
         axes: [
           { label: opts.xLabel || (opts.x === "t" ? "seconds" : "step"), grid: { stroke: "#eee" } },
-          { label: logY ? "loss (log scale)" : "loss", grid: { stroke: "#eee" }, size: 70, values: tickValues }
+          { label: (opts.yLabel || "loss") + (logY ? " (log scale)" : ""), grid: { stroke: "#eee" }, size: 70, values: tickValues }
         ],
         series: [
           { label: opts.x === "t" ? "seconds" : "step" },
-          { label: "loss", stroke: "#1f77b4", width: 1.5, points: { show: false } }
+          { label: opts.series || "loss", stroke: "#1f77b4", width: 1.5, points: { show: false } }
         ],
         hooks: {
           drawClear: [function (u) { drawBands(u, p); }],
@@ -208,56 +210,5 @@
     };
   }
 
-  // timeline draws each lane's spans ([{lane, from, to, kind, label}]) as
-  // bars on a time axis, with marks as in lossChart; lanes are rows.
-  function timeline(el, lanes, spans, marks, opts) {
-    opts = opts || {};
-    var laneIx = {};
-    lanes.forEach(function (l, i) { laneIx[l] = i; });
-    var p = { bands: [], marks: (marks || []).map(function (m) { return { x: m.t, kind: m.kind, label: m.label }; }) };
-    var xmin = opts.from, xmax = opts.to;
-    var plot = document.createElement("div");
-    var legend = document.createElement("div");
-    legend.className = "ph-legend";
-    el.appendChild(plot);
-    el.appendChild(legend);
-    var u = new global.uPlot({
-      title: opts.title || "",
-      width: Math.max(el.clientWidth || 600, 300),
-      height: 40 + 26 * Math.max(lanes.length, 1) + 40,
-      scales: { x: { time: false, range: [xmin, xmax] }, y: { range: [-0.5, lanes.length - 0.5] } },
-      axes: [
-        { label: opts.xLabel || "seconds", grid: { stroke: "#eee" } },
-        { values: function (u, vals) { return vals.map(function (v) { return lanes[v] !== undefined && v === Math.round(v) ? lanes[v] : ""; }); },
-          splits: function () { return lanes.map(function (_, i) { return i; }); }, size: 90, grid: { show: false } }
-      ],
-      series: [{}, { show: false }],
-      legend: { show: false },
-      hooks: {
-        draw: [function (u) {
-          var ctx = u.ctx;
-          ctx.save();
-          spans.forEach(function (s) {
-            var i = laneIx[s.lane];
-            if (i === undefined) { return; }
-            var x0 = u.valToPos(s.from, "x", true), x1 = u.valToPos(s.to, "x", true);
-            var yc = u.valToPos(i, "y", true), h = 16 * (global.devicePixelRatio || 1);
-            ctx.fillStyle = markColor(s.kind) === "#333" ? "#1f77b4" : markColor(s.kind);
-            ctx.fillRect(x0, yc - h / 2, Math.max(x1 - x0, 2), h);
-          });
-          ctx.restore();
-          drawMarks(u, p);
-        }]
-      }
-    }, [[xmin, xmax], [null, null]], plot);
-    var kinds = {};
-    spans.forEach(function (s) { kinds[s.kind] = true; });
-    legend.innerHTML = Object.keys(kinds).map(function (k) {
-      return '<span class="ph-key"><i style="background:' + (markColor(k) === "#333" ? "#1f77b4" : markColor(k)) + '"></i>' + k + "</span>";
-    }).join(" ");
-    legendOf({ set innerHTML(v) { legend.innerHTML += " " + v; } }, p);
-    return u;
-  }
-
-  global.phalanxCharts = { lossChart: lossChart, timeline: timeline };
+  global.phalanxCharts = { lossChart: lossChart };
 })(window);
