@@ -43,13 +43,13 @@ func (r Serving) Text(*Progress) string {
 	return fmt.Sprintf("metrics: http://%s/metrics\n", r.Metrics)
 }
 
-// StartMetrics makes the metrics (Config.Observe) of kind of this process,
-// labelled worker="<role>-<Config.Index>", and
-// serves them when Config.Metrics names an address, saying where in a
-// Serving report. Readiness follows the process's reports: ready once it
-// trains (Training; a parameter server once it serves), not once it
-// stopped, left or failed. A process whose Observe is set already is left
-// as it is. The returned function stops serving.
+// StartMetrics makes the metrics (Config.Observe) of kind of this
+// process, labelled worker="<role>-<Config.Index>", and serves them when
+// Config.Metrics names an address, saying where in a Serving report.
+// Readiness follows the process's reports: ready once it trains
+// (Training), not once it stopped, left or failed; a parameter server's
+// once it serves (psjob.RunServer). A process whose Observe is set
+// already is left as it is. The returned function stops serving.
 func StartMetrics(c *Config, role string, kind metrics.Process) (stop func(), err error) {
 	if c.Observe != nil || c.Metrics == "" {
 		return func() {}, nil
@@ -61,7 +61,7 @@ func StartMetrics(c *Config, role string, kind metrics.Process) (stop func(), er
 	}
 	c.Observe = set
 	if kind == metrics.PSServer {
-		set.Ready("")
+		set.Ready("not serving its shards yet") // RunServer's readiness
 	}
 	next := c.Reports
 	c.Reports = func(r Report) {

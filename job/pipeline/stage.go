@@ -318,7 +318,7 @@ func (w *pipeWorker) buildEngine(rd *roundState) error {
 	m, replicas := w.cfg.MicroBatches, len(rd.lay.Ranks)
 	rows := ((w.cfg.Batch+replicas-1)/replicas + m - 1) / m * per
 	cfg := engine.Config{Schedule: w.sched(), Stage: rd.me.Stage, Chunks: st.chunks, Rows: rows,
-		Links: rd.links.Links, Data: rd.data, Now: w.cfg.Now, Ready: ready, Reduce: reduce, Update: update}
+		Links: rd.links.Links, Data: rd.data, Now: w.cfg.Now, Ready: ready, Reduce: reduce, Update: update, Trace: w.cfg.Tracer}
 	rd.eng, err = engine.New(cfg)
 	return err
 }

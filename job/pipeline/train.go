@@ -142,6 +142,7 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 			}
 			m.Step(rd.me.Stage, w.step, s.Elapsed, c.Batch/max(replicas, 1), l)
 		}
+		c.Tracer.Flush()
 		if rd.me.Replica == 0 {
 			rep := Step{Step: w.step, Stage: rd.me.Stage, Generation: w.gen, Replicas: replicas,
 				BusyS: s.Busy.Seconds(), ElapsedS: s.Elapsed.Seconds(), Bubble: s.Bubble(), Peak: s.Peak,

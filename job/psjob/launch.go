@@ -495,8 +495,14 @@ func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
+	ready := func(addr string) {
+		cfg.Observe.Ready("") // /readyz: the server serves its shards
+		if onReady != nil {
+			onReady(addr)
+		}
+	}
 	return cluster.Serve(ctx, coord, cluster.NodeConfig{ID: id, Listen: listen, LeaseTTL: cfg.LeaseTTL,
-		Logger: log.With(zap.String("ps", id)), OnReady: onReady})
+		Logger: log.With(zap.String("ps", id)), OnReady: ready})
 }
 
 // runPSWorkerProcess is worker index of a parameter-server job: it reads

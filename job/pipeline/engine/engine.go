@@ -17,6 +17,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/job/pipeline/schedule"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/trace"
 )
 
 // Sender sends tensors, in order, to one peer stage.
@@ -83,6 +84,8 @@ type Config struct {
 	Reduce func(ctx context.Context, s *Stats) error
 	Update func(ctx context.Context) error
 	Now    func() time.Time // nil: time.Now
+	// Trace records each instruction as a span (nil: none).
+	Trace *trace.Recorder
 }
 
 // Stats are one step's measurements on this stage.
@@ -188,9 +191,11 @@ func (in *inbound) run(quit <-chan struct{}) {
 type Engine struct {
 	cfg    Config
 	list   []schedule.Instr
-	last   []int // per chunk: list index of its final backward op (Backward, or W)
-	first  bool  // chunk 0 is virtual stage 0
-	lastVS bool  // chunk Chunks-1 is the last virtual stage
+	names  []string // each instruction's, for the trace (made once)
+	steps  int64    // steps run
+	last   []int    // per chunk: list index of its final backward op (Backward, or W)
+	first  bool     // chunk 0 is virtual stage 0
+	lastVS bool     // chunk Chunks-1 is the last virtual stage
 	now    func() time.Time
 
 	actPool, gradPool []chan []float32 // per chunk
@@ -240,6 +245,12 @@ func New(cfg Config) (*Engine, error) {
 		e.now = time.Now
 	}
 	e.last = make([]int, v)
+	if cfg.Trace != nil {
+		e.names = make([]string, len(list))
+		for i, in := range list {
+			e.names[i] = in.String()
+		}
+	}
 	for i, in := range list {
 		if in.Op == schedule.Backward || in.Op == schedule.BackwardWeight {
 			e.last[in.Chunk] = i
@@ -434,8 +445,13 @@ func (e *Engine) Step(ctx context.Context) (Stats, error) {
 		}
 	}
 	inFlight := 0
+	e.steps++
 	for pos, in := range e.list {
 		var err error
+		var began time.Time
+		if e.cfg.Trace != nil {
+			began = e.now()
+		}
 		switch in.Op {
 		case schedule.Load:
 			err = e.load(in)
@@ -477,6 +493,9 @@ func (e *Engine) Step(ctx context.Context) (Stats, error) {
 			if e.cfg.Update != nil {
 				err = e.cfg.Update(ctx)
 			}
+		}
+		if e.cfg.Trace != nil {
+			e.cfg.Trace.Span(trace.ThreadPipeline, e.names[pos], began, e.now(), trace.Args{Step: e.steps, Rank: -1})
 		}
 		if err != nil {
 			e.broken = fmt.Errorf("pipeline stage %d, %v: %w", e.cfg.Stage, in, err)

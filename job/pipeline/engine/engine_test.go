@@ -1,10 +1,13 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/job/pipeline/schedule"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/trace"
 )
 
 // model is a deep MLP's layers, with the same weights every call.
@@ -461,5 +465,68 @@ func TestStatsAccountEveryInstruction(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestInstructionsTraced: with a trace, every instruction of every step
+// is a span of its stage's "instructions" thread, named as the schedule
+// names it; the merged trace is well formed (no span open, none
+// overlapping on a thread).
+func TestInstructionsTraced(t *testing.T) {
+	const in, width, depth, classes, rows, steps = 32, 64, 5, 10, 8, 3
+	sc := schedule.Config{Kind: schedule.OneFOneB, Stages: 2, Micro: 4}
+	b := newBatch(1, rows*sc.Micro, in, classes, rows)
+	pp := newPipe(t, sc, model(1, in, width, depth, classes), in, rows, b, false, nil)
+	dir := t.TempDir()
+	var parts []trace.Part
+	for s, e := range pp.engines {
+		p := trace.Part{Process: fmt.Sprintf("pipeline-worker-%d", s), Path: filepath.Join(dir, fmt.Sprintf("%d.jsonl", s))}
+		r, err := trace.Create(p.Path, p.Process)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.cfg.Trace = r
+		e.names = make([]string, len(e.list))
+		for i, in := range e.list {
+			e.names[i] = in.String()
+		}
+		parts = append(parts, p)
+	}
+	for range steps {
+		pp.step(t)
+	}
+	for _, e := range pp.engines {
+		if err := e.cfg.Trace.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	if _, err := trace.Merge(&out, parts); err != nil {
+		t.Fatal(err)
+	}
+	if err := trace.CheckFile(out.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	var f trace.File
+	if err := json.Unmarshal(out.Bytes(), &f); err != nil {
+		t.Fatal(err)
+	}
+	count := map[int]int{}
+	names := map[string]bool{}
+	for _, ev := range f.TraceEvents {
+		if ev.Ph == "X" && ev.Cat == trace.ThreadPipeline {
+			count[ev.Pid]++
+			names[ev.Name] = true
+		}
+	}
+	for s, e := range pp.engines {
+		if want := steps * len(e.list); count[s] != want {
+			t.Errorf("stage %d: %d instruction spans, want %d", s, count[s], want)
+		}
+		for _, in := range e.list {
+			if !names[in.String()] {
+				t.Errorf("no span named %q", in.String())
+			}
+		}
 	}
 }
