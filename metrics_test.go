@@ -1,102 +1,20 @@
 package phalanx_test
 
 import (
-	"bufio"
 	"io"
 	"net/http"
-	"os"
-	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
+	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
-
-// documentedMetrics reads docs/metrics.md's table: each metric's kinds.
-func documentedMetrics(t *testing.T) map[string][]string {
-	t.Helper()
-	f, err := os.Open("docs/metrics.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	out := map[string][]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		l := sc.Text()
-		if !strings.HasPrefix(l, "| `phalanx_") {
-			continue
-		}
-		cells := strings.Split(l, "|")
-		if len(cells) < 7 {
-			t.Fatalf("docs/metrics.md: a row of %d cells: %q", len(cells), l)
-		}
-		name := strings.Trim(strings.TrimSpace(cells[1]), "`")
-		var kinds []string
-		for _, k := range strings.Split(cells[5], ",") {
-			kinds = append(kinds, strings.TrimSpace(k))
-		}
-		out[name] = kinds
-	}
-	if len(out) < 10 {
-		t.Fatalf("docs/metrics.md documents %d metrics: its table was not found", len(out))
-	}
-	return out
-}
-
-// scrape reads an endpoint's metrics with Prometheus's text parser.
-func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scraping %s: %v", addr, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("scraping %s: %s", addr, resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parsing %s's metrics: %v", addr, err)
-	}
-	return fams
-}
-
-// value is the sum of a family's samples whose labels include want.
-func value(fams map[string]*dto.MetricFamily, name string, want map[string]string) (sum float64, n int) {
-	f := fams[name]
-	if f == nil {
-		return 0, 0
-	}
-next:
-	for _, m := range f.Metric {
-		for k, v := range want {
-			if !slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
-				continue next
-			}
-		}
-		n++
-		switch {
-		case m.Gauge != nil:
-			sum += m.Gauge.GetValue()
-		case m.Counter != nil:
-			sum += m.Counter.GetValue()
-		case m.Histogram != nil:
-			sum += float64(m.Histogram.GetSampleCount())
-		}
-	}
-	return sum, n
-}
 
 // served is a GET's status and body.
 func served(t *testing.T, url string) (int, string) {
@@ -173,7 +91,7 @@ func (m *metricsEvents) until(t *testing.T, what string, cond func() bool) {
 // as lost, the world smaller and its series gone. /healthz and /readyz
 // answer on the launcher and on each worker.
 func TestMetricsDocumented(t *testing.T) {
-	docs := documentedMetrics(t)
+	docs := jobtest.DocumentedMetrics(t, "docs/metrics.md")
 	lc := smallJob()
 	lc.Steps, lc.Metrics = 1000000, "127.0.0.1:0"
 	lc.Checkpoint.Location, lc.Checkpoint.EverySteps = t.TempDir(), 20
@@ -200,22 +118,16 @@ func TestMetricsDocumented(t *testing.T) {
 	// Both ranks have stepped once a scrape shows it.
 	var fams map[string]*dto.MetricFamily
 	testwait.Until(t, time.Minute, "both ranks' steps in the job's metrics", func() bool {
-		fams = scrape(t, launcher)
-		_, n := value(fams, "phalanx_step", nil)
+		fams = jobtest.Scrape(t, launcher)
+		_, n := jobtest.MetricValue(fams, "phalanx_step", nil)
 		return n == 2
 	})
-	for name, kinds := range docs {
-		if !slices.Contains(kinds, "ring") {
-			continue
-		}
-		if fams[name] == nil {
-			t.Errorf("%s is documented for the ring and not served", name)
-		}
+	missing, undocumented := jobtest.MetricsMismatch(docs, fams, "ring")
+	for _, name := range missing {
+		t.Errorf("%s is documented for the ring and not served", name)
 	}
-	for name := range fams {
-		if _, ok := docs[name]; strings.HasPrefix(name, "phalanx_") && !ok {
-			t.Errorf("%s is served and not in docs/metrics.md", name)
-		}
+	for _, name := range undocumented {
+		t.Errorf("%s is served and not in docs/metrics.md", name)
 	}
 	for _, c := range []struct {
 		name string
@@ -233,7 +145,7 @@ func TestMetricsDocumented(t *testing.T) {
 		{"phalanx_allreduce_bytes_total", map[string]string{"worker": "worker-0"}, 1},
 		{"phalanx_allreduce_bytes_total", map[string]string{"worker": "worker-1"}, 1},
 	} {
-		if v, n := value(fams, c.name, c.want); n == 0 || v < c.min {
+		if v, n := jobtest.MetricValue(fams, c.name, c.want); n == 0 || v < c.min {
 			t.Errorf("%s%v: %v over %d series, want at least %v", c.name, c.want, v, n, c.min)
 		}
 	}
@@ -257,10 +169,10 @@ func TestMetricsDocumented(t *testing.T) {
 	}
 	ev.until(t, "a generation of one worker", func() bool { return len(ev.worlds) > 0 && ev.worlds[len(ev.worlds)-1] == 1 })
 	testwait.Until(t, time.Minute, "the lost worker in the job's metrics", func() bool {
-		fams = scrape(t, launcher)
-		lost, _ := value(fams, "phalanx_workers_lost_total", nil)
-		world, _ := value(fams, "phalanx_world_size", map[string]string{"worker": "launcher"})
-		_, n := value(fams, "phalanx_step", map[string]string{"worker": "worker-1"})
+		fams = jobtest.Scrape(t, launcher)
+		lost, _ := jobtest.MetricValue(fams, "phalanx_workers_lost_total", nil)
+		world, _ := jobtest.MetricValue(fams, "phalanx_world_size", map[string]string{"worker": "launcher"})
+		_, n := jobtest.MetricValue(fams, "phalanx_step", map[string]string{"worker": "worker-1"})
 		return lost == 1 && world == 1 && n == 0
 	})
 }
