@@ -28,14 +28,7 @@ type hangEvents struct {
 }
 
 func (h *hangEvents) Emit(event string, fields ...events.Field) error {
-	get := func(k string) any {
-		for _, f := range fields {
-			if f.Key == k {
-				return f.Value
-			}
-		}
-		return nil
-	}
+	get := func(k string) any { return fieldOf(fields, k) }
 	h.mu.Lock()
 	switch event {
 	case "hang_analysis":
@@ -101,22 +94,14 @@ func TestHangRecorder(t *testing.T) {
 		lc := smallJob()
 		lc.Workers, lc.Steps, lc.Events = 3, 1000000, h
 		lc.OpTimeout, lc.LeaseTTL = 3*time.Second, 30*time.Second // the operation times out before the lease expires
-		j, err := phalanx.Start(launchContext(t), lc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		testwait.Recv(t, j.Ready(), 2*time.Minute, "the job's first step")
+		startRunning(t, lc)
 		h.mu.Lock()
 		pid := h.pids[2]
 		h.mu.Unlock()
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			syscall.Kill(pid, syscall.SIGKILL)
-			j.Stop(testwait.Context(t, 2*time.Minute))
-			j.Wait()
-		}()
+		defer syscall.Kill(pid, syscall.SIGKILL) // before the job's stop (startRunning's cleanup)
 		testwait.Recv(t, h.found, 2*time.Minute, "the hang analysis after worker 2's SIGSTOP")
 		h.mu.Lock()
 		line, rank, dumps := h.lines[0], h.ranks[0], h.dumps

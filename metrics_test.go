@@ -10,7 +10,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/events"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
@@ -39,14 +38,7 @@ type metricsEvents struct {
 }
 
 func (m *metricsEvents) Emit(event string, fields ...events.Field) error {
-	get := func(k string) any {
-		for _, f := range fields {
-			if f.Key == k {
-				return f.Value
-			}
-		}
-		return nil
-	}
+	get := func(k string) any { return fieldOf(fields, k) }
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch event {
@@ -97,15 +89,7 @@ func TestMetricsDocumented(t *testing.T) {
 	lc.Checkpoint.Location, lc.Checkpoint.EverySteps = t.TempDir(), 20
 	ev := &metricsEvents{serving: map[string]string{}, pids: map[int]int{}, changed: make(chan struct{}, 1)}
 	lc.Events = ev
-	j, err := phalanx.Start(launchContext(t), lc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		j.Stop(testwait.Context(t, 2*time.Minute))
-		j.Wait()
-	}()
-	testwait.Recv(t, j.Ready(), 2*time.Minute, "the job's first step")
+	startRunning(t, lc)
 	ev.until(t, "the launcher and both workers serving metrics, and a checkpoint", func() bool {
 		return len(ev.serving) == 3 && ev.saved > 0
 	})

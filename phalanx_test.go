@@ -17,6 +17,7 @@ import (
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
 	"github.com/phalanx-rt/phalanx/internal/kindtest"
 	"github.com/phalanx-rt/phalanx/internal/testmodel"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
 )
 
 // TestMain makes the test binary a worker when a test's Launch re-executes
@@ -379,4 +380,31 @@ func TestPassStderr(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startRunning starts lc's job and returns it once its first ring trains;
+// the test's end stops it (after a final checkpoint when it takes them)
+// and waits for it.
+func startRunning(t *testing.T, lc phalanx.LaunchConfig) *phalanx.Job {
+	t.Helper()
+	j, err := phalanx.Start(launchContext(t), lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		j.Stop(testwait.Context(t, 2*time.Minute))
+		j.Wait()
+	})
+	testwait.Recv(t, j.Ready(), 2*time.Minute, "the job's first step")
+	return j
+}
+
+// fieldOf is an event's field by key (nil: none).
+func fieldOf(fields []events.Field, key string) any {
+	for _, f := range fields {
+		if f.Key == key {
+			return f.Value
+		}
+	}
+	return nil
 }

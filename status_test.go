@@ -32,14 +32,7 @@ type statusEvents struct {
 func (s *statusEvents) Emit(event string, fields ...events.Field) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	get := func(k string) any {
-		for _, f := range fields {
-			if f.Key == k {
-				return f.Value
-			}
-		}
-		return nil
-	}
+	get := func(k string) any { return fieldOf(fields, k) }
 	switch event {
 	case "job_started":
 		s.job, s.etcd = get("job").(string), strings.Split(get("etcd_endpoints").(string), ",")
@@ -136,15 +129,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	lc.Checkpoint.Location, lc.Checkpoint.EverySteps = t.TempDir(), 400
 	ev := &statusEvents{pids: map[int]int{}, changed: make(chan struct{}, 1)}
 	lc.Events = ev
-	j, err := phalanx.Start(launchContext(t), lc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		j.Stop(testwait.Context(t, 2*time.Minute))
-		j.Wait()
-	}()
-	testwait.Recv(t, j.Ready(), 2*time.Minute, "the job's first step")
+	startRunning(t, lc)
 	ev.mu.Lock()
 	addr := ev.addr
 	ev.mu.Unlock()
@@ -212,4 +197,26 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Errorf("phalanx status's table lacks %q:\n%s", want, table.String())
 		}
 	}
+
+	// phalanx status --serve: the same page away from the launcher, from
+	// the job's etcd.
+	sctx, cancel := context.WithCancel(testwait.Context(t, 2*time.Minute))
+	served := make(chan string, 1)
+	ended := make(chan error, 1)
+	go func() { ended <- phalanx.ServeStatus(sctx, etcd, name, "127.0.0.1:0", func(a string) { served <- a }) }()
+	defer func() {
+		cancel()
+		if err := testwait.Recv(t, ended, time.Minute, "ServeStatus's end"); err != nil {
+			t.Errorf("ServeStatus: %v", err)
+		}
+	}()
+	remote := testwait.Recv(t, served, time.Minute, "ServeStatus's address")
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+remote+"/")); err != nil {
+		t.Fatalf("opening the page served from etcd: %v", err)
+	}
+	poll(t, ctx, time.Minute, "the ring of two, read from etcd", `(() => {
+		const txt = id => document.getElementById(id).textContent;
+		return txt("world") === "2" && txt("generation") === "2" && document.querySelectorAll("#ring .rank").length === 2 &&
+			document.getElementById("conn").textContent.startsWith("live");
+	})()`)
 }

@@ -93,3 +93,26 @@ func (t tee) Emit(event string, fields ...Field) error {
 	}
 	return first
 }
+
+// Number is a numeric field's value as a float64 (false for a value of
+// another type): the fields of events emitted in-process keep their Go
+// types (int, int64, uint64, float64...).
+func Number(v any) (float64, bool) {
+	switch v := v.(type) {
+	case int:
+		return float64(v), true
+	case int32:
+		return float64(v), true
+	case int64:
+		return float64(v), true
+	case uint32:
+		return float64(v), true
+	case uint64:
+		return float64(v), true
+	case float32:
+		return float64(v), true
+	case float64:
+		return v, true
+	}
+	return 0, false
+}

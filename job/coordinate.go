@@ -105,31 +105,36 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 // it). Each worker then ends with a *StoppedError; the same configuration
 // resumes the job.
 func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
-	keys, err := coordinator.KeysFor(jobName)
-	if err != nil {
-		return Invalid("Job", jobName, "%v", err)
-	}
-	cli, err := coordinator.Connect(etcd, nil)
+	j, done, err := connectJob(etcd, jobName)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	return coordinator.NewJob(cli, keys).RequestStop(ctx, reason)
+	defer done()
+	return j.RequestStop(ctx, reason)
+}
+
+// connectJob is a client of job's records in etcd; done closes it.
+func connectJob(etcd []string, jobName string) (j *coordinator.Job, done func(), err error) {
+	keys, err := coordinator.KeysFor(jobName)
+	if err != nil {
+		return nil, nil, Invalid("Job", jobName, "%v", err)
+	}
+	cli, err := coordinator.Connect(etcd, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return coordinator.NewJob(cli, keys), func() { cli.Close() }, nil
 }
 
 // JobStatus reads a running job's status from its etcd (status.Fetch):
 // what its launcher published last, or its ring.
 func JobStatus(ctx context.Context, etcd []string, jobName string) (status.Snapshot, error) {
-	keys, err := coordinator.KeysFor(jobName)
-	if err != nil {
-		return status.Snapshot{}, Invalid("Job", jobName, "%v", err)
-	}
-	cli, err := coordinator.Connect(etcd, nil)
+	j, done, err := connectJob(etcd, jobName)
 	if err != nil {
 		return status.Snapshot{}, err
 	}
-	defer cli.Close()
-	s, err := status.Fetch(ctx, coordinator.NewJob(cli, keys))
+	defer done()
+	s, err := status.Fetch(ctx, j)
 	if errors.Is(err, status.ErrNoJob) {
 		return s, fmt.Errorf("job %q at %s: %w", jobName, JoinEndpoints(etcd), err)
 	}
@@ -140,16 +145,12 @@ func JobStatus(ctx context.Context, etcd []string, jobName string) (status.Snaps
 // read from the job's etcd every second, until ctx ends; onServing is
 // told the address served.
 func ServeStatus(ctx context.Context, etcd []string, jobName, addr string, onServing func(addr string)) error {
-	keys, err := coordinator.KeysFor(jobName)
-	if err != nil {
-		return Invalid("Job", jobName, "%v", err)
-	}
-	cli, err := coordinator.Connect(etcd, nil)
+	j, done, err := connectJob(etcd, jobName)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	src, err := status.Follow(ctx, coordinator.NewJob(cli, keys), time.Second)
+	defer done()
+	src, err := status.Follow(ctx, j, time.Second)
 	if errors.Is(err, status.ErrNoJob) {
 		return fmt.Errorf("job %q at %s: %w", jobName, JoinEndpoints(etcd), err)
 	}

@@ -18,7 +18,8 @@ func (s *Set) Emit(event string, fields ...events.Field) error {
 	f := func(key string) float64 {
 		for _, x := range fields {
 			if x.Key == key {
-				return number(x.Value)
+				n, _ := events.Number(x.Value)
+				return n
 			}
 		}
 		return 0
@@ -49,25 +50,4 @@ func (s *Set) Emit(event string, fields ...events.Field) error {
 		s.bubble.WithLabelValues(strconv.Itoa(int(f("stage")))).Set(f("bubble"))
 	}
 	return nil
-}
-
-// number is an event field's numeric value (0 for another type).
-func number(v any) float64 {
-	switch v := v.(type) {
-	case int:
-		return float64(v)
-	case int32:
-		return float64(v)
-	case int64:
-		return float64(v)
-	case uint32:
-		return float64(v)
-	case uint64:
-		return float64(v)
-	case float32:
-		return float64(v)
-	case float64:
-		return v
-	}
-	return 0
 }

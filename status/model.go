@@ -226,23 +226,8 @@ func (f fields) get(key string) any {
 }
 
 func (f fields) num(key string) float64 {
-	switch v := f.get(key).(type) {
-	case int:
-		return float64(v)
-	case int32:
-		return float64(v)
-	case int64:
-		return float64(v)
-	case uint32:
-		return float64(v)
-	case uint64:
-		return float64(v)
-	case float32:
-		return float64(v)
-	case float64:
-		return v
-	}
-	return 0
+	n, _ := events.Number(f.get(key))
+	return n
 }
 
 func (f fields) int(key string) int     { return int(f.num(key)) }
