@@ -16,7 +16,8 @@ import (
 // Chrome trace merged from its processes: it parses, every span is closed
 // and no two overlap on a thread of a process; each rank is a process
 // whose every step has its forward/backward, step decision, wait for the
-// reduction and optimizer spans; the checkpoints' spans are there; and an
+// reduction and optimizer spans; each rank's checkpoint snapshots and
+// uploads are there, and the manifests; and an
 // allreduce's spans on the two ranks intersect once the clocks are
 // aligned. A trace file that exists is refused before anything starts,
 // and left as it was.
@@ -70,8 +71,17 @@ func TestTraceTimeline(t *testing.T) {
 			}
 		}
 	}
-	if count[0]["checkpoint: snapshot to manifest"] == 0 {
-		t.Errorf("rank 0's trace has no checkpoint span: %v", count[0])
+	for pid := range 2 {
+		if got := count[pid]["checkpoint snapshot"]; got != 3 { // steps 20, 40 and 60
+			t.Errorf("process %d has %d checkpoint snapshots, want 3", pid, got)
+		}
+	}
+	// A state this small falls to fewer ranks than there are: each
+	// checkpoint is uploaded at least once, and its manifest written.
+	for _, span := range []string{"checkpoint upload", "checkpoint manifest"} {
+		if got := count[0][span] + count[1][span]; got < 3 {
+			t.Errorf("%d %q spans, want at least one a checkpoint, 3: %v", got, span, count)
+		}
 	}
 	shared := 0
 	for seq, es := range ops {

@@ -16,6 +16,7 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
+	"github.com/phalanx-rt/phalanx/trace"
 )
 
 // Votes are a rank's say in checkpoint decisions (a checkpoint now, a stop),
@@ -61,6 +62,9 @@ type Config struct {
 	// OnEvent is told of every checkpoint saved, failed, skipped or
 	// restored; the ranks each report what they alone know.
 	OnEvent func(Event)
+	// Trace records the rank's snapshots (on the step's thread: they stop
+	// the step), its uploads and its manifests (nil: none).
+	Trace *trace.Recorder
 }
 
 // Event is a checkpoint event for the job's log.
@@ -342,7 +346,9 @@ func (c *Checkpointer) start(p Progress) {
 		c.snap = make([]byte, hi-lo)
 	}
 	data := c.snap[:hi-lo]
+	began := time.Now()
 	copyOut(c.tensors, c.offsets, lo, hi, data)
+	c.cfg.Trace.Span(trace.ThreadStep, "checkpoint snapshot", began, time.Now(), trace.Args{Step: p.Step, Bytes: len(data), Rank: -1})
 
 	c.seq++
 	now := c.cfg.Now()
@@ -361,6 +367,10 @@ func (c *Checkpointer) start(p Progress) {
 		if k < 0 {
 			return // nothing of the state falls to this rank
 		}
+		began := time.Now()
+		defer func() {
+			c.cfg.Trace.Span(trace.ThreadCheckpoint, "checkpoint upload", began, time.Now(), trace.Args{Step: p.Step, Bytes: len(data), Rank: -1})
+		}()
 		m := cur.manifest
 		cur.index = indexShard(m, k, data)
 		idx, err := proto.Marshal(cur.index)
@@ -411,6 +421,10 @@ func (c *Checkpointer) commit(cur *inflight) {
 	c.tasks <- func() {
 		ctx, cancel := context.WithTimeout(c.bg, c.cfg.Wait)
 		defer cancel()
+		began := time.Now()
+		defer func() {
+			c.cfg.Trace.Span(trace.ThreadCheckpoint, "checkpoint manifest", began, time.Now(), trace.Args{Step: cur.step, Rank: -1})
+		}()
 		m := cur.manifest
 		err := c.gatherIndexes(ctx, cur)
 		var b []byte

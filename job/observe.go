@@ -386,40 +386,6 @@ func writeNew(path string, write func(io.Writer) error) error {
 	return err
 }
 
-// Lanes are the trace threads of spans that may overlap (checkpoints in
-// flight together): a span goes on the first lane free at its start,
-// "checkpoint", "checkpoint 2", ... Safe for concurrent use.
-type Lanes struct {
-	mu   sync.Mutex
-	ends []time.Time
-}
-
-// Span records a span on the first lane free at start.
-func (l *Lanes) Span(r *trace.Recorder, name string, start, end time.Time, a trace.Args) {
-	if r == nil {
-		return
-	}
-	l.mu.Lock()
-	lane := len(l.ends)
-	for i, e := range l.ends {
-		if !e.After(start) {
-			lane = i
-			break
-		}
-	}
-	if lane == len(l.ends) {
-		l.ends = append(l.ends, end)
-	} else {
-		l.ends[lane] = end
-	}
-	l.mu.Unlock()
-	thread := trace.ThreadCheckpoint
-	if lane > 0 {
-		thread += " " + strconv.Itoa(lane+1)
-	}
-	r.Span(thread, name, start, end, a)
-}
-
 // Collectives: a rank's hang recorder (collective.Group.Recent), dumped
 // when its group failed on a timeout or an abort. The launcher takes it
 // from the process's lines (as Serving), emits it as a collective_dump

@@ -19,7 +19,6 @@ import (
 	"github.com/phalanx-rt/phalanx/job/logical"
 	"github.com/phalanx-rt/phalanx/nn"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
-	"github.com/phalanx-rt/phalanx/trace"
 	"github.com/phalanx-rt/phalanx/worker"
 )
 
@@ -327,14 +326,7 @@ func (w *ringWorker) newCheckpointer(params []*nn.Param, opt nn.Optimizer) (*che
 		Model: c.Model, ModelOptions: c.ModelOptions, Seed: c.Seed, EverySteps: k.EverySteps, Every: k.Every,
 		Retention: checkpoint.Retention{KeepLast: k.KeepLast, KeepEvery: k.KeepEvery}, Wait: k.Wait,
 		SingleWriter: c.LocalSteps > 1, Logger: w.log.Named("checkpoint"), Now: c.Now,
-		OnEvent: func(ev checkpoint.Event) {
-			if ev.Kind == "saved" {
-				end := time.Now()
-				w.ckLanes.Span(c.Tracer, "checkpoint: snapshot to manifest", end.Add(-time.Duration(ev.Seconds*float64(time.Second))), end,
-					trace.Args{Step: ev.Step, Bytes: int(ev.Bytes), Rank: -1})
-			}
-			w.rep.Send(checkpointReport(ev))
-		}}, tensors)
+		OnEvent: func(ev checkpoint.Event) { w.rep.Send(checkpointReport(ev)) }, Trace: c.Tracer}, tensors)
 }
 
 // stateTensors is what a ring worker checkpoints, in order: the

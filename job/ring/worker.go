@@ -104,7 +104,6 @@ type ringWorker struct {
 	leaving    atomic.Bool   // ctx was cancelled: stop at the next boundary and leave
 	stoppedAt  atomic.Int64  // the step a requested stop ended the job at (0: none)
 
-	ckLanes job.Lanes // the trace's checkpoint threads: uploads may overlap
 	mu      sync.Mutex
 	ckpt    *checkpoint.Checkpointer
 	trainer *worker.Trainer
