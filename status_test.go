@@ -68,7 +68,9 @@ func chromium(t *testing.T) context.Context {
 		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(filepath.Join(t.TempDir(), "profile")),
 		chromedp.WindowSize(1400, 1500),
 	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	// The browser lives at most as long as the test may: every action
+	// under it has that deadline at the latest (waits give their own).
+	actx, cancelAlloc := chromedp.NewExecAllocator(testwait.Context(t, 5*time.Minute), opts...)
 	t.Cleanup(cancelAlloc)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(cancel)

@@ -368,10 +368,11 @@ func (m *Model) generation(f fields, t time.Time) {
 	m.mark(Mark{Step: s.Step, Kind: "generation", Label: fmt.Sprintf("generation %d: %d ranks", g.Number, g.World)}, t)
 }
 
-// change is a membership change of the current generation.
+// change is a membership change of the current generation: the ranks it
+// lists, the worker's state, and (but for a join) a mark on the curve.
 func (m *Model) change(event string, f fields, t time.Time) {
 	s := &m.snap
-	var g *Generation
+	g := &Generation{} // none yet: the change is noted nowhere
 	if n := len(s.Generations); n > 0 {
 		g = &s.Generations[n-1]
 	}
@@ -381,44 +382,30 @@ func (m *Model) change(event string, f fields, t time.Time) {
 	if w != nil {
 		who = fmt.Sprintf("worker %d (pid %d)", w.Index, pid)
 	}
+	var ranks *[]int
+	kind, state := "", ""
 	switch event {
 	case "worker_lost":
-		if g != nil {
-			g.Lost = append(g.Lost, rank)
-		}
-		if w != nil {
-			w.State = "lost"
-		}
-		m.mark(Mark{Step: s.Step, Kind: "lost", Label: who + " lost"}, t)
+		ranks, kind, state = &g.Lost, "lost", "lost"
 	case "worker_left":
-		if g != nil {
-			g.Left = append(g.Left, rank)
-		}
-		if w != nil {
-			w.State = "left"
-		}
-		m.mark(Mark{Step: s.Step, Kind: "left", Label: who + " left"}, t)
+		ranks, kind, state = &g.Left, "left", "left"
 	case "straggler_excluded":
-		if g != nil {
-			g.Excluded = append(g.Excluded, rank)
-		}
-		if w != nil {
-			w.State = "excluded"
-		}
+		ranks, kind, state = &g.Excluded, "excluded", "excluded"
 		s.Excluded = append(s.Excluded, Excluded{ID: f.str("id"), Pid: pid, Rank: rank, LateIn: f.int("late_in"), Window: f.int("window"),
 			Step: f.int64("step"), At: t})
-		m.mark(Mark{Step: s.Step, Kind: "excluded", Label: who + " excluded"}, t)
 	case "straggler_readmitted":
-		if g != nil {
-			g.Readmitted = append(g.Readmitted, rank)
-		}
+		ranks, kind = &g.Readmitted, "readmitted"
 		id := f.str("id")
 		s.Excluded = slices.DeleteFunc(s.Excluded, func(x Excluded) bool { return x.ID == id })
-		m.mark(Mark{Step: s.Step, Kind: "readmitted", Label: who + " readmitted"}, t)
 	case "worker_joined":
-		if g != nil {
-			g.Joined = append(g.Joined, rank)
-		}
+		ranks = &g.Joined
+	}
+	*ranks = append(*ranks, rank)
+	if w != nil && state != "" {
+		w.State = state
+	}
+	if kind != "" {
+		m.mark(Mark{Step: s.Step, Kind: kind, Label: who + " " + kind}, t)
 	}
 }
 
