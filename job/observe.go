@@ -352,6 +352,10 @@ func (j *Env) mergeTrace() {
 		return
 	}
 	parts, err := trace.Parts(j.traceParts)
+	if err == nil && len(parts) == 0 { // no process started: no trace to write
+		os.RemoveAll(j.traceParts)
+		return
+	}
 	if err == nil {
 		err = writeNew(j.LC.Trace, func(w io.Writer) error {
 			_, err := trace.Merge(w, parts)
