@@ -459,7 +459,7 @@ func manifestCRC(ctx context.Context, s checkpoint.Store, id string) (uint32, er
 }
 
 func (ru *run) checkLeftovers(evs []Event) Verdict {
-	var bad []string
+	var bad, notes []string
 	for pid := range ru.pids {
 		if err := syscall.Kill(int(pid), 0); err == nil || !errors.Is(err, syscall.ESRCH) {
 			bad = append(bad, fmt.Sprintf("process %d still exists", pid))
@@ -471,6 +471,13 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 		}
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
+			// A port the job's process freed may be another's since (the
+			// kernel hands ephemeral ports out again): only a listener of
+			// the job's, or one whose owner cannot be seen, is left over.
+			if pid, err := listenerOwner(addr); err == nil && pid != 0 && !ru.pids[int64(pid)] && !isMarked(pid, ru.marker) {
+				notes = append(notes, fmt.Sprintf("port %s is another process's now (pid %d)", addr, pid))
+				continue
+			}
 			bad = append(bad, "port "+addr+" still accepts connections")
 		}
 	}
@@ -508,8 +515,12 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 	if len(bad) > 0 {
 		return verdict(7, false, "%s", joinLimited(bad, 5))
 	}
-	return verdict(7, true, "%d worker processes gone, no process of the job's left (their environments searched), %d data-plane ports closed, no shared-memory file of the job's %d launch(es)",
-		len(ru.pids), len(ru.addrs), len(jobs))
+	reused := ""
+	if len(notes) > 0 {
+		reused = "; " + joinLimited(notes, 5)
+	}
+	return verdict(7, true, "%d worker processes gone, no process of the job's left (their environments searched), %d data-plane ports closed or another's%s, no shared-memory file of the job's %d launch(es)",
+		len(ru.pids), len(ru.addrs), reused, len(jobs))
 }
 
 func (ru *run) checkRecovery(rep *Report, bound time.Duration) Verdict {

@@ -1,10 +1,10 @@
 package chaos
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -410,8 +410,9 @@ func TestCheckCheckpoints(t *testing.T) {
 
 // TestCheckLeftovers: invariant 7 fails for a process of the job still
 // running (found by its mark, its pid recorded nowhere), a data-plane port
-// that still accepts, a shared-memory file of the job, and a directory of
-// shared-memory files it cannot list.
+// that a process of the job's still listens on, a shared-memory file of
+// the job, and a directory of shared-memory files it cannot list; a port
+// the job freed and another process took since is no leftover.
 func TestCheckLeftovers(t *testing.T) {
 	const job = "chaos-leftovers-1-1"
 	evs := []Event{{Kind: "job_started", Fields: map[string]any{"job": job}}}
@@ -450,14 +451,21 @@ func TestCheckLeftovers(t *testing.T) {
 			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 			ru.pids[int64(cmd.Process.Pid)] = true
 		}, "fail", "still exists"},
-		{"a port that accepts", func(t *testing.T, ru *run) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { ln.Close() })
-			ru.addrs[ln.Addr().String()] = true
+		{"a port of the job's that accepts", func(t *testing.T, ru *run) {
+			ru.addrs[listenerProcess(t, markEnv+"="+ru.marker)] = true
 		}, "fail", "still accepts connections"},
+		{"a recorded worker's port that accepts", func(t *testing.T, ru *run) {
+			addr := listenerProcess(t)
+			ru.addrs[addr] = true
+			pid, err := listenerOwner(addr)
+			if err != nil || pid == 0 {
+				t.Fatalf("listenerOwner(%s): %d, %v", addr, pid, err)
+			}
+			ru.pids[int64(pid)] = true
+		}, "fail", "still accepts connections"},
+		{"a port another process took since", func(t *testing.T, ru *run) {
+			ru.addrs[listenerProcess(t)] = true
+		}, "pass", "is another process's now"},
 		{"a shared-memory file of the job", func(t *testing.T, ru *run) {
 			name := fmt.Sprintf("phalanx-%016x-g3-r1-%016x", collective.JobHash(job), 77)
 			if err := os.WriteFile(filepath.Join(ru.shmDir, name), nil, 0o600); err != nil {
@@ -481,6 +489,29 @@ func TestCheckLeftovers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// listenerProcess starts a process (with env added) that listens on a loopback
+// port of its own, and returns the port's address once it listens.
+func listenerProcess(t *testing.T, env ...string) string {
+	t.Helper()
+	cmd := exec.Command("python3", "-c", "import socket, sys, time\n"+
+		"s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"+
+		"print(s.getsockname()[1], flush=True); time.sleep(60)")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n') // the listener's port: it listens
+	if err != nil {
+		t.Fatalf("the listening process said nothing: %v", err)
+	}
+	return "127.0.0.1:" + strings.TrimSpace(line)
 }
 
 // TestTookHold: a signal fault checks its signal took hold: a stopped
