@@ -17,6 +17,7 @@ import (
 	"github.com/phalanx-rt/phalanx"
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/sockowner"
 )
 
 // check builds the run's report and checks every invariant.
@@ -474,7 +475,7 @@ func (ru *run) checkLeftovers(evs []Event) Verdict {
 			// A port the job's process freed may be another's since (the
 			// kernel hands ephemeral ports out again): only a listener of
 			// the job's, or one whose owner cannot be seen, is left over.
-			if pid, err := listenerOwner(addr); err == nil && pid != 0 && !ru.pids[int64(pid)] && !isMarked(pid, ru.marker) {
+			if pid, err := sockowner.Listener(addr); err == nil && pid != 0 && !ru.pids[int64(pid)] && !isMarked(pid, ru.marker) {
 				notes = append(notes, fmt.Sprintf("port %s is another process's now (pid %d)", addr, pid))
 				continue
 			}

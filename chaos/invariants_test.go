@@ -16,6 +16,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/internal/sockowner"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/worker"
@@ -457,9 +458,9 @@ func TestCheckLeftovers(t *testing.T) {
 		{"a recorded worker's port that accepts", func(t *testing.T, ru *run) {
 			addr := listenerProcess(t)
 			ru.addrs[addr] = true
-			pid, err := listenerOwner(addr)
+			pid, err := sockowner.Listener(addr)
 			if err != nil || pid == 0 {
-				t.Fatalf("listenerOwner(%s): %d, %v", addr, pid, err)
+				t.Fatalf("sockowner.Listener(%s): %d, %v", addr, pid, err)
 			}
 			ru.pids[int64(pid)] = true
 		}, "fail", "still accepts connections"},
