@@ -293,10 +293,10 @@ func (c *goCollector) Receive(ctx actor.Context) {
 }
 
 // TestGroupActorRefusesStrangers: step-ready messages of another generation
-// or of a rank outside the world do not count towards a step. Each legitimate
-// rank and the strangers answer from actors of their own: a stranger counted
-// would close step 1 early, its decision going to the stranger and never to
-// rank 1.
+// or of a rank outside the world do not count towards a hybrid step (whose
+// first waits for every rank; the deadline is far). Each legitimate rank and
+// the strangers answer from actors of their own: a stranger counted would
+// close step 1 early, its decision going to the stranger and never to rank 1.
 func TestGroupActorRefusesStrangers(t *testing.T) {
 	sys, err := actors.NewSystem(actors.Options{})
 	if err != nil {
@@ -311,7 +311,7 @@ func TestGroupActorRefusesStrangers(t *testing.T) {
 	rank0, got0 := collector()
 	rank1, got1 := collector()
 	stranger, gotStranger := collector()
-	group := sys.Root.Spawn(NewGroupProps(GroupConfig{World: 2, Generation: 5}))
+	group := sys.Root.Spawn(NewGroupProps(GroupConfig{World: 2, Generation: 5, Hybrid: &hybrid.Policy{Deadline: time.Minute, Quorum: 0.6}}))
 	for _, m := range []*phalanxpb.StepReady{
 		{Rank: 0, Step: 1, Generation: 5, From: rank0},
 		{Rank: 1, Step: 1, Generation: 4, From: stranger}, // a dead generation

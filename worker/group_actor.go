@@ -61,7 +61,6 @@ type Fallback struct {
 // which ranks are already ready.
 type groupState struct {
 	cfg   GroupConfig
-	ready map[int64]map[uint32]*actor.PID
 	early []*phalanxpb.StepReady // of a newer generation than cfg's, replayed when it begins
 	h     hybridLeader
 }
@@ -76,8 +75,13 @@ type GroupRound struct {
 	Members    []string // member ids by rank (hybrid: for straggler exclusion)
 }
 
-// NewGroupProps returns the props of a group actor: it collects StepReady
-// from every rank and, once all are in, sends each of them StepGo. It holds no
+// NewGroupProps returns the props of a group actor: the control plane's
+// leader of a ring's steps. With a hybrid policy it decides every step: it
+// collects StepReady from the ranks and closes the step when all are in or
+// at the deadline with a quorum, sending each rank StepGo with the step's
+// participants. A bulk-synchronous ring has no step to decide (its ranks
+// send no StepReady: the allreduce waits for every rank of the generation
+// itself), and its group actor only takes the ranks' restarts. It holds no
 // tensors; the ranks reduce through the collective group.
 func NewGroupProps(cfg GroupConfig) *actor.Props {
 	if cfg.Logger == nil {
@@ -86,7 +90,7 @@ func NewGroupProps(cfg GroupConfig) *actor.Props {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	st := &groupState{cfg: cfg, ready: map[int64]map[uint32]*actor.PID{}}
+	st := &groupState{cfg: cfg}
 	st.h.begin(nil)
 	if cfg.Hybrid != nil {
 		st.h.hist = hybrid.NewHistory()
@@ -101,7 +105,6 @@ func (a *groupActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *GroupRound:
 		st.cfg.Generation, st.cfg.World = m.Generation, m.World
-		clear(st.ready)
 		st.h.begin(m.Members)
 		early := st.early
 		st.early = nil
@@ -139,25 +142,9 @@ func (a *groupActor) ready(ctx actor.Context, m *phalanxpb.StepReady) {
 			zap.Uint64("generation", m.Generation), zap.Uint64("ours", st.cfg.Generation))
 		return
 	}
-	if st.cfg.Hybrid != nil {
-		a.readyHybrid(ctx, m)
+	if st.cfg.Hybrid == nil {
+		st.cfg.Logger.Warn("refusing a step-ready message: a bulk-synchronous group decides no steps", zap.Uint32("rank", m.Rank), zap.Int64("step", m.Step))
 		return
 	}
-	set := st.ready[m.Step]
-	if set == nil {
-		set = map[uint32]*actor.PID{}
-		st.ready[m.Step] = set
-	}
-	set[m.Rank] = actor.NewPID(m.From.Address, m.From.Id)
-	if len(set) < st.cfg.World {
-		return
-	}
-	delete(st.ready, m.Step)
-	parts := make([]uint32, 0, st.cfg.World)
-	for r := range st.cfg.World {
-		parts = append(parts, uint32(r))
-	}
-	for _, pid := range set {
-		ctx.Send(pid, &phalanxpb.StepGo{Step: m.Step, Generation: st.cfg.Generation, Participants: parts})
-	}
+	a.readyHybrid(ctx, m)
 }

@@ -345,7 +345,11 @@ func TestHybridRankActorOverlap(t *testing.T) {
 		pids := make([]*actor.PID, len(ranks))
 		for range ranks {
 			select {
-			case m := <-got:
+			case msg := <-got:
+				m, ok := msg.(*phalanxpb.StepReady)
+				if !ok {
+					t.Fatalf("the group got %T %v, want a step-ready message", msg, msg)
+				}
 				if m.Step != int64(step+1) {
 					t.Fatalf("ready for step %d, want %d", m.Step, step+1)
 				}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
 	"github.com/phalanx-rt/phalanx/nn"
-	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // overlapRanks builds two trainers of linearModel (two gradient chunks)
@@ -70,45 +68,50 @@ func TestStepOverlapsBackward(t *testing.T) {
 	}
 }
 
-// readyCollector stands for the group actor: it records the ranks'
-// readiness and never decides a step.
-type readyCollector struct{ got chan<- *phalanxpb.StepReady }
+// groupRecorder stands for the group actor: it records every message a
+// rank sends it, and answers none.
+type groupRecorder struct{ got chan<- any }
 
-func (c *readyCollector) Receive(ctx actor.Context) {
-	if m, ok := ctx.Message().(*phalanxpb.StepReady); ok {
-		c.got <- m
+func (c *groupRecorder) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case actor.SystemMessage, actor.AutoReceiveMessage:
+	default:
+		c.got <- ctx.Message()
 	}
 }
 
-// TestRankActorOverlap: a bulk-synchronous rank actor has sent every bucket
-// of its step to be reduced by the time it reports ready — the reductions
-// complete with no decision from the group — and with NoOverlap it has sent
-// none.
-func TestRankActorOverlap(t *testing.T) {
+// TestRankActorNoRoundTrip: bulk-synchronous rank actors, overlapped or
+// not, run all their steps with no message to the group actor and no
+// answer from it (a step's allreduce waits for every rank by itself), and
+// end with the same parameters.
+func TestRankActorNoRoundTrip(t *testing.T) {
 	for _, noOverlap := range []bool{false, true} {
 		t.Run(map[bool]string{false: "overlap", true: "no overlap"}[noOverlap], func(t *testing.T) {
 			ranks, _ := overlapRanks(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			_, got := spawnRankActors(t, ctx, ranks, func(c *RankConfig) { c.NoOverlap = noOverlap })
+			done := make(chan error, len(ranks))
+			_, got := spawnRankActors(t, ctx, ranks, func(c *RankConfig) {
+				c.NoOverlap = noOverlap
+				c.OnDone = func(err error) { done <- err }
+			})
 			for range ranks {
-				select {
-				case m := <-got:
-					if m.Step != 1 {
-						t.Fatalf("ready for step %d, want 1", m.Step)
-					}
-				case <-ctx.Done():
-					t.Fatal("no readiness")
+				if err := testwait.Recv(t, done, time.Minute, "a rank's five steps"); err != nil {
+					t.Fatal(err)
 				}
 			}
+			select {
+			case m := <-got:
+				t.Fatalf("the group actor was sent %T %v", m, m)
+			default:
+			}
 			for r, tr := range ranks {
-				err := tr.fuser.Wait(ctx)
-				switch {
-				case !noOverlap && err != nil:
-					t.Fatalf("rank %d: the step's reductions: %v", r, err)
-				case noOverlap && (err == nil || !strings.Contains(err.Error(), "not marked ready")):
-					t.Fatalf("rank %d without overlap: %v, want the buckets not sent", r, err)
+				if s := tr.State().Step; s != 5 {
+					t.Fatalf("rank %d ended at step %d, want 5", r, s)
 				}
+			}
+			if !sameBits(paramsOf(ranks[0]), paramsOf(ranks[1])) {
+				t.Fatal("ranks' parameters differ")
 			}
 		})
 	}
@@ -220,18 +223,18 @@ func TestWithdraw(t *testing.T) {
 }
 
 // spawnRankActors starts one rank actor per trainer (generation 1, 5 steps,
-// edit applied to each configuration) under a group that only collects
-// their StepReady messages; it returns the actor system (ended with the
-// test) and those messages.
-func spawnRankActors(t *testing.T, ctx context.Context, ranks []*Trainer, edit func(*RankConfig)) (*actors.System, <-chan *phalanxpb.StepReady) {
+// edit applied to each configuration) under a group that only records the
+// messages it is sent; it returns the actor system (ended with the test)
+// and those messages.
+func spawnRankActors(t *testing.T, ctx context.Context, ranks []*Trainer, edit func(*RankConfig)) (*actors.System, <-chan any) {
 	t.Helper()
 	sys, err := actors.NewSystem(actors.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(sys.Shutdown)
-	got := make(chan *phalanxpb.StepReady, 2)
-	group := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &readyCollector{got: got} }))
+	got := make(chan any, 64)
+	group := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &groupRecorder{got: got} }))
 	for r, tr := range ranks {
 		c := RankConfig{Trainer: tr, Rank: r, Generation: 1, Steps: 5, Group: group, Context: ctx}
 		edit(&c)

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -81,13 +80,18 @@ type computeDone struct {
 }
 
 // NewRankProps returns the props of a rank actor. It drives its Trainer
-// through the control-plane step protocol: compute the step's gradients
-// (sending each bucket to be reduced as the backward pass fills it, unless
-// NoOverlap), tell the group actor (StepReady), and on its decision (StepGo)
-// finish the reduction, apply and commit. A panic in model or optimizer code fails the actor; its
-// supervisor restarts it, the new instance repairs the trainer from the last
-// in-memory commit (Trainer.Recover) and rejoins at the step the others are
-// on, who see one slow step.
+// step by step: compute the step's gradients (sending each bucket to be
+// reduced as the backward pass fills it, unless NoOverlap), finish the
+// reduction, apply and commit. A bulk-synchronous step has nothing to decide
+// while the generation lasts (every rank of the ring is in every step, and
+// the allreduce itself waits for the last one), so it goes from the backward
+// pass straight to the reduction's end with no control message; a failure
+// fails the ring's collectives, which is how it is detected. A hybrid step is
+// decided by the group actor: the rank tells it (StepReady) and reduces on
+// its decision (StepGo). A panic in model or optimizer code fails the actor;
+// its supervisor restarts it, the new instance repairs the trainer from the
+// last in-memory commit (Trainer.Recover) and rejoins at the step the others
+// are on, who see one slow step.
 func NewRankProps(cfg RankConfig) *actor.Props {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -128,9 +132,7 @@ func (a *rankActor) Receive(ctx actor.Context) {
 	case *phalanxpb.StepGo:
 		if st.cfg.Hybrid {
 			a.goHybrid(ctx, m)
-		} else {
-			a.finish(ctx, m)
-		}
+		} // a bulk-synchronous rank is told nothing: it never asked
 	}
 }
 
@@ -145,8 +147,9 @@ func (a *rankActor) done(err error) {
 	}
 }
 
-// compute runs the next step's forward and backward and reports readiness.
-// A panic inside is re-raised so the supervisor sees it and restarts us.
+// compute runs the next bulk-synchronous step: forward and backward, then
+// the rest of the step (finish). A panic inside is re-raised so the
+// supervisor sees it and restarts us.
 func (a *rankActor) compute(ctx actor.Context) {
 	st := a.st
 	t := st.cfg.Trainer
@@ -157,7 +160,6 @@ func (a *rankActor) compute(ctx actor.Context) {
 		a.done(nil)
 		return
 	}
-	start := st.cfg.Now()
 	compute := t.ComputeOverlapped
 	if st.cfg.NoOverlap {
 		compute = t.Compute
@@ -166,7 +168,7 @@ func (a *rankActor) compute(ctx actor.Context) {
 		a.fail(err)
 		return
 	}
-	a.sendReady(ctx, t.NextStep(), st.cfg.Now().Sub(start))
+	a.finish(ctx)
 }
 
 // decided records the wait, from this rank's readiness to now, for step's
@@ -198,19 +200,10 @@ func (a *rankActor) fail(err error) {
 	a.done(err)
 }
 
-func (a *rankActor) finish(ctx actor.Context, m *phalanxpb.StepGo) {
-	st := a.st
-	t := st.cfg.Trainer
-	if st.finished {
-		return
-	}
-	if m.Generation != st.cfg.Generation || m.Step != t.NextStep() {
-		a.done(fmt.Errorf("worker: rank %d got the decision for step %d of generation %d while at step %d of generation %d",
-			st.cfg.Rank, m.Step, m.Generation, t.NextStep(), st.cfg.Generation))
-		return
-	}
-	a.decided(trace.ThreadStep, "step decision", m.Step)
-	stats, err := t.Finish(st.cfg.Context)
+// finish completes a computed bulk-synchronous step: the reduction's end,
+// the update and the commit.
+func (a *rankActor) finish(ctx actor.Context) {
+	stats, err := a.st.cfg.Trainer.Finish(a.st.cfg.Context)
 	if err != nil {
 		a.fail(err)
 		return
