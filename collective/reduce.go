@@ -8,9 +8,19 @@ import "math"
 func reduceInto(dt DType, op ReduceOp, dst, src []byte) {
 	switch dt {
 	case Float32:
-		reduceSlice(op, f32s(dst), f32s(src))
+		d, s := f32s(dst), f32s(src)
+		if op == Sum || op == Avg {
+			n := sumF32Asm(d, s)
+			d, s = d[n:], s[n:]
+		}
+		reduceSlice(op, d, s)
 	case Float64:
-		reduceSlice(op, f64s(dst), f64s(src))
+		d, s := f64s(dst), f64s(src)
+		if op == Sum || op == Avg {
+			n := sumF64Asm(d, s)
+			d, s = d[n:], s[n:]
+		}
+		reduceSlice(op, d, s)
 	case Float16, BFloat16:
 		reduceHalf(dt, op, u16s(dst), u16s(src))
 	}
