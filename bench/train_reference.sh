@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Training throughput, Phalanx against PyTorch 1.13 DDP/Gloo, in one run on this
-# machine: MLP 784-512-512-10, global batch 256, one core per process (phalanx
-# train --threads 1; torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1 for
-# PyTorch), N = 1, 2 and 4 processes (override with WORKERS). PyTorch runs on
+# machine: MLP 784-512-512-10, global batch 256, one compute thread per process
+# (OPENBLAS_NUM_THREADS=1 for both; torch.set_num_threads(1) for PyTorch, whose
+# Gloo and autograd threads run beside it; Phalanx's default --threads, which
+# with OpenBLAS leaves each worker one Go thread beside the matrix products,
+# see launch.ComputeThreads), N = 1, 2 and 4 processes (override with WORKERS). PyTorch runs on
 # OpenBLAS: scripts/install-bench-deps selects it for python3-torch and refuses
 # to go on if torch's matmul is not fast. Phalanx is built with OpenBLAS too
 # (go build -tags openblas) when nn/ has that build (nn/blas_openblas.go);
@@ -46,7 +48,7 @@ for round in $(seq "$REPEAT"); do
     echo "train_reference.sh: round $round/$REPEAT, $n workers" >&2
     ev=bench/out/train-events-$n.jsonl
     # shellcheck disable=SC2086 # PHALANX_ARGS is a list of flags
-    bench/out/phalanx train --workers "$n" --steps "$STEPS" --threads 1 --batch 256 --samples 20000 \
+    bench/out/phalanx train --workers "$n" --steps "$STEPS" --batch 256 --samples 20000 \
       --events "$ev" $PHALANX_ARGS > /dev/null
     # Median samples/s of the steps after the first five (warm-up).
     /usr/bin/python3 - "$ev" "$n" "$build" >> "$out" <<'PY'

@@ -50,7 +50,8 @@ type LaunchConfig struct {
 	// <temporary directory>/phalanx-logs/<Job>.
 	LogDir string
 	// Threads: OS threads running Go code in each worker (GOMAXPROCS);
-	// 0 shares the cores evenly.
+	// 0 shares the cores evenly, and gives a ring or pipeline worker one
+	// more when its matrix products run in C (launch.ComputeThreads).
 	Threads int
 	// LogLevel of the library logs (debug, info, warn, error): they go to
 	// files under LogDir, and at debug to Stderr as well, each line

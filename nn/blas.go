@@ -18,6 +18,13 @@ var _ blas.Float32 = blasImpl{}
 // "openblas 0.3.21 Haswell, 1 thread (cgo)".
 func BLAS() string { return blasName() }
 
+// CgoBLAS reports whether the matrix products run in a C library through
+// cgo (the OpenBLAS build) rather than as Go code. A goroutine in a cgo call
+// holds its P only until the runtime's monitor takes it back, so such a
+// process wants one P beyond its compute threads (see
+// launch.ComputeThreads).
+func CgoBLAS() bool { return blasCgo }
+
 // gemm is c = alpha·op(a)·op(b) + beta·c on the build's BLAS; op transposes
 // when t is blas.Trans. Shapes that do not fit panic, as blas32.Gemm does.
 func gemm(tA, tB blas.Transpose, alpha float32, a, b blas32.General, beta float32, c blas32.General) {

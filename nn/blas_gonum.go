@@ -9,3 +9,5 @@ import "gonum.org/v1/gonum/blas/gonum"
 type blasImpl = gonum.Implementation
 
 func blasName() string { return "gonum (pure Go)" }
+
+const blasCgo = false

@@ -47,6 +47,8 @@ func threadsFromEnv(getenv func(string) string) bool {
 	return false
 }
 
+const blasCgo = true
+
 func blasName() string {
 	version := "?"
 	if f := strings.Fields(C.GoString(C.openblas_get_config())); len(f) > 1 {

@@ -22,6 +22,35 @@ type Optimizer interface {
 	Slots() []Tensor
 }
 
+// SavingOptimizer is an Optimizer that copies what an update changes aside
+// in the update's own pass over memory: UpdateSaving is Update, but first,
+// block by block as each is loaded, it copies the parameters' values into
+// saved[k] (k the parameter's index) and its slots into
+// saved[len(params)+j] (j the slot's index in Slots). The trainer's
+// in-memory commit of the step's start is taken so, without a pass of its
+// own over the parameters and slots, which do not fit in a core's cache. It
+// must not fail part-way. Every optimizer of NewOptimizer is one.
+type SavingOptimizer interface {
+	Optimizer
+	UpdateSaving(params []*Param, lr float32, step int64, saved [][]float32)
+}
+
+// saveBlock is how many elements of each tensor UpdateSaving copies before it
+// updates them: four tensors of this many float32s fit in a core's L1 cache.
+const saveBlock = 2048
+
+// blocks calls f over [0, n) in saveBlock-sized ranges, after saving each
+// range of every pair: dst[i][lo:hi] = src[i][lo:hi].
+func blocks(n int, dst, src [][]float32, f func(lo, hi int)) {
+	for lo := 0; lo < n; lo += saveBlock {
+		hi := min(lo+saveBlock, n)
+		for i, d := range dst {
+			copy(d[lo:hi], src[i][lo:hi])
+		}
+		f(lo, hi)
+	}
+}
+
 // OptimizerConfig selects and tunes an optimizer.
 type OptimizerConfig struct {
 	Kind        string  // sgd, momentum, adam or adamw
@@ -82,9 +111,22 @@ func (o *SGD) Slots() []Tensor { return nil }
 
 func (o *SGD) Update(params []*Param, lr float32, _ int64) {
 	for _, p := range params {
-		for i, g := range p.Grad {
-			p.Value[i] -= lr * (g + o.WeightDecay*p.Value[i])
-		}
+		o.update(p, lr, 0, len(p.Value))
+	}
+}
+
+// UpdateSaving is Update, saving the values first (see SavingOptimizer).
+func (o *SGD) UpdateSaving(params []*Param, lr float32, _ int64, saved [][]float32) {
+	for k, p := range params {
+		blocks(len(p.Value), saved[k:k+1], [][]float32{p.Value}, func(lo, hi int) { o.update(p, lr, lo, hi) })
+	}
+}
+
+func (o *SGD) update(p *Param, lr float32, lo, hi int) {
+	v := p.Value[lo:hi]
+	grad := p.Grad[lo:hi][:len(v)]
+	for i, g := range grad {
+		v[i] -= lr * (g + o.WeightDecay*v[i])
 	}
 }
 
@@ -99,30 +141,43 @@ type Momentum struct {
 func (o *Momentum) Slots() []Tensor { return o.buf }
 
 func (o *Momentum) Update(params []*Param, lr float32, _ int64) {
-	mu, wd := o.Mu, o.WeightDecay
 	for k, p := range params {
-		b, v := o.buf[k].Data, p.Value
-		grad := p.Grad[:len(b)]
-		v = v[:len(b)]
-		switch {
-		case wd == 0 && !o.Nesterov: // the common case, kept branch-free
-			for i, g := range grad {
-				m := mu*b[i] + g
-				b[i] = m
-				v[i] -= lr * m
+		o.update(k, p, lr, 0, len(p.Value))
+	}
+}
+
+// UpdateSaving is Update, saving the values and the momenta first (see
+// SavingOptimizer).
+func (o *Momentum) UpdateSaving(params []*Param, lr float32, _ int64, saved [][]float32) {
+	n := len(params)
+	for k, p := range params {
+		blocks(len(p.Value), [][]float32{saved[k], saved[n+k]}, [][]float32{p.Value, o.buf[k].Data},
+			func(lo, hi int) { o.update(k, p, lr, lo, hi) })
+	}
+}
+
+func (o *Momentum) update(k int, p *Param, lr float32, lo, hi int) {
+	mu, wd := o.Mu, o.WeightDecay
+	b := o.buf[k].Data[lo:hi]
+	v, grad := p.Value[lo:hi][:len(b)], p.Grad[lo:hi][:len(b)] // one length: no bounds checks below
+	switch {
+	case wd == 0 && !o.Nesterov: // the common case, kept branch-free
+		for i, g := range grad {
+			m := mu*b[i] + g
+			b[i] = m
+			v[i] -= lr * m
+		}
+	default:
+		for i, g := range grad {
+			g += wd * v[i]
+			m := mu*b[i] + g
+			b[i] = m
+			if o.Nesterov {
+				g += mu * m
+			} else {
+				g = m
 			}
-		default:
-			for i, g := range grad {
-				g += wd * v[i]
-				m := mu*b[i] + g
-				b[i] = m
-				if o.Nesterov {
-					g += mu * m
-				} else {
-					g = m
-				}
-				v[i] -= lr * g
-			}
+			v[i] -= lr * g
 		}
 	}
 }
@@ -139,22 +194,37 @@ type Adam struct {
 func (o *Adam) Slots() []Tensor { return append(append([]Tensor(nil), o.m...), o.v...) }
 
 func (o *Adam) Update(params []*Param, lr float32, step int64) {
+	for k, p := range params {
+		o.update(k, p, lr, step, 0, len(p.Value))
+	}
+}
+
+// UpdateSaving is Update, saving the values and both moments first (see
+// SavingOptimizer; the slots are every m, then every v).
+func (o *Adam) UpdateSaving(params []*Param, lr float32, step int64, saved [][]float32) {
+	n := len(params)
+	for k, p := range params {
+		blocks(len(p.Value), [][]float32{saved[k], saved[n+k], saved[2*n+k]}, [][]float32{p.Value, o.m[k].Data, o.v[k].Data},
+			func(lo, hi int) { o.update(k, p, lr, step, lo, hi) })
+	}
+}
+
+func (o *Adam) update(k int, p *Param, lr float32, step int64, lo, hi int) {
 	b1, b2 := float32(o.Beta1), float32(o.Beta2)
 	c1 := float32(1 - math.Pow(o.Beta1, float64(step)))
 	c2 := float32(math.Sqrt(1 - math.Pow(o.Beta2, float64(step))))
 	alpha, eps := lr*c2/c1, float32(o.Eps)*c2
-	for k, p := range params {
-		m, v := o.m[k].Data, o.v[k].Data
-		for i, g := range p.Grad {
-			if o.Decoupled {
-				p.Value[i] -= lr * o.WeightDecay * p.Value[i]
-			} else {
-				g += o.WeightDecay * p.Value[i]
-			}
-			m[i] = b1*m[i] + (1-b1)*g
-			v[i] = b2*v[i] + (1-b2)*g*g
-			p.Value[i] -= alpha * m[i] / (float32(math.Sqrt(float64(v[i]))) + eps)
+	val := p.Value[lo:hi]
+	m, v, grad := o.m[k].Data[lo:hi][:len(val)], o.v[k].Data[lo:hi][:len(val)], p.Grad[lo:hi][:len(val)]
+	for i, g := range grad {
+		if o.Decoupled {
+			val[i] -= lr * o.WeightDecay * val[i]
+		} else {
+			g += o.WeightDecay * val[i]
 		}
+		m[i] = b1*m[i] + (1-b1)*g
+		v[i] = b2*v[i] + (1-b2)*g*g
+		val[i] -= alpha * m[i] / (float32(math.Sqrt(float64(v[i]))) + eps)
 	}
 }
 

@@ -2,8 +2,82 @@ package nn
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
+
+// TestUpdateSaving: every optimizer of NewOptimizer is a SavingOptimizer,
+// and UpdateSaving leaves bitwise the parameters and slots Update leaves,
+// with the values from before the update saved — over parameters longer
+// than a save block and of a length that is not a multiple of it.
+func TestUpdateSaving(t *testing.T) {
+	for _, cfg := range []OptimizerConfig{
+		{Kind: "sgd"}, {Kind: "sgd", WeightDecay: 0.1}, {Kind: "momentum"}, {Kind: "momentum", Nesterov: true, WeightDecay: 0.01},
+		{Kind: "adam"}, {Kind: "adamw", WeightDecay: 0.1},
+	} {
+		rng := rand.New(rand.NewPCG(1, 2))
+		mk := func() ([]*Param, SavingOptimizer) {
+			ps := []*Param{NewParam("a", 3*saveBlock+5), NewParam("b", 7), NewParam("c", saveBlock)}
+			for _, p := range ps {
+				for i := range p.Value {
+					p.Value[i], p.Grad[i] = float32(math.Sin(float64(i))), float32(math.Cos(float64(3*i)))
+				}
+			}
+			o, err := NewOptimizer(cfg, ps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			so, ok := o.(SavingOptimizer)
+			if !ok {
+				t.Fatalf("%+v: %T is not a SavingOptimizer", cfg, o)
+			}
+			return ps, so
+		}
+		ref, refOpt := mk()
+		got, gotOpt := mk()
+		for step := int64(1); step <= 3; step++ {
+			lr := float32(0.01 + 0.1*rng.Float64())
+			var before, saved [][]float32
+			for _, p := range got {
+				before = append(before, append([]float32(nil), p.Value...))
+				saved = append(saved, make([]float32, len(p.Value)))
+			}
+			for _, s := range gotOpt.Slots() {
+				before = append(before, append([]float32(nil), s.Data...))
+				saved = append(saved, make([]float32, len(s.Data)))
+			}
+			refOpt.Update(ref, lr, step)
+			gotOpt.UpdateSaving(got, lr, step, saved)
+			for i := range saved {
+				if !bitsEqual(saved[i], before[i]) {
+					t.Fatalf("%+v step %d: saved tensor %d is not what the update started from", cfg, step, i)
+				}
+			}
+			for i, p := range got {
+				if !bitsEqual(p.Value, ref[i].Value) {
+					t.Fatalf("%+v step %d: parameter %s differs from Update's", cfg, step, p.Name)
+				}
+			}
+			for i, s := range gotOpt.Slots() {
+				if !bitsEqual(s.Data, refOpt.Slots()[i].Data) {
+					t.Fatalf("%+v step %d: slot %s differs from Update's", cfg, step, s.Name)
+				}
+			}
+		}
+	}
+}
+
+func bitsEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
 
 func TestOptimizers(t *testing.T) {
 	cases := []struct {

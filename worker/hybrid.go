@@ -76,7 +76,7 @@ func (t *Trainer) ReduceStep(ctx context.Context, step int64, participate bool) 
 			}
 		}
 	}
-	t.state.flush() // the last commit's copy, while the buckets are reduced
+	t.flushUnlessFused() // the last commit's copy, while the buckets are reduced
 	if err := t.fuser.Wait(ctx); err != nil {
 		return fmt.Errorf("worker: step %d: hybrid allreduce: %w", step, err)
 	}

@@ -674,7 +674,7 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 			return st, fmt.Errorf("worker: step %d: %w", p.step, err)
 		}
 	} else {
-		t.state.flush() // the last commit's copy, while the buckets are reduced
+		t.flushUnlessFused() // the last commit's copy, while the buckets are reduced
 		if err := t.fuser.Wait(ctx); err != nil {
 			return st, fmt.Errorf("worker: step %d: gradient allreduce: %w", p.step, err)
 		}
@@ -687,13 +687,27 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 	return t.update(ctx, st)
 }
 
+// flushUnlessFused takes the last commit's copy now, unless the update will
+// take it in its own pass (an nn.SavingOptimizer): copying the parameters
+// and slots, then reading them again to update them, is two passes over
+// memory they do not fit in the cache of.
+func (t *Trainer) flushUnlessFused() {
+	if _, ok := t.opt.(nn.SavingOptimizer); !ok {
+		t.state.flush()
+	}
+}
+
 // update applies the reduced gradients; Recover re-runs it after a failure
 // part-way through.
 func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	p, s := &t.pend, t.state
 	updateFrom := time.Now()
 	t.g.Mark("update", p.step)
-	s.flush() // before the parameters change
+	saving, fused := t.opt.(nn.SavingOptimizer)
+	fused = fused && s.pending
+	if !fused {
+		s.flush() // before the parameters change
+	}
 	t.phase = phaseUpdating
 	if t.cfg.ClipNorm > 0 && !p.clipped {
 		st.GradNorm = nn.ClipGlobalNorm(t.params, t.cfg.ClipNorm)
@@ -704,7 +718,12 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	if t.beforeUpdate != nil {
 		t.beforeUpdate(p.step)
 	}
-	t.opt.Update(t.params, st.LR, p.step)
+	if fused { // the commit's copy in the update's pass: the live tensors are the commit's until it ends
+		saving.UpdateSaving(t.params, st.LR, p.step, s.saved)
+		s.pending = false
+	} else {
+		t.opt.Update(t.params, st.LR, p.step)
+	}
 	if plant.On(plant.ParamDrift) && p.step >= 40 && t.g.Rank() == 1 {
 		v := t.params[0].Value
 		v[0] = math.Nextafter32(v[0], float32(math.Inf(1))) // planted: this rank's parameters drift by one ulp
@@ -782,9 +801,26 @@ func (t *Trainer) Recover(ctx context.Context) (done bool, st StepStats, err err
 }
 
 func checkFinite(params []*nn.Param, step int64) error {
+	if allFinite(params) {
+		return nil
+	}
+	for _, p := range params {
+		for i, g := range p.Grad {
+			if math.IsNaN(float64(g)) || math.IsInf(float64(g), 0) {
+				return &NonFiniteError{Step: step, Param: p.Name, Index: i}
+			}
+		}
+	}
+	return nil
+}
+
+// allFinite reports whether every gradient of params is finite.
+func allFinite(params []*nn.Param) bool {
 	// g·0 is 0 for every finite g and NaN otherwise: one cheap pass, and the
-	// slow search for the name only when something is wrong.
-	// Four independent sums, so the additions do not wait on each other.
+	// slow search for the name only when something is wrong. Four
+	// independent sums, so the additions do not wait on each other. (An
+	// integer test of the exponent bits, element by element, measured 2.3×
+	// slower: Go moves each float to an integer register.)
 	var a0, a1, a2, a3 float32
 	for _, p := range params {
 		g := p.Grad
@@ -800,17 +836,7 @@ func checkFinite(params []*nn.Param, step int64) error {
 			a0 += g[i] * 0
 		}
 	}
-	if a0+a1+a2+a3 == 0 {
-		return nil
-	}
-	for _, p := range params {
-		for i, g := range p.Grad {
-			if math.IsNaN(float64(g)) || math.IsInf(float64(g), 0) {
-				return &NonFiniteError{Step: step, Param: p.Name, Index: i}
-			}
-		}
-	}
-	return nil
+	return a0+a1+a2+a3 == 0
 }
 
 // IsNonFinite reports whether err is a NonFiniteError.

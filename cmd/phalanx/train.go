@@ -40,7 +40,7 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	eventsPath := fs.String("events", "", "append the job's events as JSON lines to this file; an earlier run's events stay before them (see docs/events.md)")
 	fs.StringVar(&lc.JobDir, "job-dir", "", "the job's directory (embedded etcd data, and logs/ unless --log-dir); default: a temporary\none, removed when the job ends")
 	fs.StringVar(&lc.LogDir, "log-dir", "", "where every process's log goes, kept after the job (default: the job directory's logs/,\nor with a temporary one $TMPDIR/phalanx-logs/JOB); named in the first lines")
-	fs.IntVar(&lc.Threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1")
+	fs.IntVar(&lc.Threads, "threads", 0, "OS threads running Go code in each worker (GOMAXPROCS); 0 = cores/workers, at least 1,\nplus one with OpenBLAS (for communication while a matrix product runs in C)")
 	fs.Int64Var(&lc.LogEvery, "log-every", 0, "steps between progress lines (0: twenty lines over the job)")
 	fs.StringVar(&lc.LogLevel, "log-level", lc.LogLevel, "level of the library logs, written to --log-dir (debug: also to stderr, a line each, prefixed\nwith its process)")
 	fs.StringVar(&lc.Metrics, "metrics", "", "serve the job's Prometheus metrics (docs/metrics.md), /healthz and /readyz at this address\n(host:port); each process serves its own on the next ports (port 0: ports they choose), named in the output")

@@ -137,7 +137,7 @@ func (p prepared) Run(outer, ctx context.Context, cancel context.CancelFunc, env
 		return nil, err
 	}
 	defer func() { cancel(); el.Wait() }()
-	threads := launch.ThreadsPerRank(lc.Threads, lc.Workers)
+	threads := launch.ComputeThreads(lc.Threads, lc.Workers, nn.CgoBLAS())
 	if err := env.StartWorkers(ctx, "pipeline-worker", threads, events.F("stages", lc.Pipeline.Stages),
 		events.F("replicas", lc.Pipeline.Replicas), events.F("schedule", lc.Pipeline.Schedule),
 		events.F("micro_batches", lc.MicroBatches), events.F("cuts", lc.Pipeline.Cuts)); err != nil {

@@ -189,7 +189,7 @@ func (r *ringJob) clearEnd(ctx context.Context) error {
 // job_started event, the terminal's first lines.
 func (r *ringJob) startWorkers(ctx context.Context) error {
 	lc := r.LC
-	if err := r.StartWorkers(ctx, "worker", launch.ThreadsPerRank(lc.Threads, lc.Workers)); err != nil {
+	if err := r.StartWorkers(ctx, "worker", launch.ComputeThreads(lc.Threads, lc.Workers, nn.CgoBLAS())); err != nil {
 		return err
 	}
 	fmt.Fprintf(r.Out, "phalanx: %s on %d workers (min %d, max %d), %d steps, global batch %d; job %s, etcd %s\n",
