@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"encoding/json"
@@ -15,8 +16,9 @@ import (
 // TestTraceTimeline: a job launched with a trace file ends with one
 // Chrome trace merged from its processes: it parses, every span is closed
 // and no two overlap on a thread of a process; each rank is a process
-// whose every step has its forward/backward, step decision, wait for the
-// reduction and optimizer spans; each rank's checkpoint snapshots and
+// whose every step has its forward/backward, wait for the reduction and
+// optimizer spans, and no wait for a decision (a bulk-synchronous step has
+// none to wait for); each rank's checkpoint snapshots and
 // uploads are there, and the manifests; and an
 // allreduce's spans on the two ranks intersect once the clocks are
 // aligned. A trace file that exists is refused before anything starts,
@@ -65,9 +67,14 @@ func TestTraceTimeline(t *testing.T) {
 		t.Errorf("processes named %v, want worker-0 (rank 0) and worker-1 (rank 1)", names)
 	}
 	for pid := range 2 {
-		for _, span := range []string{"forward/backward", "step decision", "wait for the reduction", "optimizer"} {
+		for _, span := range []string{"forward/backward", "wait for the reduction", "optimizer"} {
 			if got := count[pid][span]; got != 60 {
 				t.Errorf("process %d has %d %q spans, want one a step, 60", pid, got, span)
+			}
+		}
+		for span, n := range count[pid] {
+			if strings.Contains(span, "decision") || strings.Contains(span, "hybrid") {
+				t.Errorf("process %d has %d %q spans in a bulk-synchronous job", pid, n, span)
 			}
 		}
 	}

@@ -57,7 +57,7 @@ func BenchmarkObserveStep(b *testing.B) {
 			rec.Seq++
 			obs.OpEnded(rec)
 		}
-		for _, span := range []string{"forward/backward", "step decision", "wait for the reduction", "optimizer"} {
+		for _, span := range []string{"forward/backward", "wait for the reduction", "optimizer"} {
 			r.Span(trace.ThreadStep, span, start, start.Add(time.Millisecond), trace.Args{Step: int64(i), Rank: -1})
 		}
 		m.Step(-1, int64(i), 15*time.Millisecond, 64, 0.5)

@@ -21,7 +21,7 @@ import (
 
 // Threads of a process's timeline: spans on one thread never overlap.
 const (
-	ThreadStep       = "step"         // forward/backward, the step's decision, the wait for the reduction, the optimizer
+	ThreadStep       = "step"         // forward/backward, the wait for the reduction, the optimizer
 	ThreadHybrid     = "hybrid"       // hybrid steps' waits for their decision (a rank may compute meanwhile)
 	ThreadCheckpoint = "checkpoint"   // snapshots and uploads
 	ThreadPipeline   = "instructions" // a pipeline stage's schedule
