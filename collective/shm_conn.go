@@ -57,17 +57,20 @@ const (
 // wait here (ErrPeerLost upstream); a stopped peer keeps it open (ErrTimeout
 // upstream).
 type shmConn struct {
-	peer    int
-	spin    int
-	yield   int
-	small   int    // the fast path's ShmOptions.SmallBytes
-	pair    []byte // the pair segment
-	peerSeg []byte // the peer's rank segment, for the allreduce fast path
-	node    *shmNode
-	tx, rx  shmRing
-	tcp     net.Conn
-	local   shmAddr
-	remote  shmAddr
+	peer  int
+	spin  int // the byte rings' waits (ringWait)
+	yield int
+	// optSpin and optYield are ShmOptions.Spin and Yield as given, for the
+	// fast path's waits (shmWait).
+	optSpin, optYield int
+	small             int    // the fast path's ShmOptions.SmallBytes
+	pair              []byte // the pair segment
+	peerSeg           []byte // the peer's rank segment, for the allreduce fast path
+	node              *shmNode
+	tx, rx            shmRing
+	tcp               net.Conn
+	local             shmAddr
+	remote            shmAddr
 
 	dataCh, spaceCh chan struct{} // one pending wake-up each
 	rdPoke, wrPoke  chan struct{} // a deadline changed

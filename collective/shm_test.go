@@ -484,3 +484,35 @@ func TestShmGoodbyeDuringAnnouncement(t *testing.T) {
 		}
 	}
 }
+
+// TestShmWait: the fast path's waits follow the ranks and the cores when
+// the options leave them (0): a long spin and no yield when every rank
+// can have a core, a short spin and then yields when ranks outnumber the
+// cores; given counts are kept, negative ones are none. The byte rings
+// keep their own default.
+func TestShmWait(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		spin, yield, ranks, cores int
+		wantSpin, wantYield       int
+	}{
+		{"alone", 0, 0, 2, 2, shmSpinAlone, 0},
+		{"alone, fewer ranks", 0, 0, 2, 8, shmSpinAlone, 0},
+		{"oversubscribed", 0, 0, 4, 2, shmSpinShared, shmYieldShared},
+		{"given counts", 50, 7, 4, 2, 50, 7},
+		{"given spin, oversubscribed", 50, 0, 4, 2, 50, shmYieldShared},
+		{"never spin, never yield", -1, -1, 4, 2, 0, 0},
+		{"never yield alone", 0, -1, 2, 2, shmSpinAlone, 0},
+	} {
+		spin, yield := shmWait(tc.spin, tc.yield, tc.ranks, tc.cores)
+		if spin != tc.wantSpin || yield != tc.wantYield {
+			t.Errorf("%s: spin %d yield %d, want %d and %d", tc.name, spin, yield, tc.wantSpin, tc.wantYield)
+		}
+	}
+	if spin, yield := ringWait(0, 0); spin != 200 || yield != 0 {
+		t.Errorf("the rings' default waits: spin %d yield %d, want 200 and 0", spin, yield)
+	}
+	if spin, yield := ringWait(-1, -3); spin != 0 || yield != 0 {
+		t.Errorf("the rings' waits with negative options: spin %d yield %d, want none", spin, yield)
+	}
+}

@@ -46,14 +46,17 @@ type ShmOptions struct {
 	// SmallBytes: fast-path rounds up to this size have every rank reduce the
 	// whole round, one synchronisation instead of two (default 16 KiB).
 	SmallBytes int
-	// Spin is how many times a waiter polls a shared word before sleeping on
-	// its futex (default 200; 0 keeps the default, negative means never spin).
+	// Spin is how many times a waiter polls a shared word before it yields
+	// or sleeps on its futex; negative means never spin. 0 chooses: 200 for
+	// the byte rings, and for the allreduce fast path by the ranks on the
+	// host and its cores (see shmWait).
 	Spin int
 	// Yield is how many times a waiter then gives its core away
-	// (sched_yield) and polls again before sleeping (default 0: never). It
-	// can help when the ranks are alone on too few cores; when other work
-	// shares the cores it hurts badly (a yielding rank queues behind it,
-	// where a sleeping one is woken first), measured 3.6× slower at 4 KiB.
+	// (sched_yield) and polls again before sleeping; negative means never.
+	// 0 chooses: never for the byte rings, and for the fast path by the
+	// ranks and the cores (see shmWait). It helps when the ranks are alone
+	// on too few cores; when other work shares the cores it hurts (a
+	// yielding rank queues behind it, where a sleeping one is woken first).
 	Yield  int
 	Logger *zap.Logger
 }
@@ -77,13 +80,6 @@ func (o *ShmOptions) setDefaults() {
 	if o.SmallBytes <= 0 {
 		o.SmallBytes = 16 << 10
 	}
-	switch {
-	case o.Spin == 0:
-		o.Spin = 200
-	case o.Spin < 0:
-		o.Spin = 0
-	}
-	o.Yield = max(o.Yield, 0)
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -317,7 +313,8 @@ func (t *ShmTransport) upgrade(ctx context.Context, m Membership, j int, c net.C
 	}
 	c.SetDeadline(time.Time{})
 	sc := newShmConn(j, pair, peerSeg, node, c)
-	sc.spin, sc.yield, sc.small = t.opts.Spin, t.opts.Yield, t.opts.SmallBytes
+	sc.spin, sc.yield = ringWait(t.opts.Spin, t.opts.Yield)
+	sc.optSpin, sc.optYield, sc.small = t.opts.Spin, t.opts.Yield, t.opts.SmallBytes
 	sc.local = shmAddr(fmt.Sprintf("shm:rank %d", m.Rank))
 	sc.remote = shmAddr(fmt.Sprintf("shm:rank %d (%s)", j, c.RemoteAddr()))
 	up := ringAt(pair, shmPage, 2*shmPage, ring)                     // lo → hi

@@ -136,8 +136,7 @@ func actorJobOpts(t *testing.T, world int, steps int64, o jobOptions) ([][]float
 	var mu sync.Mutex
 	var restarts []*phalanxpb.RankRestarted
 	groupPID := actor.NewPID(sys.Address(), "job/group")
-	children := []actors.Child{{Name: "group", Props: NewGroupProps(GroupConfig{World: world, Generation: 1, Hybrid: policy, OnFallback: o.onFallback,
-		OnRestart: func(m *phalanxpb.RankRestarted) { mu.Lock(); restarts = append(restarts, m); mu.Unlock() }})}}
+	children := []actors.Child{{Name: "group", Props: NewGroupProps(GroupConfig{World: world, Generation: 1, Hybrid: policy, OnFallback: o.onFallback})}}
 	models := make([]*tinyModel, world)
 	done := make(chan error, world)
 	for r := range world {
@@ -158,7 +157,8 @@ func actorJobOpts(t *testing.T, world int, steps int64, o jobOptions) ([][]float
 					onStep(r, st)
 				}
 			},
-			OnDone: func(err error) { done <- err }})})
+			OnRestart: func(m *phalanxpb.RankRestarted) { mu.Lock(); restarts = append(restarts, m); mu.Unlock() },
+			OnDone:    func(err error) { done <- err }})})
 	}
 	gaveUp := make(chan error, 1)
 	if _, _, err := actors.StartSupervisor(sys, "job", &actors.Strategy{GiveUp: func(e *actors.GiveUpError) { gaveUp <- e }}, children...); err != nil {

@@ -16,9 +16,7 @@ import (
 type GroupConfig struct {
 	World      int
 	Generation uint64
-	// OnRestart is told of every rank restart (for the job's event log).
-	OnRestart func(*phalanxpb.RankRestarted)
-	Logger    *zap.Logger
+	Logger     *zap.Logger
 	// Hybrid, when set, makes the group actor close each step when every
 	// rank is ready or at the deadline with a quorum (see package hybrid);
 	// nil is bulk-synchronous (every step waits for every rank).
@@ -81,7 +79,8 @@ type GroupRound struct {
 // at the deadline with a quorum, sending each rank StepGo with the step's
 // participants. A bulk-synchronous ring has no step to decide (its ranks
 // send no StepReady: the allreduce waits for every rank of the generation
-// itself), and its group actor only takes the ranks' restarts. It holds no
+// itself), and its group actor only logs the ranks' restarts (each rank
+// reports its own, RankConfig.OnRestart). It holds no
 // tensors; the ranks reduce through the collective group.
 func NewGroupProps(cfg GroupConfig) *actor.Props {
 	if cfg.Logger == nil {
@@ -122,9 +121,6 @@ func (a *groupActor) Receive(ctx actor.Context) {
 	case *phalanxpb.RankRestarted:
 		st.cfg.Logger.Warn("rank restarted", zap.Uint32("rank", m.Rank), zap.Int64("committed_step", m.CommittedStep),
 			zap.String("reason", m.Reason), zap.Uint32("restarts", m.Restarts))
-		if st.cfg.OnRestart != nil {
-			st.cfg.OnRestart(m)
-		}
 	}
 }
 

@@ -24,6 +24,11 @@ type RankConfig struct {
 	// OnStep is told of every finished step; OnDone once, when the rank has
 	// done Steps steps or failed beyond what a restart can repair.
 	OnStep func(StepStats)
+	// OnRestart is told of this rank actor's every restart by its
+	// supervisor, before it carries on (for the job's event log: a
+	// bulk-synchronous step waits for no control message that would
+	// order the group actor's copy before the job's end).
+	OnRestart func(*phalanxpb.RankRestarted)
 	// AfterStep, when set, runs at every step boundary after OnStep (where
 	// a checkpoint is taken); stop ends the rank with ErrStopped, an error
 	// with that error.
@@ -246,8 +251,12 @@ func (a *rankActor) resume(ctx actor.Context) {
 	committed, _ := t.State().Committed()
 	st.cfg.Logger.Warn("rank actor restarted", zap.Int("rank", st.cfg.Rank), zap.Int("restarts", st.starts-1),
 		zap.Int64("committed_step", committed), zap.Error(err))
-	ctx.Send(st.cfg.Group, &phalanxpb.RankRestarted{Rank: uint32(st.cfg.Rank), CommittedStep: committed,
-		Reason: st.lastFail, Restarts: uint32(st.starts - 1)})
+	restarted := &phalanxpb.RankRestarted{Rank: uint32(st.cfg.Rank), CommittedStep: committed,
+		Reason: st.lastFail, Restarts: uint32(st.starts - 1)}
+	if st.cfg.OnRestart != nil {
+		st.cfg.OnRestart(restarted)
+	}
+	ctx.Send(st.cfg.Group, restarted)
 	switch {
 	case err != nil:
 		a.done(err)

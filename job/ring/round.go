@@ -141,6 +141,9 @@ func (w *ringWorker) steps(ctx context.Context, r *elastic.Round, t *worker.Trai
 		Group:  actors.Ref(gen.Members[0].ControlAddr, "job/group"),
 		Trace:  c.Tracer,
 		OnDone: func(err error) { finished <- err },
+		OnRestart: func(m *phalanxpb.RankRestarted) {
+			w.rep.Send(Restart{Rank: int(m.Rank), Step: m.CommittedStep, Reason: m.Reason, Restarts: int(m.Restarts)})
+		},
 		AfterStep: func(st worker.StepStats) (bool, error) {
 			var stop bool
 			var err error

@@ -176,9 +176,6 @@ func (w *ringWorker) start(ctx context.Context) error {
 			}
 			w.rep.Send(OverlapFallback{Step: f.Step, Late: late, DeadlineS: f.Deadline.Seconds()})
 		},
-		OnRestart: func(r *phalanxpb.RankRestarted) {
-			w.rep.Send(Restart{Rank: int(r.Rank), Step: r.CommittedStep, Reason: r.Reason, Restarts: int(r.Restarts)})
-		},
 	})})
 	if err != nil {
 		return err
