@@ -28,8 +28,10 @@ type Optimizer interface {
 // saved[k] (k the parameter's index) and its slots into
 // saved[len(params)+j] (j the slot's index in Slots). The trainer's
 // in-memory commit of the step's start is taken so, without a pass of its
-// own over the parameters and slots, which do not fit in a core's cache. It
-// must not fail part-way. Every optimizer of NewOptimizer is one.
+// own over the parameters and slots, which do not fit in a core's cache,
+// when it commits less often than every step; committing every step, it
+// keeps no copy at all (see worker.Trainer). Neither Update nor
+// UpdateSaving may fail part-way. Every optimizer of NewOptimizer is one.
 type SavingOptimizer interface {
 	Optimizer
 	UpdateSaving(params []*Param, lr float32, step int64, saved [][]float32)

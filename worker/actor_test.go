@@ -335,3 +335,118 @@ func TestGroupActorRefusesStrangers(t *testing.T) {
 		}
 	}
 }
+
+// panicky is a SavingOptimizer that panics inside its update at one step,
+// after changing the parameters: what an nn.SavingOptimizer must not do.
+type panicky struct {
+	nn.SavingOptimizer
+	at int64
+}
+
+func (o *panicky) Update(params []*nn.Param, lr float32, step int64) {
+	o.SavingOptimizer.Update(params, lr, step)
+	if step == o.at {
+		panic("boom inside the update")
+	}
+}
+
+// TestUpdateCommitPaths: how the commit of a step's start survives the
+// update — not copied at all (a SavingOptimizer committing every step),
+// copied in the update's pass (committing every other step), copied first
+// (any other optimizer) — every path gives the same parameters, and after
+// a panic before the update (the live tensors still the commit's) a
+// recovery re-applies the step to the same bits. The uncopied path leaves
+// the commit's copy untouched, and a panic inside its update is reported
+// unrecoverable rather than restored from a stale copy.
+func TestUpdateCommitPaths(t *testing.T) {
+	ctx := testContext(t)
+	run := func(t *testing.T, commitEvery int, wrap func(nn.Optimizer) nn.Optimizer, panicBefore int64) (*Trainer, []float32) {
+		groups, err := collective.InprocGroups(ctx, 1, "paths", 1, collective.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { collective.CloseGroups(groups) })
+		m := newTinyModel()
+		opt, _ := nn.NewOptimizer(nn.OptimizerConfig{Kind: "momentum"}, m.Params())
+		tr, err := NewTrainer(ctx, groups[0], m, newBlobs(200), wrap(opt), Config{GlobalBatch: 20, CommitEvery: commitEvery, Schedule: nn.Schedule{Base: 0.1}, Seed: 3}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.Close)
+		fired := false
+		tr.beforeUpdate = func(step int64) {
+			if step == panicBefore && !fired {
+				fired = true
+				panic("boom before the update")
+			}
+		}
+		for tr.State().Step < 6 {
+			if _, err := tr.Step(ctx); err != nil {
+				var pe *PanicError
+				if !errors.As(err, &pe) {
+					t.Fatal(err)
+				}
+				if _, _, err := tr.Recover(ctx); err != nil {
+					t.Fatalf("recover after %v: %v", pe, err)
+				}
+			}
+		}
+		return tr, paramsOf(tr)
+	}
+	same := func(o nn.Optimizer) nn.Optimizer { return o }
+	hide := func(o nn.Optimizer) nn.Optimizer { return struct{ nn.Optimizer }{o} } // not a SavingOptimizer
+	uncopied, want := run(t, 1, same, 0)
+	for _, tc := range []struct {
+		name        string
+		commitEvery int
+		wrap        func(nn.Optimizer) nn.Optimizer
+		panicBefore int64
+	}{
+		{"uncopied, a panic before the update", 1, same, 4},
+		{"copied in the update's pass", 2, same, 0},
+		{"copied in the update's pass, a panic before the update", 2, same, 5},
+		{"copied first", 1, hide, 0},
+		{"copied first, a panic before the update", 1, hide, 4},
+	} {
+		if _, got := run(t, tc.commitEvery, tc.wrap, tc.panicBefore); !sameBits(got, want) {
+			t.Errorf("%s: parameters differ from the uncopied path's", tc.name)
+		}
+	}
+	_, saved := uncopied.State().savedTensors()
+	for i, x := range saved {
+		for _, v := range x {
+			if v != 0 {
+				t.Fatalf("the uncopied path wrote the commit's copy (tensor %d)", i)
+			}
+		}
+	}
+	// A panic inside an uncopied update.
+	groups, err := collective.InprocGroups(ctx, 1, "inside", 1, collective.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer collective.CloseGroups(groups)
+	m := newTinyModel()
+	opt, _ := nn.NewOptimizer(nn.OptimizerConfig{Kind: "momentum"}, m.Params())
+	tr, err := NewTrainer(ctx, groups[0], m, newBlobs(200), &panicky{SavingOptimizer: opt.(nn.SavingOptimizer), at: 3},
+		Config{GlobalBatch: 20, Schedule: nn.Schedule{Base: 0.1}, Seed: 3}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	for range 2 {
+		if _, err := tr.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var pe *PanicError
+	if _, err := tr.Step(ctx); !errors.As(err, &pe) {
+		t.Fatalf("step 3: %v, want the panic", err)
+	}
+	if _, _, err := tr.Recover(ctx); !errors.Is(err, ErrUnrecoverable) {
+		t.Fatalf("recover inside an uncopied update: %v, want ErrUnrecoverable", err)
+	}
+	if _, err := tr.Rollback(); !errors.Is(err, ErrUnrecoverable) {
+		t.Fatalf("rollback inside an uncopied update: %v, want ErrUnrecoverable", err)
+	}
+}

@@ -134,3 +134,6 @@ func TestResumeEqualsContinuing(t *testing.T) {
 		}
 	}
 }
+
+// savedTensors returns the commit's copy.
+func (s *State) savedTensors() ([]string, [][]float32) { return s.names, s.saved }

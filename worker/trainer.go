@@ -305,6 +305,9 @@ func (t *Trainer) Rollback() (redone int64, err error) {
 	t.staleGrads = nil
 	t.gate.Store(0) // steps are computed again
 	s := t.state
+	if t.phase == phaseUpdating && t.pend.updating {
+		return 0, fmt.Errorf("%w: step %d's update stopped part-way with no copy of the step's start", ErrUnrecoverable, t.pend.step)
+	}
 	committed, ok := s.Committed()
 	if !ok {
 		return 0, fmt.Errorf("worker: rollback with no committed state")
@@ -491,7 +494,10 @@ type pending struct {
 	start   time.Time
 	compute time.Duration
 	clipped bool // clipping already scaled the gradients (a retried update must not again)
-	fp      Fingerprint
+	// uncopied: the update runs with no copy of the commit it starts from
+	// (see update); updating: it has begun changing the live tensors.
+	uncopied, updating bool
+	fp                 Fingerprint
 	// launched: some of the step's allreduces were issued (overlap); a
 	// failure from here on has involved the other ranks.
 	launched  bool
@@ -703,9 +709,21 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	p, s := &t.pend, t.state
 	updateFrom := time.Now()
 	t.g.Mark("update", p.step)
-	saving, fused := t.opt.(nn.SavingOptimizer)
-	fused = fused && s.pending
-	if !fused {
+	// The last commit is the live tensors themselves while a copy is
+	// pending (commitLater). How it survives the update:
+	//   - uncopied: an optimizer that cannot fail part-way (an
+	//     nn.SavingOptimizer), one commit a step and nothing between the
+	//     update and the next commit that can fail (no local-SGD
+	//     averaging): the next commit is due the moment the update ends,
+	//     and nothing reads this one before. Only a panic inside the
+	//     update itself would need it (Recover then reports the state
+	//     unrecoverable and the ring resyncs this rank);
+	//   - copied in the update's own pass (UpdateSaving);
+	//   - copied first (flush), for any other optimizer.
+	saving, isSaving := t.opt.(nn.SavingOptimizer)
+	p.uncopied = isSaving && s.pending && t.cfg.CommitEvery == 1 && t.cfg.LocalSteps == 1
+	fused := isSaving && s.pending && !p.uncopied
+	if !fused && !p.uncopied {
 		s.flush() // before the parameters change
 	}
 	t.phase = phaseUpdating
@@ -718,10 +736,14 @@ func (t *Trainer) update(ctx context.Context, st StepStats) (StepStats, error) {
 	if t.beforeUpdate != nil {
 		t.beforeUpdate(p.step)
 	}
-	if fused { // the commit's copy in the update's pass: the live tensors are the commit's until it ends
+	switch {
+	case p.uncopied:
+		p.updating = true // from here the live tensors are no commit's until the one below
+		t.opt.Update(t.params, st.LR, p.step)
+	case fused: // the commit's copy in the update's pass: the live tensors are the commit's until it ends
 		saving.UpdateSaving(t.params, st.LR, p.step, s.saved)
 		s.pending = false
-	} else {
+	default:
 		t.opt.Update(t.params, st.LR, p.step)
 	}
 	if plant.On(plant.ParamDrift) && p.step >= 40 && t.g.Rank() == 1 {
@@ -787,6 +809,10 @@ func (t *Trainer) Recover(ctx context.Context) (done bool, st StepStats, err err
 		t.phase = phaseIdle
 		return false, st, nil
 	case phaseUpdating:
+		if t.pend.updating {
+			return false, st, fmt.Errorf("%w: step %d failed inside the optimizer's update, which keeps no copy of the step's start (an nn.SavingOptimizer must not fail part-way)",
+				ErrUnrecoverable, t.pend.step)
+		}
 		if !atStart {
 			return false, st, fmt.Errorf("%w: step %d failed in the optimizer update and the last commit is of step %d (commit every step to recover from this)",
 				ErrUnrecoverable, t.pend.step, committed)
