@@ -39,11 +39,13 @@ type RankConfig struct {
 	// it can join a step's allreduce while still computing it. The group
 	// announces which steps are overlapped (StepGo.OverlapNext).
 	Hybrid bool
-	// NoOverlap makes a bulk-synchronous (or hybrid) rank reduce its gradients only
-	// once the step's decision came (Trainer.Compute, then Finish) rather
-	// than while its backward pass runs (Trainer.ComputeOverlapped). A model
-	// failure then never involves the other ranks, at the price of
-	// communication the backward pass no longer hides.
+	// NoOverlap makes a rank reduce its gradients only once its backward
+	// pass has ended (a hybrid rank: once the step's decision came;
+	// Trainer.Compute, then Finish) rather than while it runs
+	// (Trainer.ComputeOverlapped). A model failure then never involves the
+	// other ranks, at the price of communication the backward pass no
+	// longer hides: measured on two cores, 0.85–0.9× the samples per second
+	// at two ranks, so no job kind sets it.
 	NoOverlap bool
 	// Context bounds the collective operations.
 	Context context.Context

@@ -162,14 +162,15 @@ func ThreadsPerRank(want, ranks int) int {
 // ComputeThreads is ThreadsPerRank for processes that train: when want is
 // 0 and their matrix products run in C through cgo (cgoBLAS), one more. A
 // goroutine in a long cgo call keeps its P only until the runtime's monitor
-// takes it back, which it does at once when no other P is idle: with one P,
-// every matrix product of the backward pass loses it, the monitor polls
-// every 20 µs, and the goroutine that reduces a gradient bucket waits for
-// the product to end. The spare P is idle while the products run, so the
+// takes it back, which it does after 20 µs when no other P is idle: with
+// one P, every matrix product of the backward pass loses it, the monitor
+// keeps polling every 20 µs, a bucket's reduction waits for the monitor to
+// hand it the P, and the product's goroutine, its call returned, waits for
+// the P in turn. The spare P is idle while the products run, so the
 // monitor backs off and a bucket's reduction starts as soon as it is ready.
 // Measured on two cores, two ranks: context switches per worker from about
-// 9,800 to 4,600 a second, and 1.04–1.15× the median samples per second
-// in eight paired runs. A pure-Go
+// 9,800 to 4,600 a second, and 1.04× and 1.15× the median samples per
+// second in two sets of paired runs (the spare P won 6 pairs of 8). A pure-Go
 // BLAS computes on its Ps, and a spare one would oversubscribe the cores.
 func ComputeThreads(want, ranks int, cgoBLAS bool) int {
 	n := ThreadsPerRank(want, ranks)
