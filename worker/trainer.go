@@ -693,10 +693,11 @@ func (t *Trainer) Finish(ctx context.Context) (st StepStats, err error) {
 	return t.update(ctx, st)
 }
 
-// flushUnlessFused takes the last commit's copy now, unless the update will
-// take it in its own pass (an nn.SavingOptimizer): copying the parameters
-// and slots, then reading them again to update them, is two passes over
-// memory they do not fit in the cache of.
+// flushUnlessFused takes the last commit's copy now, unless the optimizer is
+// an nn.SavingOptimizer, whose update takes it in its own pass or needs
+// none (see update): copying the parameters and slots, then reading them
+// again to update them, is two passes over memory they do not fit in the
+// cache of.
 func (t *Trainer) flushUnlessFused() {
 	if _, ok := t.opt.(nn.SavingOptimizer); !ok {
 		t.state.flush()
