@@ -47,6 +47,7 @@ for round in $(seq "$REPEAT"); do
   for n in $WORKERS; do
     echo "train_reference.sh: round $round/$REPEAT, $n workers" >&2
     ev=bench/out/train-events-$n.jsonl
+    rm -f "$ev" # --events appends: the median must be this run's steps alone
     # shellcheck disable=SC2086 # PHALANX_ARGS is a list of flags
     bench/out/phalanx train --workers "$n" --steps "$STEPS" --batch 256 --samples 20000 \
       --events "$ev" $PHALANX_ARGS > /dev/null
