@@ -15,6 +15,7 @@ go build -o "$out/phalanx" ./cmd/phalanx
 steps=${STEPS:-200}
 common=(--workers 4 --steps "$steps" --threads 1 --seed 7)
 slow=(--inject-slow "rank=3,factor=3,from=20,to=$((steps * 2 / 3))")
+rm -f "$out/undisturbed.jsonl" "$out/bsp.jsonl" "$out/hybrid.jsonl" # --events appends
 "$out/phalanx" train "${common[@]}" --events "$out/undisturbed.jsonl" >/dev/null
 "$out/phalanx" train "${common[@]}" "${slow[@]}" --events "$out/bsp.jsonl" >/dev/null
 "$out/phalanx" train "${common[@]}" "${slow[@]}" --sync hybrid --events "$out/hybrid.jsonl" >/dev/null
