@@ -122,8 +122,8 @@ func ringWait(spin, yield int) (int, int) {
 // The fast path's waits when ShmOptions leaves them to the transport (see
 // shmWait).
 const (
-	shmSpinAlone   = 100000 // polls, about 40 µs, when every rank can have a core
-	shmSpinShared  = 200    // when ranks outnumber the cores: about a microsecond
+	shmSpinAlone   = 100000 // polls, about 60 µs here (0.6 ns a poll), when every rank can have a core
+	shmSpinShared  = 200    // when ranks outnumber the cores: a fraction of a microsecond
 	shmYieldShared = 100    // then give the core away this many times before sleeping
 )
 
