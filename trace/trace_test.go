@@ -103,3 +103,44 @@ func TestCheckFile(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeOneClockShortOps: two processes on one clock whose operations
+// last less than a microsecond, the first to enter alternating, are not
+// shifted: written in whole microseconds, such operations seem to end
+// before the other rank entered, one way and then the other, and only the
+// rounding's margin keeps their bounds from contradicting each other.
+func TestMergeOneClockShortOps(t *testing.T) {
+	dir := t.TempDir()
+	base := time.Unix(1_800_000_000, 0)
+	for i := range 2 {
+		r, err := Create(filepath.Join(dir, []string{"worker-0", "worker-1"}[i]+".jsonl"), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range 20 {
+			at := base.Add(time.Duration(k) * 100 * time.Microsecond)
+			// .9µs in for whoever enters first, 1.1µs for the other; each
+			// op lasts 0.3µs.
+			first := k%2 == i
+			enter := at.Add(1100 * time.Nanosecond)
+			if first {
+				enter = at.Add(900 * time.Nanosecond)
+			}
+			r.Span("collectives", "allreduce", enter, enter.Add(300*time.Nanosecond), Args{Seq: uint64(k + 1), Generation: 1, Rank: i, Bytes: 16})
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parts, err := Parts(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shifts, err := Merge(&bytes.Buffer{}, parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := shifts["worker-1"]; s != 0 {
+		t.Errorf("worker-1 shifted %dµs on the same clock, want 0", s)
+	}
+}
