@@ -209,11 +209,10 @@ type interval struct{ start, end int64 }
 // holding 0 (one host's clock) gives 0; another gives its middle; an
 // empty one (clocks drifting apart during the job) the median of the
 // operations' end differences. A process sharing no operation with the
-// first is not shifted. A span is written in whole microseconds, its start
-// and length each rounded down, so its real end may lie up to 2µs past the
-// written one: each operation's end is taken 2µs later, or the bounds of
-// operations shorter than that (a small allreduce of spinning ranks) could
-// contradict each other on one clock and shift it.
+// first is not shifted. A span's two ends are written in whole
+// microseconds of the wall clock, each rounded down (Recorder.Span):
+// rounding keeps their order, so operations shorter than a microsecond (a
+// small allreduce of spinning ranks) still intersect on one clock.
 func align(parts []Part, spans [][]span) map[string]int64 {
 	shifts := map[string]int64{}
 	ops := make([]map[opKey]interval, len(parts))
@@ -221,7 +220,7 @@ func align(parts []Part, spans [][]span) map[string]int64 {
 		ops[i] = map[opKey]interval{}
 		for _, s := range ss {
 			if s.Seq != 0 && s.Generation != 0 && s.Err == "" && symmetric(s.Name) {
-				ops[i][opKey{s.Thread, s.Generation, s.Seq}] = interval{s.TS, s.TS + s.Dur + 2}
+				ops[i][opKey{s.Thread, s.Generation, s.Seq}] = interval{s.TS, s.TS + s.Dur}
 			}
 		}
 	}

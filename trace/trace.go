@@ -62,13 +62,19 @@ func Create(path, process string) (*Recorder, error) {
 
 // Span records a span of thread from start to end. It allocates nothing
 // once its buffer has grown.
+//
+// Both ends are the times' wall-clock readings, the clock every process
+// of a host shares, never their monotonic ones: time.Now reads the two
+// clocks one after the other, and a thread descheduled between the two
+// reads gets a monotonic reading later than its wall one, so a length
+// taken as end.Sub(start) would end the span early by that much, before
+// a peer's operation it waited for had even begun.
 func (r *Recorder) Span(thread, name string, start, end time.Time, a Args) {
 	if r == nil {
 		return
 	}
-	if end.Before(start) {
-		end = start
-	}
+	ts, te := start.UnixMicro(), end.UnixMicro()
+	te = max(te, ts)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err != nil {
@@ -80,9 +86,9 @@ func (r *Recorder) Span(thread, name string, start, end time.Time, a Args) {
 	b = append(b, `,"thread":`...)
 	b = appendString(b, thread)
 	b = append(b, `,"ts":`...)
-	b = strconv.AppendInt(b, start.UnixMicro(), 10)
+	b = strconv.AppendInt(b, ts, 10)
 	b = append(b, `,"dur":`...)
-	b = strconv.AppendInt(b, end.Sub(start).Microseconds(), 10)
+	b = strconv.AppendInt(b, te-ts, 10)
 	if a.Step != 0 {
 		b = append(b, `,"step":`...)
 		b = strconv.AppendInt(b, a.Step, 10)

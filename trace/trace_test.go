@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // TestMergeAligns: two processes whose clocks differ by five seconds,
@@ -143,4 +144,76 @@ func TestMergeOneClockShortOps(t *testing.T) {
 	if s := shifts["worker-1"]; s != 0 {
 		t.Errorf("worker-1 shifted %dµs on the same clock, want 0", s)
 	}
+}
+
+// TestSpanUsesTheWallClock: a span's ends are the times' wall-clock
+// readings. time.Now reads the wall clock, then the monotonic one; a
+// thread descheduled between the two gets a monotonic reading that much
+// later, and a length taken from the monotonic readings would end the span
+// early (an allreduce written as over before its peer entered it). Such a
+// start is built here by moving a time's monotonic reading.
+func TestSpanUsesTheWallClock(t *testing.T) {
+	start := time.Now()
+	end := start.Add(50 * time.Microsecond)
+	tests := []struct {
+		name     string
+		lateMono time.Duration // how much later than its wall reading start's monotonic one was taken
+		end      time.Time
+		dur      int64
+	}{
+		{"read together", 0, end, 50},
+		{"descheduled between the reads", 40 * time.Microsecond, end, 50},
+		{"an end before the start", 0, start.Add(-time.Millisecond), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "w.jsonl")
+			r, err := Create(path, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Span("collectives", "allreduce", laterMonotonic(t, start, tc.lateMono), tc.end, Args{Seq: 1, Generation: 1})
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s struct{ TS, Dur int64 }
+			if err := json.Unmarshal(bytes.TrimSpace(b), &s); err != nil {
+				t.Fatalf("%q: %v", b, err)
+			}
+			wantTS := start.UnixMicro()
+			if s.TS != wantTS || s.TS+s.Dur != max(tc.end.UnixMicro(), wantTS) {
+				t.Errorf("span [%d,+%d], want [%d,+%d] (the wall clock's ends)", s.TS, s.Dur, wantTS, max(tc.end.UnixMicro(), wantTS)-wantTS)
+			}
+		})
+	}
+}
+
+// laterMonotonic is t with its monotonic reading d later and its wall
+// reading unchanged: what time.Now returns when its thread is descheduled
+// for d between its two clock reads. It relies on time.Time's layout (a
+// wall word whose top bit says a monotonic reading is in ext), unchanged
+// since Go 1.9.
+func laterMonotonic(t *testing.T, tm time.Time, d time.Duration) time.Time {
+	type layout struct {
+		wall uint64
+		ext  int64
+		loc  *time.Location
+	}
+	if unsafe.Sizeof(tm) != unsafe.Sizeof(layout{}) {
+		t.Fatalf("time.Time is %d bytes, not the layout this test moves the monotonic reading of", unsafe.Sizeof(tm))
+	}
+	p := (*layout)(unsafe.Pointer(&tm))
+	if p.wall>>63 != 1 {
+		t.Fatal("time.Now returned no monotonic reading")
+	}
+	orig := tm
+	p.ext += int64(d)
+	if got := tm.Sub(orig); got != d || !tm.Round(0).Equal(orig.Round(0)) {
+		t.Fatalf("the moved time is %v from the original by its monotonic reading, want %v, and its wall reading is moved: time.Time's layout changed", got, d)
+	}
+	return tm
 }
