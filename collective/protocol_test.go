@@ -337,3 +337,91 @@ func TestHandshakeRefusals(t *testing.T) {
 		}
 	})
 }
+
+// TestProbe: a liveness probe is answered by an open transport's own code,
+// without parking a connection or counting as a refusal; a listener whose
+// process never answers (the kernel alone completes a TCP handshake, as it
+// does for a process being killed), one that hangs up, one that answers
+// garbage, a closed transport and a closed port are each not alive.
+func TestProbe(t *testing.T) {
+	listen := func(t *testing.T, serve func(net.Conn)) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		if serve != nil {
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					serve(c)
+				}
+			}()
+		}
+		return ln.Addr().String()
+	}
+	transport := func(t *testing.T, closed bool) string {
+		tr, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0", Job: "j"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			tr.mu.Lock()
+			parked, reject := len(tr.arrivals), tr.lastReject
+			tr.mu.Unlock()
+			if parked != 0 || reject != "" {
+				t.Errorf("after the probe: %d connections parked, last refusal %q; want none", parked, reject)
+			}
+			tr.Close()
+		})
+		if closed { // closing, its listener not yet: it answers that it is closed
+			tr.mu.Lock()
+			tr.closed = true
+			tr.mu.Unlock()
+		}
+		return tr.Addr()
+	}
+	closedPort := func(t *testing.T) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
+	}
+	tests := []struct {
+		name  string
+		addr  func(t *testing.T) string
+		alive bool
+		want  string // in the error
+	}{
+		{"an open transport", func(t *testing.T) string { return transport(t, false) }, true, ""},
+		{"a closing transport", func(t *testing.T) string { return transport(t, true) }, false, `answered "transport closed"`},
+		{"a listener nobody answers", func(t *testing.T) string { return listen(t, nil) }, false, "no answer"},
+		{"a process that hangs up", func(t *testing.T) string { return listen(t, func(c net.Conn) { c.Close() }) }, false, "no answer"},
+		{"garbage", func(t *testing.T) string {
+			return listen(t, func(c net.Conn) { c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n")); c.Close() })
+		}, false, "bad handshake magic"},
+		{"a closed port", closedPort, false, "connection refused"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := tc.addr(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			err := Probe(ctx, addr)
+			switch {
+			case tc.alive && err != nil:
+				t.Fatalf("Probe(%s): %v, want it alive", addr, err)
+			case !tc.alive && err == nil:
+				t.Fatalf("Probe(%s) found it alive", addr)
+			case !tc.alive && (!strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), addr)):
+				t.Fatalf("Probe(%s): %v, want an error naming the address and %q", addr, err, tc.want)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,9 +43,13 @@ type Config struct {
 	// SessionTTL is the leadership lease (default 5s): a dead coordinator's
 	// standby takes over within it.
 	SessionTTL time.Duration
-	// Probe checks a reported loss: nil means the worker answered. Default: a
-	// TCP dial of its control address with ProbeTimeout (default 500ms).
-	Probe        func(ctx context.Context, addr string) error
+	// Probe checks a reported loss: nil means the worker answered, within
+	// ProbeTimeout (default 500ms). Default: a TCP dial of its control
+	// address (else its data address), which a killed process's listener
+	// may still complete for a few milliseconds; a launcher gives a probe
+	// its workers' own code must answer (job: collective.Probe of the data
+	// plane).
+	Probe        func(ctx context.Context, r *phalanxpb.Registration) error
 	ProbeTimeout time.Duration
 	Now          func() time.Time
 	Logger       *zap.Logger
@@ -146,10 +151,9 @@ func New(j *Job, cfg Config) (*Coordinator, error) {
 		cfg.ProbeTimeout = 500 * time.Millisecond
 	}
 	if cfg.Probe == nil {
-		timeout := cfg.ProbeTimeout
-		cfg.Probe = func(ctx context.Context, addr string) error {
-			d := net.Dialer{Timeout: timeout}
-			c, err := d.DialContext(ctx, "tcp", addr)
+		cfg.Probe = func(ctx context.Context, r *phalanxpb.Registration) error {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", cmp.Or(r.ControlAddr, r.DataAddr))
 			if err == nil {
 				c.Close()
 			}
@@ -334,11 +338,10 @@ func (c *Coordinator) verify(ctx context.Context, f fence, s *snapshot, detected
 		case rep.msg.LostId == "":
 			broken = true
 		case r != nil:
-			addr := r.ControlAddr
-			if addr == "" {
-				addr = r.DataAddr
-			}
-			if err := c.cfg.Probe(ctx, addr); err != nil {
+			pctx, cancel := context.WithTimeout(ctx, c.cfg.ProbeTimeout)
+			err := c.cfg.Probe(pctx, r)
+			cancel()
+			if err != nil {
 				c.log.Warn("reported worker does not answer; removing it", zap.String("worker", r.Id),
 					zap.String("reporter", rep.msg.ReporterId), zap.Error(err))
 				if err := retry("removing a worker", func(ctx context.Context) error {

@@ -11,7 +11,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/status"
 )
 
@@ -93,11 +95,18 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	}
 	c, err := coordinator.New(coordinator.NewJob(cli, keys), coordinator.Config{ID: cfg.ID, Rendezvous: coordinator.Rendezvous{MinWorkers: cfg.MinWorkers, MaxWorkers: cfg.MaxWorkers},
 		JoinWindow: cfg.JoinWindow, MinWorkersTimeout: cfg.MinWorkersTimeout, SessionTTL: cfg.LeaseTTL, Logger: log,
-		FirstRing: cfg.Workers, FirstRingWait: cmp.Or(cfg.MinWorkersTimeout, time.Minute)})
+		FirstRing: cfg.Workers, FirstRingWait: cmp.Or(cfg.MinWorkersTimeout, time.Minute), Probe: probeWorker})
 	if err != nil {
 		return err
 	}
 	return c.Run(ctx)
+}
+
+// probeWorker is a coordinator's check of a reported loss: the worker's
+// data-plane transport must answer (collective.Probe), which a killed
+// process cannot, even while its listener still takes connections.
+func probeWorker(ctx context.Context, r *phalanxpb.Registration) error {
+	return collective.Probe(ctx, r.DataAddr)
 }
 
 // Stop asks every worker of a running job to stop at the next step

@@ -34,8 +34,12 @@ type Hello struct {
 	FromRank        uint32                 `protobuf:"varint,4,opt,name=from_rank,json=fromRank,proto3" json:"from_rank,omitempty"`
 	ToRank          uint32                 `protobuf:"varint,5,opt,name=to_rank,json=toRank,proto3" json:"to_rank,omitempty"`
 	World           uint32                 `protobuf:"varint,6,opt,name=world,proto3" json:"world,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// probe: a liveness probe (the coordinator checking a reported loss), not
+	// a rank. The acceptor answers at once (ok unless its transport is
+	// closed) and closes the connection; the other fields are not read.
+	Probe         bool `protobuf:"varint,7,opt,name=probe,proto3" json:"probe,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -110,6 +114,13 @@ func (x *Hello) GetWorld() uint32 {
 	return 0
 }
 
+func (x *Hello) GetProbe() bool {
+	if x != nil {
+		return x.Probe
+	}
+	return false
+}
+
 // HelloReply is the accepting rank's answer. A refused connection carries the
 // reason and is closed by the acceptor.
 type HelloReply struct {
@@ -177,7 +188,7 @@ var File_phalanx_v1_handshake_proto protoreflect.FileDescriptor
 const file_phalanx_v1_handshake_proto_rawDesc = "" +
 	"\n" +
 	"\x1aphalanx/v1/handshake.proto\x12\n" +
-	"phalanx.v1\"\xb0\x01\n" +
+	"phalanx.v1\"\xc6\x01\n" +
 	"\x05Hello\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x1e\n" +
@@ -186,7 +197,8 @@ const file_phalanx_v1_handshake_proto_rawDesc = "" +
 	"generation\x12\x1b\n" +
 	"\tfrom_rank\x18\x04 \x01(\rR\bfromRank\x12\x17\n" +
 	"\ato_rank\x18\x05 \x01(\rR\x06toRank\x12\x14\n" +
-	"\x05world\x18\x06 \x01(\rR\x05world\"]\n" +
+	"\x05world\x18\x06 \x01(\rR\x05world\x12\x14\n" +
+	"\x05probe\x18\a \x01(\bR\x05probe\"]\n" +
 	"\n" +
 	"HelloReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x0e\n" +
