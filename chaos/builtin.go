@@ -246,7 +246,7 @@ func tensorJob(replicas, ranks int) JobSpec {
 func pipelineScenarios() []Scenario {
 	return []Scenario{
 		{Name: "stage-kill", CI: true, RecoveryBound: Duration(time.Second),
-			Description: "dp2×pp2: SIGKILL of a random stage of a random replica at a random step; its replica drops out, the other goes on with no step redone, a replacement re-forms it from the other's parameters",
+			Description: "dp2×pp2: SIGKILL of a random stage of a random replica at a random step; its replica drops out, the other goes on (no step redone but the one in flight, when the lost replica had applied it first), a replacement re-forms it from the other's parameters",
 			Job:         pipelineJob(2, 2, 0),
 			Faults:      []FaultSpec{{Kind: "sigkill", Target: "random", Trigger: Trigger{Step: 40, StepMax: 120}}}},
 		{Name: "stage-kill-alone", CI: true, RecoveryBound: Duration(2 * time.Second),

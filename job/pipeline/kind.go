@@ -241,6 +241,11 @@ type pipeJob struct {
 	progress job.Progress
 	end      ending
 	lastStep int64 // the newest step a stage reported
+	// The last stage's newest step event: its step, and the generation
+	// that reported it (a replica 0 of an older one is dropped, or lost
+	// and replayed).
+	lastEvent int64
+	stepGen   uint64
 	// restoredGen: the generation whose rollback's restored event was
 	// emitted.
 	restoredGen uint64
@@ -270,11 +275,31 @@ func (pj *pipeJob) handle(l launch.Line) error {
 	}
 	switch rep := rep.(type) {
 	case Step:
+		if rep.World > 0 { // the last stage's: the job's step event
+			switch {
+			case rep.Generation < pj.stepGen:
+				return nil // from a replica 0 that steps no more
+			case rep.Replayed && rep.Step < pj.lastEvent:
+				// The new replica 0 never finished steps the lost one
+				// applied and reported: they are trained again, their
+				// first updates lost with it (as a ring's survivors
+				// resynced to an older commit).
+				pj.Events.Emit("restored", events.F("step", rep.Step), events.F("generation", rep.Generation),
+					events.F("world", rep.Replicas*pj.LC.Pipeline.Stages), events.F("steps_redone", pj.lastEvent-rep.Step))
+				pj.stepGen, pj.lastEvent = rep.Generation, rep.Step
+				return nil
+			case rep.Replayed && rep.Step == pj.lastEvent:
+				pj.stepGen = rep.Generation
+				return nil // reported already
+			}
+			pj.stepGen, pj.lastEvent = rep.Generation, rep.Step
+			rep.stepEvent(pj.Events)
+			if rep.Replayed {
+				return nil
+			}
+		}
 		pj.lastStep = max(pj.lastStep, rep.Step)
 		job.Emit(pj.Events, l.Index, rep)
-		if rep.World > 0 {
-			rep.stepEvent(pj.Events)
-		}
 		if all := pj.line.add(rep); all != nil {
 			fmt.Fprint(pj.Out, progressText(&pj.progress, all, pj.LC.Pipeline.Tensor > 0))
 		}

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"fmt"
 	"hash/crc32"
 	"maps"
@@ -42,13 +43,23 @@ type Step struct {
 	Offset      int64              `json:"offset,omitempty"`
 	Fingerprint worker.Fingerprint `json:"fingerprint,omitempty"`
 	World       int                `json:"world,omitempty"`
+	// Replayed: the last stage of a new generation's replica 0 reports
+	// again the step its state is of, trained in generation TrainedIn,
+	// before its first step there. The replica 0 of then may have been
+	// lost before it reported the step (the launcher emits it, as a ring's
+	// new rank 0 makes it), or after it applied and reported a later step
+	// this replica never finished (the launcher emits restored: that step
+	// is trained again). A replay's Replicas are the new generation's.
+	Replayed  bool   `json:"replayed,omitempty"`
+	TrainedIn uint64 `json:"trained_in,omitempty"`
 }
 
 // stepEvent is the job's step event for the last stage's report, with a
 // ring's fields (docs/events.md), so that what reads a ring's steps (the
-// chaos harness's sample audit and recovery timing) reads a pipeline's.
+// chaos harness's sample audit and recovery timing) reads a pipeline's. A
+// replayed step's generation is the one that trained it.
 func (r Step) stepEvent(sink events.Sink) {
-	sink.Emit("step", events.F("step", r.Step), events.F("generation", r.Generation), events.F("world", r.World),
+	sink.Emit("step", events.F("step", r.Step), events.F("generation", cmp.Or(r.TrainedIn, r.Generation)), events.F("world", r.World),
 		events.F("loss", r.Loss), events.F("samples_per_s", float64(r.Samples)/max(r.ElapsedS, 1e-12)), events.F("step_s", r.ElapsedS),
 		events.F("compute_s", r.BusyS), events.F("comm_s", r.ElapsedS-r.BusyS), events.F("epoch", r.Epoch), events.F("offset", r.Offset),
 		events.F("fingerprint", r.Fingerprint), events.F("participants", r.World), events.F("stale", 0))

@@ -143,7 +143,7 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 			m.Step(rd.me.Stage, w.step, s.Elapsed, c.Batch/max(replicas, 1), l)
 		}
 		c.Tracer.Flush()
-		if rd.me.Replica == 0 {
+		if rd.me.Replica == 0 || lastStage {
 			rep := Step{Step: w.step, Stage: rd.me.Stage, Generation: w.gen, Replicas: replicas,
 				BusyS: s.Busy.Seconds(), ElapsedS: s.Elapsed.Seconds(), Bubble: s.Bubble(), Peak: s.Peak,
 				WaitS: s.Wait.Seconds(), SendS: s.Send.Seconds(),
@@ -156,8 +156,11 @@ func (w *pipeWorker) steps(ctx context.Context, rd *roundState) error {
 				rep.Loss, rep.Accuracy, rep.Samples = loss/n, correct/n, int(math.Round(n))/rd.data.per
 				rep.GradNorm = rd.norm[0]
 				rep.Epoch, rep.Offset, rep.Fingerprint, rep.World = w.pos.Epoch, w.pos.Offset, fp, replicas*c.Pipeline.Stages
+				w.last = rep // replayed if this replica is the next generation's replica 0
 			}
-			w.rep.Send(rep)
+			if rd.me.Replica == 0 {
+				w.rep.Send(rep)
+			}
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return fmt.Errorf("pipeline: step %d's loss is %v", w.step, loss)

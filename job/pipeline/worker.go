@@ -114,11 +114,15 @@ type pipeWorker struct {
 
 	// The place it trained in last (generation gen), and its stage there
 	// with its state after step.
-	place  layout.Place
-	gen    uint64
-	step   int64
-	pos    worker.Position
-	stage  *stageState
+	place layout.Place
+	gen   uint64
+	step  int64
+	pos   worker.Position
+	stage *stageState
+	// last: its last step's report as the last stage of a replica (any:
+	// only replica 0's are sent), replayed by the next generation's
+	// replica 0 while it holds that step.
+	last   Step
 	result job.Result
 	// commits: this stage's last commits, and copies of the previous
 	// stage's (one replica only), kept across generations.
@@ -236,6 +240,15 @@ func (w *pipeWorker) round(ctx context.Context, r *elastic.Round) error {
 	if err != nil {
 		w.awaitLoss(ctx, r, err)
 		return err
+	}
+	if me.Replica == 0 && me.Stage == w.cfg.Pipeline.Stages-1 && w.step > 0 && w.last.Step == w.step {
+		// The step this replica holds, before any of its steps: the
+		// replica 0 that trained it may have been lost before it reported
+		// it, or after it reported a later one this replica never
+		// finished (the launcher emits the step, or a rollback to it).
+		rep := w.last
+		rep.Replayed, rep.TrainedIn, rep.Generation, rep.Replicas = true, rep.Generation, r.Generation.Number, len(lay.Ranks)
+		w.rep.Send(rep)
 	}
 	err = w.steps(ctx, rd)
 	w.awaitLoss(ctx, r, err)
