@@ -315,10 +315,12 @@ func (c *Coordinator) write(ctx context.Context, f fence, genRev int64, next *ph
 // worker that does not answer a probe has its registration revoked, and
 // detected records how; one that answers stays, and the ring is marked broken
 // so that it is rebuilt as it is. A report about an older generation naming
-// a worker still in the current one is probed too (the generation may have
-// been decided, for a newcomer, before the report was read), but a worker
-// that answers it does not break the newer ring; other old reports are
-// dropped.
+// a worker still in the current one, by a worker also in it, is probed too
+// (the generation may have been decided, for a newcomer, before the report
+// was read), but a worker that answers it does not break the newer ring;
+// other old reports are dropped: a worker that is no member any more (one
+// frozen past its lease, thawed) reports the ring it left, not the one
+// that goes on without it.
 //
 // A revocation is made only after its fence is checked again (the probe
 // took time), and a report is cleared under the fence: a coordinator
@@ -330,8 +332,11 @@ func (c *Coordinator) verify(ctx context.Context, f fence, s *snapshot, detected
 	}
 	for _, rep := range s.reports {
 		current := s.cur != nil && rep.msg.Generation == s.cur.Number && !s.cur.Stopped
+		member := func(id string) bool {
+			return slices.ContainsFunc(s.cur.Members, func(m *phalanxpb.Member) bool { return m.Id == id })
+		}
 		older := s.cur != nil && rep.msg.Generation < s.cur.Number && !s.cur.Stopped &&
-			slices.ContainsFunc(s.cur.Members, func(m *phalanxpb.Member) bool { return m.Id == rep.msg.LostId })
+			member(rep.msg.LostId) && member(rep.msg.ReporterId)
 		r := byID[rep.msg.LostId]
 		switch {
 		case !current && !older:

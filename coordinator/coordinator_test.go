@@ -237,6 +237,23 @@ func TestMembershipLifecycle(t *testing.T) {
 	if g.Number != last+1 || slices.Contains(memberIDs(g), "b") || len(g.Members) != 2 {
 		t.Fatalf("after b left: %v (%s)", memberIDs(g), g.Reason)
 	}
+
+	// e, which would not answer a probe (a member frozen for a moment),
+	// joins; c, removed in generation 2, reports e lost in generation 1: a
+	// worker that is no member reports the ring it left, and is not heard.
+	// f's admission is the next generation: e is still in it.
+	register(t, cli, keys, "e", dead)
+	if g = next(t, gens); !slices.Contains(memberIDs(g), "e") {
+		t.Fatalf("e not admitted: %v (%s)", memberIDs(g), g.Reason)
+	}
+	if err := NewJob(cli, keys).ReportLoss(ctx, &phalanxpb.LossReport{ReporterId: "c", LostId: "e", Generation: 1, Detail: "peer lost (rank 2)"}); err != nil {
+		t.Fatal(err)
+	}
+	register(t, cli, keys, "f", alive)
+	g = next(t, gens)
+	if ids := memberIDs(g); !slices.Contains(ids, "e") || !slices.Contains(ids, "f") {
+		t.Fatalf("after a former member's report of an old ring and f's arrival: %v (%s), want e kept and f in", ids, g.Reason)
+	}
 }
 
 // TestBelowMinimumStops: a job that stays below MinWorkers longer than the
