@@ -4,10 +4,15 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/phalanx-rt/phalanx/checkpoint"
+	"github.com/phalanx-rt/phalanx/internal/testwait"
+	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/nn"
 )
 
@@ -78,5 +83,78 @@ func TestRestoreStageFromEitherFormat(t *testing.T) {
 				t.Errorf("restore: %v, want %q", err, tc.err)
 			}
 		})
+	}
+}
+
+// gatedStore holds back every Put while its gate is closed: a save that
+// is still being stored.
+type gatedStore struct {
+	checkpoint.Store
+	gate chan struct{}
+}
+
+func (g *gatedStore) Put(ctx context.Context, name string, data []byte) error {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Store.Put(ctx, name, data)
+}
+
+// TestFinalCheckpointIndexesTheSaveInFlight: a periodic save still being
+// stored when the job reaches its last step is finished and indexed
+// before the final checkpoint, not dropped: a relaunch that finds the
+// final one corrupt falls back on it (the CI's TP resharding test once
+// found no step-10 index on a loaded machine).
+func TestFinalCheckpointIndexesTheSaveInFlight(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir, err := checkpoint.NewLocalStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &gatedStore{Store: dir, gate: make(chan struct{})}
+	c := job.DefaultConfig()
+	c.Job, c.Model, c.Seed, c.Steps = "final-test", "tiny", 7, 20
+	c.Pipeline = job.PipelineConfig{Stages: 1, Replicas: 1}
+	c.Checkpoint.EverySteps = 10
+	st := &stageState{params: []*nn.Param{{Name: "fc0.W", Shape: []int{2}, Value: []float32{1, 2}, Grad: make([]float32, 2)}}}
+	st.opt, err = nn.NewOptimizer(nn.OptimizerConfig{Kind: "sgd"}, st.params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var saved []int64
+	w := &pipeWorker{cfg: c, log: zap.NewNop(), store: store, step: 20, gen: 1,
+		rep: job.NewReporter(func(r job.Report) {
+			if ck, ok := r.(job.Checkpoint); ok && ck.Checkpoint.Kind == "saved" {
+				mu.Lock()
+				saved = append(saved, ck.Step)
+				mu.Unlock()
+			}
+		})}
+	sv, err := newSaver(store, &c, 1, 0, st, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := &roundState{saver: sv}
+	sv.start(10, 0, 640, 1) // step 10's save, held back
+	done := make(chan error, 1)
+	go func() { done <- w.finalCheckpoint(ctx, rd) }()
+	close(store.gate)
+	if err := testwait.Recv(t, done, time.Minute, "the final checkpoint"); err != nil {
+		t.Fatal(err)
+	}
+	w.indexing.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(saved, []int64{10, 20}) {
+		t.Errorf("checkpoints saved (indexed) of steps %v, want [10 20]", saved)
+	}
+	for _, step := range []int64{10, 20} {
+		if _, err := indexOf(ctx, store, &c, step, [2]int64{}, 1); err != nil {
+			t.Errorf("step %d: %v", step, err)
+		}
 	}
 }

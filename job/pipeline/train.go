@@ -269,22 +269,36 @@ func (w *pipeWorker) index(ctx context.Context, step int64, pos [2]int64, gen ui
 // and indexes it once all have: the state a longer run resumes from.
 func (w *pipeWorker) finalCheckpoint(ctx context.Context, rd *roundState) error {
 	sv := rd.saver
-	if err := sv.wait(ctx); err != nil {
-		return err
-	}
-	sv.settle()
-	sv.start(w.step, w.pos.Epoch, w.pos.Offset, w.gen)
-	if err := sv.wait(ctx); err != nil {
-		return err
-	}
-	done, failed := sv.vote()
-	vote := []float64{done, failed}
-	if rd.replica != nil {
-		if err := rd.replica.AllReduce(ctx, collective.Float64s(vote), collective.Sum); err != nil {
+	if sv.pending >= 0 {
+		// A periodic save still in flight (every stage of replica 0 has
+		// one, or none: their votes start and settle them) is finished
+		// as a step's vote would: indexed once every stage stored its
+		// part, given up when one failed. Dropped, its parts would stay
+		// unindexed, and a relaunch that finds the final checkpoint
+		// corrupt would have one fewer to fall back on.
+		step, pos := sv.pending, sv.pos
+		vote, err := w.finishSave(ctx, rd)
+		if err != nil {
 			return err
 		}
+		switch {
+		case rd.me.Stage != 0:
+		case vote[1] > 0 || vote[0] < float64(w.cfg.Pipeline.Stages):
+			w.rep.Send(job.Checkpoint{Step: step, Checkpoint: checkpoint.Event{Kind: "failed", Step: step,
+				Err: fmt.Sprintf("%.0f stages could not store their part", vote[1])}})
+		default:
+			w.indexing.Add(1)
+			go func() {
+				defer w.indexing.Done()
+				w.index(context.WithoutCancel(ctx), step, pos, w.gen, 0)
+			}()
+		}
 	}
-	sv.settle()
+	sv.start(w.step, w.pos.Epoch, w.pos.Offset, w.gen)
+	vote, err := w.finishSave(ctx, rd)
+	if err != nil {
+		return err
+	}
 	if vote[1] > 0 || vote[0] < float64(w.cfg.Pipeline.Stages) {
 		return fmt.Errorf("pipeline: the final checkpoint of step %d: %.0f stages could not store their part", w.step, vote[1])
 	}
@@ -295,6 +309,24 @@ func (w *pipeWorker) finalCheckpoint(ctx context.Context, rd *roundState) error 
 		return fmt.Errorf("pipeline: the final checkpoint of step %d could not be indexed", w.step)
 	}
 	return nil
+}
+
+// finishSave waits for the pending save and settles it with the
+// replica's stages: the vote summed over them (stored, failed).
+func (w *pipeWorker) finishSave(ctx context.Context, rd *roundState) ([]float64, error) {
+	sv := rd.saver
+	if err := sv.wait(ctx); err != nil {
+		return nil, err
+	}
+	done, failed := sv.vote()
+	vote := []float64{done, failed}
+	if rd.replica != nil {
+		if err := rd.replica.AllReduce(ctx, collective.Float64s(vote), collective.Sum); err != nil {
+			return nil, err
+		}
+	}
+	sv.settle()
+	return vote, nil
 }
 
 func paramCount(ps []*nn.Param) int64 {
