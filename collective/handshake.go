@@ -44,6 +44,9 @@ func readHandshake(r io.Reader, m proto.Message) (uint16, error) {
 		return 0, fmt.Errorf("reading handshake: %w", err)
 	}
 	if mg := binary.LittleEndian.Uint32(pre[0:]); mg != handshakeMagic {
+		if pre[0] == 0x16 && pre[1] == 3 { // a TLS handshake record
+			return 0, fmt.Errorf("bad handshake magic %#08x: a TLS peer, and this rank's data plane has no TLS configured", mg)
+		}
 		return 0, fmt.Errorf("bad handshake magic %#08x: not a phalanx peer", mg)
 	}
 	ver := binary.LittleEndian.Uint16(pre[4:])

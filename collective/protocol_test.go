@@ -413,7 +413,7 @@ func TestProbe(t *testing.T) {
 			addr := tc.addr(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
-			err := Probe(ctx, addr)
+			err := Probe(ctx, addr, nil)
 			switch {
 			case tc.alive && err != nil:
 				t.Fatalf("Probe(%s): %v, want it alive", addr, err)

@@ -2,11 +2,15 @@ package collective
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,9 +31,17 @@ type TCPOptions struct {
 	// sub-groups ("Job/..."; a straggler's feed): another job's are refused
 	// at once, with the reason. Without it a hello waits, parked, for a
 	// Connect of its job and generation.
-	Job    string
+	Job string
+	// TLS, when set, is mutual TLS on every connection of the transport:
+	// Server for those peers dial in, Client for those this rank dials
+	// (pki.Material's of the job). A plaintext peer is refused, and told
+	// why when it speaks this protocol.
+	TLS    *TLSConfigs
 	Logger *zap.Logger
 }
+
+// TLSConfigs are a transport's two sides of mutual TLS.
+type TLSConfigs struct{ Server, Client *tls.Config }
 
 // maxParked bounds the connections parked for a Connect not called yet
 // (an early generation's peers): beyond it hellos are refused, so a peer
@@ -43,6 +55,7 @@ type TCPTransport struct {
 	advertise string
 	hsTimeout time.Duration
 	job       string
+	tls       *TLSConfigs
 	log       *zap.Logger
 
 	mu         sync.Mutex
@@ -75,6 +88,7 @@ func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
 		advertise: opts.Advertise,
 		hsTimeout: opts.HandshakeTimeout,
 		job:       opts.Job,
+		tls:       opts.TLS,
 		log:       opts.Logger,
 		arrivals:  map[connKey]arrival{},
 		rejects:   map[connKey]error{},
@@ -146,6 +160,14 @@ func (t *TCPTransport) acceptLoop() {
 // generations are refused here, with the reason sent back when it can be.
 func (t *TCPTransport) admit(c net.Conn) {
 	c.SetDeadline(time.Now().Add(t.hsTimeout))
+	if t.tls != nil {
+		tc := tls.Server(c, t.tls.Server)
+		if err := tc.Handshake(); err != nil {
+			t.refuseTLS(c, err)
+			return
+		}
+		c = tc
+	}
 	hello := &phalanxpb.Hello{}
 	ver, err := readHandshake(c, hello)
 	if err == nil && ver != ProtocolVersion {
@@ -191,6 +213,26 @@ func (t *TCPTransport) admit(c net.Conn) {
 	t.notifyLocked()
 }
 
+// refuseTLS closes a connection whose TLS handshake failed, saying why
+// in the log and in the reason a waiting Connect reports. A peer that
+// spoke this protocol in plaintext is told, in plaintext, that TLS is
+// required.
+func (t *TCPTransport) refuseTLS(c net.Conn, err error) {
+	defer c.Close()
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) && rh.Conn != nil && binary.LittleEndian.Uint32(rh.RecordHeader[:4]) == handshakeMagic {
+		err = errors.New("a plaintext peer: this rank's data plane requires mutual TLS")
+		writeHandshake(rh.Conn, &phalanxpb.HelloReply{ProtocolVersion: ProtocolVersion,
+			Error: "refused: this rank's data plane requires mutual TLS (a certificate of the job's CA: --tls-ca, --tls-cert, --tls-key)"})
+	}
+	reason := fmt.Sprintf("refused data-plane connection from %s: %v", c.RemoteAddr(), err)
+	t.mu.Lock()
+	t.lastReject = reason
+	t.notifyLocked()
+	t.mu.Unlock()
+	t.log.Warn("refused data-plane connection", zap.Stringer("from", c.RemoteAddr()), zap.Error(err))
+}
+
 // answerProbe answers a liveness probe (Probe) and closes its connection:
 // ok while the transport is open.
 func (t *TCPTransport) answerProbe(c net.Conn) {
@@ -213,7 +255,9 @@ func (t *TCPTransport) answerProbe(c net.Conn) {
 // several milliseconds (measured: dials succeeded up to 15ms after a
 // peer's connection to that process read EOF). An answer needs the
 // process's own code to run. ctx bounds the whole exchange.
-func Probe(ctx context.Context, addr string) error {
+// With cfg (the job's client side of mutual TLS: a TLS transport refuses
+// a plaintext probe) the exchange is over TLS.
+func Probe(ctx context.Context, addr string, cfg *tls.Config) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -222,6 +266,13 @@ func Probe(ctx context.Context, addr string) error {
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
+	if cfg != nil {
+		tc := tls.Client(c, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fmt.Errorf("probing %s: TLS: %w", addr, err)
+		}
+		c = tc
+	}
 	if err := writeHandshake(c, &phalanxpb.Hello{ProtocolVersion: ProtocolVersion, Probe: true}); err != nil {
 		return fmt.Errorf("probing %s: %w", addr, err)
 	}
@@ -305,6 +356,14 @@ func (t *TCPTransport) dial(ctx context.Context, m Membership, j int) (net.Conn,
 	for {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil && t.tls != nil {
+			if c, err = t.handshakeTLS(ctx, c); err != nil {
+				// A refused certificate (either side's), or a peer that
+				// does not speak TLS: retrying cannot fix either.
+				return nil, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrProtocol,
+					Detail: fmt.Sprintf("TLS with rank %d at %s", j, addr), Err: err}
+			}
+		}
 		if err == nil {
 			var refused bool
 			c, refused, err = t.greet(ctx, c, m, j)
@@ -326,6 +385,25 @@ func (t *TCPTransport) dial(ctx context.Context, m Membership, j int) (net.Conn,
 	}
 }
 
+// handshakeTLS is the dialer's TLS handshake on c, bounded by ctx and
+// the handshake timeout; c is closed when it fails.
+func (t *TCPTransport) handshakeTLS(ctx context.Context, c net.Conn) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.hsTimeout)
+	defer cancel()
+	tc := tls.Client(c, t.tls.Client)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			// A plaintext rank answers a ClientHello with its own
+			// handshake, or hangs up.
+			return nil, fmt.Errorf("the peer does not speak TLS (a data plane without it?): %w", err)
+		}
+		return nil, err
+	}
+	return tc, nil
+}
+
 // greet sends our hello and reads the acceptor's reply. refused is true when
 // the peer answered with a refusal, which retrying cannot fix.
 func (t *TCPTransport) greet(ctx context.Context, c net.Conn, m Membership, j int) (net.Conn, bool, error) {
@@ -339,9 +417,16 @@ func (t *TCPTransport) greet(ctx context.Context, c net.Conn, m Membership, j in
 	ver, err := readHandshake(c, reply)
 	if err != nil {
 		c.Close()
-		if ver != 0 {
+		var op *net.OpError
+		switch {
+		case ver != 0:
 			return nil, true, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrProtocol,
 				Detail: fmt.Sprintf("rank %d at %s answered the handshake with garbage", j, m.Peers[j]), Err: err}
+		case t.tls != nil && errors.As(err, &op) && op.Op == "remote error":
+			// TLS 1.3: the acceptor checks this rank's certificate after
+			// the dialer's handshake is over; its refusal is an alert.
+			return nil, true, &OpError{Op: "connect", Rank: j, ReportedBy: m.Rank, Kind: ErrProtocol,
+				Detail: fmt.Sprintf("TLS with rank %d at %s: it refused this rank's certificate", j, m.Peers[j]), Err: err}
 		}
 		return nil, false, err
 	}
@@ -351,7 +436,7 @@ func (t *TCPTransport) greet(ctx context.Context, c net.Conn, m Membership, j in
 		if reply.GetError() == errWorldMismatch {
 			kind = ErrMismatch
 		}
-		detail := reply.GetError()
+		detail := fmt.Sprintf("rank %d at %s: %s", j, m.Peers[j], reply.GetError())
 		if ver != ProtocolVersion {
 			detail = fmt.Sprintf("rank %d at %s speaks data-plane protocol version %d, this rank speaks %d: %s", j, m.Peers[j], ver, ProtocolVersion, detail)
 		}

@@ -106,7 +106,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 // data-plane transport must answer (collective.Probe), which a killed
 // process cannot, even while its listener still takes connections.
 func probeWorker(ctx context.Context, r *phalanxpb.Registration) error {
-	return collective.Probe(ctx, r.DataAddr)
+	return collective.Probe(ctx, r.DataAddr, nil)
 }
 
 // Stop asks every worker of a running job to stop at the next step
