@@ -3,6 +3,8 @@ package actors
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -164,16 +166,47 @@ func TestSupervisorRestartWindowExpires(t *testing.T) {
 	}
 }
 
+// TestRemoteSystemAddress: a remote system advertises an address peers
+// can dial: the bound one by default, the advertised host with the bound
+// port when bound to every interface (IPv6 included: protoactor joins
+// host and port with a bare colon); every interface without an address to
+// advertise, and a bad port, are refused before anything listens.
 func TestRemoteSystemAddress(t *testing.T) {
-	sys, err := NewSystem(Options{Remote: true})
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name      string
+		bind      string
+		advertise string
+		host      string // the advertised address's host ("": refused)
+		err       string
+	}{
+		{"default", "", "", "127.0.0.1", ""},
+		{"every IPv6 interface, advertised", "[::]:0", "::1", "::1", ""},
+		{"every IPv4 interface", "0.0.0.0:7011", "", "", "pass --advertise HOST"},
+		{"every IPv6 interface", "[::]:0", "", "", "pass --advertise HOST"},
+		{"not a port", "127.0.0.1:notaport", "", "", "port"},
 	}
-	defer sys.Shutdown()
-	if addr := sys.Address(); addr == "" || addr == "nonhost" {
-		t.Errorf("remote system address %q", addr)
-	}
-	if _, err := NewSystem(Options{Remote: true, Bind: "127.0.0.1:notaport"}); err == nil {
-		t.Error("bad bind address accepted")
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			sys, err := NewSystem(Options{Remote: true, Bind: tc.bind, Advertise: tc.advertise})
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("bind %s: %v, want an error saying %q", tc.bind, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sys.Shutdown()
+			host, port, err := net.SplitHostPort(sys.Address())
+			if err != nil || host != tc.host || port == "0" {
+				t.Fatalf("remote system address %q, want host %s and the bound port", sys.Address(), tc.host)
+			}
+			c, err := net.DialTimeout("tcp", sys.Address(), 5*time.Second)
+			if err != nil {
+				t.Fatalf("dialing the advertised address: %v", err)
+			}
+			c.Close()
+		})
 	}
 }

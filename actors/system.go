@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
@@ -22,9 +23,12 @@ type Options struct {
 	// Remote starts protoactor's gRPC server so actors of other processes can
 	// reach this system's actors.
 	Remote bool
-	// Bind is the remote listen address (default 127.0.0.1:0, a free port).
+	// Bind is the remote listen address (default 127.0.0.1:0, a free port;
+	// IPv6 as [::1]:0).
 	Bind string
-	// Advertise is the address other processes use, when Bind is not it.
+	// Advertise is the address other processes use, when Bind is not it:
+	// host:port, or a host alone, which takes the bound port. A Bind of
+	// every interface (0.0.0.0, ::, or no host) needs one.
 	Advertise string
 	// MaxMessageBytes bounds a received gRPC batch (default 16 MiB; gRPC's own
 	// 4 MiB default drops larger batches silently).
@@ -76,6 +80,31 @@ func NewSystem(opts Options) (sys *System, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("actors: bind address %q: port: %w", bind, err)
 	}
+	advertise := opts.Advertise
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		if advertise == "" {
+			return nil, fmt.Errorf("actors: binding %s listens on every interface, and peers need one address to dial: pass --advertise HOST (this host's address as the other hosts reach it)", bind)
+		}
+	}
+	if advertise != "" {
+		if _, _, err := net.SplitHostPort(advertise); err != nil { // a host alone: the bound port
+			if port == 0 {
+				// protoactor advertises what it is given before it
+				// listens: learn a free port first (another process
+				// could take it in between; Start then fails, named).
+				l, err := net.Listen("tcp", bind)
+				if err != nil {
+					return nil, fmt.Errorf("actors: listen on %s: %w", bind, err)
+				}
+				port = l.Addr().(*net.TCPAddr).Port
+				l.Close()
+			}
+			advertise = net.JoinHostPort(strings.Trim(advertise, "[]"), strconv.Itoa(port))
+		}
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]" // protoactor joins host and port with a colon
+	}
 	maxBytes := opts.MaxMessageBytes
 	if maxBytes <= 0 {
 		maxBytes = 16 << 20
@@ -84,8 +113,8 @@ func NewSystem(opts Options) (sys *System, err error) {
 		remote.WithServerOptions(grpc.MaxRecvMsgSize(maxBytes)),
 		remote.WithEndpointWriterBatchSize(64),
 	}
-	if opts.Advertise != "" {
-		cfgOpts = append(cfgOpts, remote.WithAdvertisedHost(opts.Advertise))
+	if advertise != "" {
+		cfgOpts = append(cfgOpts, remote.WithAdvertisedHost(advertise))
 	}
 	s.remote = remote.NewRemote(as, remote.Configure(host, port, cfgOpts...))
 	defer func() {

@@ -425,3 +425,57 @@ func TestProbe(t *testing.T) {
 		})
 	}
 }
+
+// TestAdvertise: a transport bound to every interface, IPv4 or IPv6,
+// needs an address to advertise and says which flag gives it; a host
+// alone takes the bound port, a host:port (a proxy's) is kept; peers
+// dial the advertised address.
+func TestAdvertise(t *testing.T) {
+	tests := []struct {
+		name, bind, advertise string
+		want                  string // the advertised host ("" : refused)
+		err                   string
+	}{
+		{"loopback", "127.0.0.1:0", "", "127.0.0.1", ""},
+		{"every IPv4 interface", "0.0.0.0:0", "", "", "pass --advertise HOST"},
+		{"every IPv6 interface", "[::]:0", "", "", "pass --advertise HOST"},
+		{"no host", ":0", "", "", "pass --advertise HOST"},
+		{"every IPv4 interface, advertised", "0.0.0.0:0", "127.0.0.1", "127.0.0.1", ""},
+		{"every IPv6 interface, advertised", "[::]:0", "::1", "::1", ""},
+		{"IPv6 loopback", "[::1]:0", "", "::1", ""},
+		{"advertising every interface", "0.0.0.0:0", "0.0.0.0", "", "names no host peers can dial"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := ListenTCP(TCPOptions{Bind: tc.bind, Advertise: tc.advertise})
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("ListenTCP(%s, advertise %q): %v, want an error saying %q", tc.bind, tc.advertise, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			host, port, err := net.SplitHostPort(tr.Addr())
+			if err != nil || host != tc.want || port == "0" {
+				t.Fatalf("advertised %q, want host %s and the bound port", tr.Addr(), tc.want)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := Probe(ctx, tr.Addr(), nil); err != nil {
+				t.Fatalf("dialing the advertised address: %v", err)
+			}
+		})
+	}
+	// A proxy's address is advertised as it is.
+	tr, err := ListenTCP(TCPOptions{Bind: "127.0.0.1:0", Advertise: "10.1.2.3:7071"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if tr.Addr() != "10.1.2.3:7071" {
+		t.Errorf("advertised %s, want the proxy's 10.1.2.3:7071", tr.Addr())
+	}
+}

@@ -169,14 +169,16 @@ func TestElasticKillTwoThenRejoin(t *testing.T) {
 }
 
 // TestElasticFifthWorker: a fifth worker started during a 4-worker job is
-// admitted after the join window and trains to the end.
+// admitted after the join window and trains to the end. It listens on
+// every IPv6 interface and advertises ::1 (--bind [::]:0 --advertise ::1),
+// its data plane and its control plane both: the others reach it there.
 func TestElasticFifthWorker(t *testing.T) {
 	args := append([]string{"--workers", "4", "--max-workers", "5", "--join-window", "200ms", "--lease-ttl", "10s"}, elasticJobArgs...)
 	j := startJob(t, args...)
 	j.Until(t, "step 20 in a ring of 4", jobtest.StepIn(4, 20))
 	p := j.WorkerPids()
 	jobtest.Freeze(t, p[0], p[1], p[2], p[3])
-	_, out, exited := startProcess(t, "fifth worker", workerArgs(t, j, 4, args...)...)
+	_, out, exited := startProcess(t, "fifth worker", append(workerArgs(t, j, 4, args...), "--bind", "[::]:0", "--advertise", "::1")...)
 	g := j.Until(t, "a ring of 5", jobtest.WorldIs(5))
 	jobtest.Thaw(p[0], p[1], p[2], p[3])
 	ev := j.Finish(t)

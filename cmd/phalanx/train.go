@@ -89,7 +89,8 @@ func workerCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	fs := cmd.Flags()
 	var f configFlags
 	f.register(fs, reg)
-	fs.StringVar(&f.cfg.Bind, "bind", f.cfg.Bind, "data-plane listen address (host:port; port 0 picks one); the control plane listens on the same host")
+	fs.StringVar(&f.cfg.Bind, "bind", f.cfg.Bind, "data-plane listen address (host:port; port 0 picks one; [::]:port for IPv6); the control plane\nlistens on the same host")
+	fs.StringVar(&f.cfg.Advertise, "advertise", "", "the address other hosts reach this worker at (HOST, or HOST:PORT behind a proxy); needed when\n--bind listens on every interface (0.0.0.0 or [::])")
 	fs.IntVar(&f.cfg.RankHint, "rank-hint", -1, "preferred place in the first ring (-1: none)")
 	fs.IntVar(&f.cfg.Index, "worker-index", -1, "this worker's index (for --fail-at; a parameter-server worker's place, 0..workers-1)")
 	fs.StringVar(&f.cfg.Metrics, "metrics", "", "serve this worker's Prometheus metrics (docs/metrics.md), /healthz and /readyz at this\naddress (host:port; port 0 picks one, named in the output)")

@@ -131,7 +131,16 @@ func (w *ringWorker) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sys, err := actors.NewSystem(actors.Options{Logger: w.log, Remote: true, Bind: net.JoinHostPort(host, "0")})
+	// The control plane listens where peers reach this host: the data
+	// plane's advertised host; or, bound to every interface, every
+	// interface too, advertising that host.
+	ao := actors.Options{Logger: w.log, Remote: true, Bind: net.JoinHostPort(host, "0")}
+	if bh, _, err := net.SplitHostPort(c.Bind); err == nil {
+		if ip := net.ParseIP(bh); bh == "" || ip != nil && ip.IsUnspecified() {
+			ao.Bind, ao.Advertise = net.JoinHostPort(bh, "0"), host
+		}
+	}
+	sys, err := actors.NewSystem(ao)
 	if err != nil {
 		return err
 	}
