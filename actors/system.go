@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
+
+	"github.com/phalanx-rt/phalanx/internal/netaddr"
 )
 
 // Options configure a System.
@@ -80,28 +82,22 @@ func NewSystem(opts Options) (sys *System, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("actors: bind address %q: port: %w", bind, err)
 	}
-	advertise := opts.Advertise
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		if advertise == "" {
-			return nil, fmt.Errorf("actors: binding %s listens on every interface, and peers need one address to dial: pass --advertise HOST (this host's address as the other hosts reach it)", bind)
-		}
+	if err := netaddr.Check(bind, opts.Advertise); err != nil {
+		return nil, fmt.Errorf("actors: %w", err)
 	}
-	if advertise != "" {
-		if _, _, err := net.SplitHostPort(advertise); err != nil { // a host alone: the bound port
-			if port == 0 {
-				// protoactor advertises what it is given before it
-				// listens: learn a free port first (another process
-				// could take it in between; Start then fails, named).
-				l, err := net.Listen("tcp", bind)
-				if err != nil {
-					return nil, fmt.Errorf("actors: listen on %s: %w", bind, err)
-				}
-				port = l.Addr().(*net.TCPAddr).Port
-				l.Close()
-			}
-			advertise = net.JoinHostPort(strings.Trim(advertise, "[]"), strconv.Itoa(port))
+	if _, _, err := net.SplitHostPort(opts.Advertise); opts.Advertise != "" && err != nil && port == 0 {
+		// A host alone takes the bound port, and protoactor advertises
+		// what it is given before it listens: learn a free port first
+		// (another process could take it in between; Start then fails,
+		// named).
+		l, err := net.Listen("tcp", bind)
+		if err != nil {
+			return nil, fmt.Errorf("actors: listen on %s: %w", bind, err)
 		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
 	}
+	advertise := netaddr.Advertised(opts.Advertise, port)
 	if strings.Contains(host, ":") {
 		host = "[" + host + "]" // protoactor joins host and port with a colon
 	}

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/phalanx-rt/phalanx/internal/netaddr"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -79,7 +80,7 @@ func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
 	if opts.Bind == "" {
 		return nil, fmt.Errorf("collective: TCP transport needs a bind address")
 	}
-	if err := CheckAdvertise(opts.Bind, opts.Advertise); err != nil {
+	if err := netaddr.Check(opts.Bind, opts.Advertise); err != nil {
 		return nil, fmt.Errorf("collective: %w", err)
 	}
 	ln, err := net.Listen("tcp", opts.Bind)
@@ -99,7 +100,10 @@ func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
 		newest:    map[string]uint64{},
 		changed:   make(chan struct{}),
 	}
-	t.advertise = AdvertiseAddr(opts.Advertise, ln.Addr())
+	t.advertise = netaddr.Advertised(opts.Advertise, ln.Addr().(*net.TCPAddr).Port)
+	if t.advertise == "" {
+		t.advertise = ln.Addr().String()
+	}
 	if t.hsTimeout <= 0 {
 		t.hsTimeout = 10 * time.Second
 	}
@@ -109,45 +113,6 @@ func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
 	t.wg.Add(1)
 	go t.acceptLoop()
 	return t, nil
-}
-
-// CheckAdvertise says whether a listener bound to bind can tell its peers
-// where to dial: a bind of every interface (0.0.0.0, ::, or no host)
-// needs advertise, a host (or host:port) of its own that is not itself
-// every interface.
-func CheckAdvertise(bind, advertise string) error {
-	host, _, err := net.SplitHostPort(bind)
-	if err != nil {
-		return fmt.Errorf("bind address %q: %w", bind, err)
-	}
-	if advertise != "" {
-		h := advertise
-		if ah, _, err := net.SplitHostPort(advertise); err == nil {
-			h = ah
-		}
-		if ip := net.ParseIP(strings.Trim(h, "[]")); h == "" || ip != nil && ip.IsUnspecified() {
-			return fmt.Errorf("advertise address %q names no host peers can dial", advertise)
-		}
-		return nil
-	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		return fmt.Errorf("binding %s listens on every interface, and peers need one address to dial: pass --advertise HOST (this host's address as the other hosts reach it)", bind)
-	}
-	return nil
-}
-
-// AdvertiseAddr is the address a listener at bound advertises: advertise
-// when it has a port, advertise's host with the bound port when it is a
-// host alone, the bound address when it is empty.
-func AdvertiseAddr(advertise string, bound net.Addr) string {
-	if advertise == "" {
-		return bound.String()
-	}
-	if _, _, err := net.SplitHostPort(advertise); err == nil {
-		return advertise
-	}
-	_, port, _ := net.SplitHostPort(bound.String())
-	return net.JoinHostPort(strings.Trim(advertise, "[]"), port)
 }
 
 // Addr is the address peers should dial.

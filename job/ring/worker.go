@@ -19,6 +19,7 @@ import (
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/elastic"
 	"github.com/phalanx-rt/phalanx/hybrid"
+	"github.com/phalanx-rt/phalanx/internal/netaddr"
 	"github.com/phalanx-rt/phalanx/internal/plant"
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/metrics"
@@ -135,10 +136,8 @@ func (w *ringWorker) start(ctx context.Context) error {
 	// plane's advertised host; or, bound to every interface, every
 	// interface too, advertising that host.
 	ao := actors.Options{Logger: w.log, Remote: true, Bind: net.JoinHostPort(host, "0")}
-	if bh, _, err := net.SplitHostPort(c.Bind); err == nil {
-		if ip := net.ParseIP(bh); bh == "" || ip != nil && ip.IsUnspecified() {
-			ao.Bind, ao.Advertise = net.JoinHostPort(bh, "0"), host
-		}
+	if bh, _, err := net.SplitHostPort(c.Bind); err == nil && netaddr.Unspecified(bh) {
+		ao.Bind, ao.Advertise = net.JoinHostPort(bh, "0"), host
 	}
 	sys, err := actors.NewSystem(ao)
 	if err != nil {
