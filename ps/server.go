@@ -14,14 +14,19 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/phalanx-rt/phalanx/actors"
+	"github.com/phalanx-rt/phalanx/internal/netaddr"
 )
 
 // ServerConfig configures a parameter server process's data plane.
 type ServerConfig struct {
 	// Addr is where to listen (127.0.0.1:0 picks a port).
-	Addr   string
-	Tables []TableSpec
-	Sync   SyncSpec
+	Addr string
+	// Advertise is the address clients dial, when it is not Addr: host:port,
+	// or a host alone, which takes the bound port. A bind of every
+	// interface needs one.
+	Advertise string
+	Tables    []TableSpec
+	Sync      SyncSpec
 	// System hosts the shard actors, under a supervisor of the server's.
 	System *actors.System
 	Logger *zap.Logger
@@ -75,6 +80,9 @@ func Listen(cfg ServerConfig) (*Server, error) {
 			return nil, err
 		}
 	}
+	if err := netaddr.Check(cfg.Addr, cfg.Advertise); err != nil {
+		return nil, fmt.Errorf("ps: %w", err)
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("ps: listening on %s: %w", cfg.Addr, err)
@@ -96,8 +104,13 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	return s, nil
 }
 
-// Addr is the address the server listens on.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+// Addr is the address clients dial: the advertised one, else the bound one.
+func (s *Server) Addr() string {
+	if a := netaddr.Advertised(s.cfg.Advertise, s.ln.Addr().(*net.TCPAddr).Port); a != "" {
+		return a
+	}
+	return s.ln.Addr().String()
+}
 
 // GaveUp delivers a shard actor's failure beyond its restart budget: the
 // process should exit and let a backup take over.

@@ -487,3 +487,51 @@ func within[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
 	return testwait.Recv(t, ch, 30*time.Second, what)
 }
+
+// TestServerAdvertise: a server bound to every interface needs an address
+// to advertise and says which flag gives it; bound to every IPv6
+// interface and advertising ::1, clients reach it there.
+func TestServerAdvertise(t *testing.T) {
+	spec := sgdTable(1)
+	sys, err := actors.NewSystem(actors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Shutdown()
+	cfg := ServerConfig{Addr: "0.0.0.0:0", Tables: []TableSpec{spec}, Sync: SyncSpec{Mode: ASP, Workers: 1}, System: sys}
+	if _, err := Listen(cfg); err == nil || !strings.Contains(err.Error(), "pass --advertise HOST") {
+		t.Fatalf("Listen on 0.0.0.0:0 without an address to advertise: %v", err)
+	}
+	cfg.Addr, cfg.Advertise = "[::]:0", "::1"
+	srv, err := Listen(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if !strings.HasPrefix(srv.Addr(), "[::1]:") || strings.HasSuffix(srv.Addr(), ":0") {
+		t.Fatalf("the server advertises %s, want [::1] and its bound port", srv.Addr())
+	}
+	ctx := testContext(t)
+	if err := srv.Host(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.SetRole(ctx, 0, true, nil, 1); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewClient(ClientConfig{Worker: 0, Tables: []TableSpec{spec}, Partition: PartitionRange, Shards: 1,
+		Sync: SyncSpec{Mode: ASP, Workers: 1}, Directory: StaticDirectory{srv.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Push(ctx, 1, []uint64{4}, []float32{1}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, 1)
+	if err := w.Pull(ctx, 1, []uint64{4}, out); err != nil {
+		t.Fatal(err)
+	}
+	if want := initial(spec, 4)[0] - 0.5; !near(out, []float32{want}) {
+		t.Fatalf("pulled %v over [::1], want %v", out, want)
+	}
+}

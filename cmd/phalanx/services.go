@@ -57,7 +57,8 @@ func psCmd(stdout, stderr io.Writer) *cobra.Command {
 	f.cfg = phalanx.DefaultConfig()
 	f.registerMembership(fs)
 	id := fs.String("id", "", "this server's id (default: host-pid)")
-	fs.StringVar(&f.cfg.Bind, "listen", f.cfg.Bind, "the data plane's address")
+	fs.StringVar(&f.cfg.Bind, "listen", f.cfg.Bind, "the data plane's address (0.0.0.0:PORT or [::]:PORT: every interface, with --advertise)")
+	fs.StringVar(&f.cfg.Advertise, "advertise", "", "the address the workers reach this server at (HOST, or HOST:PORT behind a proxy); needed when\n--listen is every interface")
 	return withLoggedRun(cmd, stderr, func(ctx context.Context, _ []string, log *zap.Logger) error {
 		f.cfg.Etcd, f.cfg.Logger = endpointList(f.etcd), log
 		return asUsage(phalanx.RunPSServer(ctx, f.cfg, *id, func(addr string) { fmt.Fprintf(stdout, "ps %s serving on %s\n", *id, addr) }))

@@ -501,7 +501,7 @@ func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr
 			onReady(addr)
 		}
 	}
-	return cluster.Serve(ctx, coord, cluster.NodeConfig{ID: id, Listen: listen, LeaseTTL: cfg.LeaseTTL,
+	return cluster.Serve(ctx, coord, cluster.NodeConfig{ID: id, Listen: listen, Advertise: cfg.Advertise, LeaseTTL: cfg.LeaseTTL,
 		Logger: log.With(zap.String("ps", id)), OnReady: ready})
 }
 

@@ -122,10 +122,14 @@ func ReadJob(ctx context.Context, coord *coordinator.Job) (*phalanxpb.PSJob, err
 
 // NodeConfig configures a parameter server process.
 type NodeConfig struct {
-	ID       string // unique per process
-	Listen   string // the data plane's address (127.0.0.1:0 picks a port)
-	LeaseTTL time.Duration
-	Logger   *zap.Logger
+	ID     string // unique per process
+	Listen string // the data plane's address (127.0.0.1:0 picks a port)
+	// Advertise is the address clients dial when it is not Listen's (a
+	// host alone takes the bound port); a Listen of every interface needs
+	// one.
+	Advertise string
+	LeaseTTL  time.Duration
+	Logger    *zap.Logger
 	// OnReady, when set, is told the data-plane address once registered.
 	OnReady func(addr string)
 }
@@ -150,7 +154,7 @@ func Serve(ctx context.Context, coord *coordinator.Job, cfg NodeConfig) error {
 		return err
 	}
 	defer sys.Shutdown()
-	srv, err := ps.Listen(ps.ServerConfig{Addr: cfg.Listen, Tables: spec.Tables, Sync: spec.Sync, System: sys, Logger: log})
+	srv, err := ps.Listen(ps.ServerConfig{Addr: cfg.Listen, Advertise: cfg.Advertise, Tables: spec.Tables, Sync: spec.Sync, System: sys, Logger: log})
 	if err != nil {
 		return err
 	}
