@@ -451,18 +451,7 @@ func TestShardActorRestart(t *testing.T) {
 	}
 	defer srv.Close()
 	ctx := testContext(t)
-	if err := srv.Host(ctx, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.SetRole(ctx, 0, true, nil, 1); err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewClient(ClientConfig{Worker: 0, Tables: []TableSpec{spec}, Partition: PartitionRange, Shards: 1,
-		Sync: SyncSpec{Mode: ASP, Workers: 1}, Directory: StaticDirectory{srv.Addr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := serveOneShard(t, ctx, srv, spec)
 	for range 3 {
 		if _, err := w.Push(ctx, 1, []uint64{4}, []float32{1}); err != nil {
 			t.Fatal(err)
@@ -512,6 +501,23 @@ func TestServerAdvertise(t *testing.T) {
 		t.Fatalf("the server advertises %s, want [::1] and its bound port", srv.Addr())
 	}
 	ctx := testContext(t)
+	w := serveOneShard(t, ctx, srv, spec)
+	if _, err := w.Push(ctx, 1, []uint64{4}, []float32{1}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, 1)
+	if err := w.Pull(ctx, 1, []uint64{4}, out); err != nil {
+		t.Fatal(err)
+	}
+	if want := initial(spec, 4)[0] - 0.5; !near(out, []float32{want}) {
+		t.Fatalf("pulled %v over [::1], want %v", out, want)
+	}
+}
+
+// serveOneShard makes srv the primary of shard 0, the only one, and
+// returns an ASP client of it, closed with the test.
+func serveOneShard(t *testing.T, ctx context.Context, srv *Server, spec TableSpec) *Client {
+	t.Helper()
 	if err := srv.Host(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -523,15 +529,6 @@ func TestServerAdvertise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
-	if _, err := w.Push(ctx, 1, []uint64{4}, []float32{1}); err != nil {
-		t.Fatal(err)
-	}
-	out := make([]float32, 1)
-	if err := w.Pull(ctx, 1, []uint64{4}, out); err != nil {
-		t.Fatal(err)
-	}
-	if want := initial(spec, 4)[0] - 0.5; !near(out, []float32{want}) {
-		t.Fatalf("pulled %v over [::1], want %v", out, want)
-	}
+	t.Cleanup(func() { w.Close() })
+	return w
 }
