@@ -41,7 +41,8 @@ func newRoot(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	add(&cobra.Group{ID: "service", Title: "A job's services, started by hand"},
 		coordinatorCmd(stdout, stderr), psCmd(stdout, stderr), etcdCmd(stdout, stderr))
 	add(&cobra.Group{ID: "tool", Title: "Tools"},
-		ckptCmd(stdout, stderr), sampleCmd(reg, stdout), chaosCmd(reg, stdout, stderr), benchCmd(stdout, stderr), debugCmd(stdout, stderr))
+		ckptCmd(stdout, stderr), sampleCmd(reg, stdout), chaosCmd(reg, stdout, stderr), benchCmd(stdout, stderr), debugCmd(stdout, stderr),
+		certsCmd(stdout, stderr))
 	add(&cobra.Group{ID: "other", Title: "This command"},
 		&cobra.Command{Use: "version", Short: "print the version and the commit it was built from (or --version)", Args: noArgs,
 			RunE: func(*cobra.Command, []string) error { fmt.Fprintln(stdout, versionLine()); return nil }},
