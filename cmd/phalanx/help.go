@@ -51,7 +51,7 @@ var flagTopics = []struct {
 		"checkpoint-wait", "resume", "s3-access-key", "s3-secret-key"}},
 	{"Elastic membership and recovery", []string{"workers", "min-workers", "max-workers", "min-workers-timeout", "join-window",
 		"etcd-endpoints", "etcd-dial-timeout", "lease-ttl", "unreachable", "coordinator", "commit-every", "max-restarts",
-		"restart-window", "bind", "rank-hint", "worker-index"}},
+		"restart-window", "bind", "advertise", "rank-hint", "worker-index"}},
 	{"Data plane", []string{"transport", "bucket", "timeout", "wire-dtype", "error-feedback"}},
 	{"Parameter server (sparse-lr)", []string{"ps-servers", "ps-shards", "ps-replicas", "ps-partition", "ps-optimizer", "ps-lr",
 		"ps-cache-rows", "ps-cache-staleness", "report-every"}},

@@ -110,7 +110,7 @@ func TestMistakeIsOneLine(t *testing.T) {
 		{[]string{"train", "--steps", "many"}, `--steps "many": want a whole number`},
 		{[]string{"train", "-workers", "2"}, "train: -workers: long flags take two dashes: --workers"},
 		{[]string{"chaos", "runn"}, `chaos: unknown subcommand "runn" (want list, run or soak); did you mean run?`},
-		{[]string{"trian"}, `unknown command "trian" (want bench, chaos, ckpt, completion, coordinator, debug, etcd, ps, sample, status, stop, train, version or worker); did you mean train?`},
+		{[]string{"trian"}, `unknown command "trian" (want bench, certs, chaos, ckpt, completion, coordinator, debug, etcd, ps, sample, status, stop, train, version or worker); did you mean train?`},
 		{[]string{"help", "trian"}, `help: unknown command "trian"; did you mean train?`},
 		{[]string{"version", "x"}, `version: unexpected argument "x"`},
 		{[]string{"chaos", "run", "--bogus", "kill-one"}, "chaos run: unknown flag --bogus"},
@@ -225,7 +225,7 @@ func TestCompletion(t *testing.T) {
 		want string
 	}{
 		{"ch", "chaos"},
-		{"c", "chaos ckpt completion coordinator"},
+		{"c", "certs chaos ckpt completion coordinator"},
 		{"chaos r", "run"},
 		{"train --work", "--workers"},
 		{"train --checkpoint-e", "--checkpoint-every --checkpoint-every-steps"},
