@@ -28,6 +28,7 @@ type kindEvents struct {
 	worlds   chan generation
 	pidOf    map[int]int // worker index -> pid
 	exited   map[int]string
+	exits    chan int // the pids of worker_exited events (some dropped)
 	lastStep int64
 }
 
@@ -44,6 +45,10 @@ func (k *kindEvents) Emit(event string, fields ...events.Field) error {
 		k.pidOf[f["worker"].(int)] = f["pid"].(int)
 	case "worker_exited":
 		k.exited[f["pid"].(int)] = f["status"].(string)
+		select {
+		case k.exits <- f["pid"].(int):
+		default:
+		}
 	case "step":
 		k.lastStep = f["step"].(int64)
 		select {
@@ -72,7 +77,7 @@ func TestThirdKind(t *testing.T) {
 	t.Run("to its end", func(t *testing.T) {
 		lc := phalanx.DefaultLaunchConfig()
 		lc.Registry, lc.Model, lc.Workers, lc.Steps = registry(), "barriers", 3, 200
-		k := &kindEvents{steps: make(chan int, 1), worlds: make(chan generation, 16), pidOf: map[int]int{}, exited: map[int]string{}}
+		k := &kindEvents{steps: make(chan int, 1), worlds: make(chan generation, 16), pidOf: map[int]int{}, exited: map[int]string{}, exits: make(chan int, 16)}
 		lc.Events = k
 		res, err := phalanx.Launch(launchContext(t), lc)
 		if err != nil || res == nil || res.Step != 200 || res.World != 3 {
@@ -85,7 +90,7 @@ func TestThirdKind(t *testing.T) {
 	t.Run("SIGKILL of a worker, then cancelled", func(t *testing.T) {
 		lc := phalanx.DefaultLaunchConfig()
 		lc.Registry, lc.Model, lc.Workers, lc.Steps = registry(), "barriers", 3, 1<<40
-		k := &kindEvents{steps: make(chan int, 1), worlds: make(chan generation, 16), pidOf: map[int]int{}, exited: map[int]string{}}
+		k := &kindEvents{steps: make(chan int, 1), worlds: make(chan generation, 16), pidOf: map[int]int{}, exited: map[int]string{}, exits: make(chan int, 16)}
 		lc.Events = k
 		ctx, cancel := context.WithCancel(launchContext(t))
 		defer cancel()
@@ -116,6 +121,12 @@ func TestThirdKind(t *testing.T) {
 		}
 
 		for testwait.Recv(t, k.steps, 2*time.Minute, "a step of the ring of 2") != 2 { // steps of the ring of 3 may come first
+		}
+		// The ring of 2 may step before the launcher has reaped the killed
+		// process (its exit can take milliseconds after its sockets
+		// closed), and a cancelled launcher reports no exit after the
+		// cancel: its exit first.
+		for testwait.Recv(t, k.exits, 2*time.Minute, "the killed worker's exit") != pid {
 		}
 		cancel()
 		if err := testwait.Recv(t, done, 2*time.Minute, "the cancelled launch to return"); !errors.Is(err, context.Canceled) {
