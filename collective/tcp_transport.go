@@ -90,7 +90,6 @@ func ListenTCP(opts TCPOptions) (*TCPTransport, error) {
 	plantLeakListener(ln)
 	t := &TCPTransport{
 		ln:        ln,
-		advertise: opts.Advertise,
 		hsTimeout: opts.HandshakeTimeout,
 		job:       opts.Job,
 		tls:       opts.TLS,
@@ -229,7 +228,7 @@ func (t *TCPTransport) refuseTLS(c net.Conn, err error) {
 	if errors.As(err, &rh) && rh.Conn != nil && binary.LittleEndian.Uint32(rh.RecordHeader[:4]) == handshakeMagic {
 		err = errors.New("a plaintext peer: this rank's data plane requires mutual TLS")
 		writeHandshake(rh.Conn, &phalanxpb.HelloReply{ProtocolVersion: ProtocolVersion,
-			Error: "refused: this rank's data plane requires mutual TLS (a certificate of the job's CA: --tls-ca, --tls-cert, --tls-key)"})
+			Error: "refused: this rank's data plane requires mutual TLS (a certificate of the job's CA)"})
 	}
 	reason := fmt.Sprintf("refused data-plane connection from %s: %v", c.RemoteAddr(), err)
 	t.mu.Lock()
