@@ -13,6 +13,7 @@ import (
 	"github.com/phalanx-rt/phalanx/job/pipeline"
 	"github.com/phalanx-rt/phalanx/job/psjob"
 	"github.com/phalanx-rt/phalanx/job/ring"
+	"github.com/phalanx-rt/phalanx/pki"
 	"github.com/phalanx-rt/phalanx/status"
 	"github.com/phalanx-rt/phalanx/worker"
 )
@@ -200,9 +201,18 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 // boundary after a final checkpoint (a job without checkpoints ignores
 // it). Each worker then ends with a *StoppedError; the same configuration
 // resumes the job.
-func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
-	return job.Stop(ctx, etcd, jobName, reason)
+func Stop(ctx context.Context, a Access, reason string) error {
+	return job.Stop(ctx, a, reason)
 }
+
+// Access is how a tool reaches a running job's records: its etcd
+// endpoints, its name, and its TLS files (TLSFiles) when its etcd
+// requires them.
+type Access = job.Access
+
+// TLSFiles name a process's mutual TLS material: the job's CA, its
+// certificate (naming the job) and its key (Config.TLS).
+type TLSFiles = pki.Files
 
 // StatusSnapshot is a job's status: its state, ring and generations,
 // workers, excluded stragglers, loss curve, checkpoints and last events.
@@ -211,14 +221,14 @@ type StatusSnapshot = status.Snapshot
 // JobStatus reads a running job's status from its etcd: the snapshot its
 // launcher published last (every two seconds), or, for workers started by
 // hand without a launcher, the ring the coordinator decided.
-func JobStatus(ctx context.Context, etcd []string, jobName string) (StatusSnapshot, error) {
-	return job.JobStatus(ctx, etcd, jobName)
+func JobStatus(ctx context.Context, a Access) (StatusSnapshot, error) {
+	return job.JobStatus(ctx, a)
 }
 
 // ServeStatus serves the live status page of a job started elsewhere on
 // addr, read from its etcd, until ctx ends; onServing is told the address.
-func ServeStatus(ctx context.Context, etcd []string, jobName, addr string, onServing func(addr string)) error {
-	return job.ServeStatus(ctx, etcd, jobName, addr, onServing)
+func ServeStatus(ctx context.Context, a Access, addr string, onServing func(addr string)) error {
+	return job.ServeStatus(ctx, a, addr, onServing)
 }
 
 // WriteStatus prints a job's status as tables (phalanx status).

@@ -269,7 +269,9 @@ func TestStop(t *testing.T) {
 	lc.Steps, lc.Checkpoint.Location = 100000, dir
 	stopped := make(chan error, 1)
 	sink := &captured{onJob: func(ep, job string) {
-		go func() { stopped <- phalanx.Stop(launchContext(t), strings.Split(ep, ","), job, "test") }()
+		go func() {
+			stopped <- phalanx.Stop(launchContext(t), phalanx.Access{Etcd: strings.Split(ep, ","), Job: job}, "test")
+		}()
 	}}
 	lc.Events = sink
 	_, err := phalanx.Launch(launchContext(t), lc)

@@ -187,7 +187,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	ev.mu.Unlock()
 	var st phalanx.StatusSnapshot
 	testwait.Until(t, time.Minute, "the published status of the ring of two", func() bool {
-		st, err = phalanx.JobStatus(testwait.Context(t, 10*time.Second), etcd, name)
+		st, err = phalanx.JobStatus(testwait.Context(t, 10*time.Second), phalanx.Access{Etcd: etcd, Job: name})
 		return err == nil && st.World == 2 && st.Generation == 2
 	})
 	var table strings.Builder
@@ -205,7 +205,9 @@ func TestStatusPageInChromium(t *testing.T) {
 	sctx, cancel := context.WithCancel(testwait.Context(t, 2*time.Minute))
 	served := make(chan string, 1)
 	ended := make(chan error, 1)
-	go func() { ended <- phalanx.ServeStatus(sctx, etcd, name, "127.0.0.1:0", func(a string) { served <- a }) }()
+	go func() {
+		ended <- phalanx.ServeStatus(sctx, phalanx.Access{Etcd: etcd, Job: name}, "127.0.0.1:0", func(a string) { served <- a })
+	}()
 	defer func() {
 		cancel()
 		if err := testwait.Recv(t, ended, time.Minute, "ServeStatus's end"); err != nil {

@@ -54,7 +54,7 @@ func (c *etcdCluster) ringClient(env *Env, skip int, force bool) {
 			return
 		}
 	}
-	cli, err := coordinator.Connect(c.endpointsWithout(skip), c.log)
+	cli, err := coordinator.Connect(c.endpointsWithout(skip), nil, c.log)
 	if err != nil {
 		return
 	}
@@ -330,7 +330,7 @@ func (f *memberFault) Inject(ctx context.Context, env *Env) (string, error) {
 	}
 	f.fig = etcdFigures{at: time.Now()}
 	// The measurement's writes, and the runner's reads, go to the others.
-	cli, err := coordinator.Connect(c.endpointsWithout(idx), c.log)
+	cli, err := coordinator.Connect(c.endpointsWithout(idx), nil, c.log)
 	if err != nil {
 		return "", err
 	}

@@ -142,7 +142,7 @@ func (c *etcdCluster) Start(ctx context.Context, dir string, log *zap.Logger) er
 		c.Close()
 		return err
 	}
-	if c.cli, err = coordinator.Connect(endpoints, log); err != nil {
+	if c.cli, err = coordinator.Connect(endpoints, nil, log); err != nil {
 		c.Close()
 		return err
 	}

@@ -468,7 +468,7 @@ func (ru *run) ring(ctx context.Context, endpoint string, fallback []Member) []M
 		return out
 	}
 	if ru.cli == nil {
-		cli, err := coordinator.Connect(strings.Split(endpoint, ","), ru.r.log())
+		cli, err := coordinator.Connect(strings.Split(endpoint, ","), nil, ru.r.log())
 		if err != nil {
 			return out
 		}

@@ -84,7 +84,7 @@ func runHelper(raw string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(os.Stderr), zap.InfoLevel))
-	cli, err := Connect(spec.Endpoints, log)
+	cli, err := Connect(spec.Endpoints, nil, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

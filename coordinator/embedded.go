@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -11,8 +12,11 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/pki"
 )
 
 // EmbeddedOptions configure an in-process etcd server.
@@ -28,6 +32,14 @@ type EmbeddedOptions struct {
 	InitialCluster       string
 	// ReadyTimeout bounds the start (default 30s).
 	ReadyTimeout time.Duration
+	// TLS, when its files are named, serves clients and peers over mutual
+	// TLS (https URLs; InitialCluster's too): a client or peer must present
+	// a certificate signed by TLS.CA whose common name is pki.JobCN of one
+	// of Jobs (default: the jobs the member's own certificate names), so
+	// a certificate of another job is refused under the same CA. A
+	// refused connection is logged at warn with the peer and the reason.
+	TLS  pki.Files
+	Jobs []string
 }
 
 // Embedded is a single-member etcd server running in this process, on
@@ -77,6 +89,15 @@ func startEmbedded(ctx context.Context, opts EmbeddedOptions, pick func(host str
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = 30 * time.Second
 	}
+	if opts.TLS.Enabled() {
+		m, err := pki.Load(opts.TLS, "", nil) // the files' own problems, named, before etcd's
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
+		}
+		if len(opts.Jobs) == 0 {
+			opts.Jobs = m.Jobs()
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		e, err := startOnce(ctx, opts, pick)
 		if err == nil || !inUse(err) || opts.ClientPort != 0 && opts.PeerPort != 0 || attempt == portAttempts {
@@ -106,9 +127,24 @@ func startOnce(ctx context.Context, opts EmbeddedOptions, pick func(host string)
 			return nil, fmt.Errorf("coordinator: embedded etcd: %w", err)
 		}
 	}
-	cu := url.URL{Scheme: "http", Host: net.JoinHostPort(opts.Host, clientPort)}
-	pu := url.URL{Scheme: "http", Host: net.JoinHostPort(opts.Host, peerPort)}
+	scheme := "http"
 	cfg := embed.NewConfig()
+	if opts.TLS.Enabled() {
+		scheme = "https"
+		cns := make([]string, len(opts.Jobs))
+		for i, j := range opts.Jobs {
+			cns[i] = pki.JobCN(j)
+		}
+		log := opts.Logger
+		info := transport.TLSInfo{CertFile: opts.TLS.Cert, KeyFile: opts.TLS.Key, TrustedCAFile: opts.TLS.CA, ClientCertAuth: true,
+			AllowedCNs: cns, MinVersion: tls.VersionTLS13, Logger: log.Named("etcd-tls"),
+			HandshakeFailure: func(c *tls.Conn, err error) {
+				log.Warn("etcd refused a connection: TLS", zap.String("peer", c.RemoteAddr().String()), zap.String("reason", err.Error()))
+			}}
+		cfg.ClientTLSInfo, cfg.PeerTLSInfo = info, info
+	}
+	cu := url.URL{Scheme: scheme, Host: net.JoinHostPort(opts.Host, clientPort)}
+	pu := url.URL{Scheme: scheme, Host: net.JoinHostPort(opts.Host, peerPort)}
 	cfg.Name = opts.Name
 	cfg.Dir = opts.Dir
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}

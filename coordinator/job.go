@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -43,24 +44,54 @@ func (j *Job) Client() *clientv3.Client { return j.cli }
 func (j *Job) Keys() Keys { return j.keys }
 
 // Connect is a client of the etcd cluster at endpoints; its own logs go to
-// log (named "etcd-client").
-func Connect(endpoints []string, log *zap.Logger) (*clientv3.Client, error) {
+// log (named "etcd-client"). With tlsCfg (the job's client side of mutual
+// TLS) it speaks TLS: a bare host:port endpoint is taken as https, and
+// an http:// one is refused, as is an https:// one without tlsCfg.
+func Connect(endpoints []string, tlsCfg *tls.Config, log *zap.Logger) (*clientv3.Client, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("coordinator: no etcd endpoints")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client")})
+	endpoints, err := Endpoints(endpoints, tlsCfg != nil)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: log.Named("etcd-client"), TLS: tlsCfg})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: etcd %v: %w", endpoints, err)
 	}
 	return cli, nil
 }
 
+// Endpoints are endpoints as a client with TLS (secure) or without it
+// dials them: a bare host:port gets the scheme; a scheme that disagrees
+// is an error naming the endpoint.
+func Endpoints(endpoints []string, secure bool) ([]string, error) {
+	out := make([]string, len(endpoints))
+	for i, e := range endpoints {
+		switch {
+		case strings.HasPrefix(e, "https://") && !secure:
+			return nil, fmt.Errorf("coordinator: etcd endpoint %q is https: it needs the job's TLS material (a CA, a certificate and a key)", e)
+		case strings.HasPrefix(e, "http://") && secure:
+			return nil, fmt.Errorf("coordinator: etcd endpoint %q is plain http, and TLS is configured: with TLS every endpoint is https://", e)
+		case strings.Contains(e, "://"):
+			out[i] = e
+		case secure:
+			out[i] = "https://" + e
+		default:
+			out[i] = e
+		}
+	}
+	return out, nil
+}
+
 // DialOptions says how long Dial waits for etcd and how it says so.
 type DialOptions struct {
 	Logger *zap.Logger
+	// TLS is the job's client side of mutual TLS (nil: plaintext).
+	TLS *tls.Config
 	// Wait bounds the wait for the cluster's first answer (default 30s).
 	Wait time.Duration
 	// Say is called every Every (default 5s) of the wait with a line that
@@ -81,7 +112,7 @@ func Dial(ctx context.Context, endpoints []string, o DialOptions) (*clientv3.Cli
 	if o.Every <= 0 {
 		o.Every = 5 * time.Second
 	}
-	cli, err := Connect(endpoints, o.Logger)
+	cli, err := Connect(endpoints, o.TLS, o.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +151,7 @@ func Dial(ctx context.Context, endpoints []string, o DialOptions) (*clientv3.Cli
 			return nil, fmt.Errorf("coordinator: waiting for etcd at %s: %w", at, context.Cause(ctx))
 		case !time.Now().Before(deadline):
 			cli.Close()
-			return nil, fmt.Errorf("coordinator: etcd at %s did not answer within %v%s: %w", at, o.Wait, dialErrors(endpoints), err)
+			return nil, fmt.Errorf("coordinator: etcd at %s did not answer within %v%s: %w", at, o.Wait, dialErrors(cli.Endpoints(), o.TLS), err)
 		}
 		if now := time.Now(); !now.Before(next) {
 			say(fmt.Sprintf("waiting for etcd at %s (%s)", at, now.Sub(start).Round(time.Second)))
@@ -133,9 +164,11 @@ func Dial(ctx context.Context, endpoints []string, o DialOptions) (*clientv3.Cli
 	}
 }
 
-// dialErrors says why a TCP connection to each endpoint fails, if it does:
-// the client's own error after a wait only says that the wait ended.
-func dialErrors(endpoints []string) string {
+// dialErrors says why a connection to each endpoint fails, if it does:
+// the client's own error after a wait only says that the wait ended. With
+// tlsCfg it is a TLS handshake and a read, where TLS 1.3 hears a server's
+// refusal of this client's certificate.
+func dialErrors(endpoints []string, tlsCfg *tls.Config) string {
 	var out []string
 	for _, e := range endpoints {
 		u, err := url.Parse(e)
@@ -146,6 +179,22 @@ func dialErrors(endpoints []string) string {
 		if err != nil {
 			out = append(out, err.Error())
 			continue
+		}
+		if tlsCfg != nil {
+			cfg := tlsCfg.Clone()
+			cfg.NextProtos = []string{"h2"}
+			tc := tls.Client(c, cfg)
+			tc.SetDeadline(time.Now().Add(time.Second))
+			err = tc.Handshake()
+			if err == nil {
+				_, err = tc.Read(make([]byte, 1))
+			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				err = nil // it took the certificate and waits for the client's request
+			}
+			if err != nil {
+				out = append(out, fmt.Sprintf("TLS with %s: %v", u.Host, err))
+			}
 		}
 		c.Close()
 	}

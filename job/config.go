@@ -15,6 +15,7 @@ import (
 	"github.com/phalanx-rt/phalanx/hybrid"
 	"github.com/phalanx-rt/phalanx/metrics"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/pki"
 	"github.com/phalanx-rt/phalanx/trace"
 )
 
@@ -86,6 +87,14 @@ type Config struct {
 	PS PSConfig `json:"ps"`
 	// Pipeline configures a pipeline job (a model of kind pipeline).
 	Pipeline PipelineConfig `json:"pipeline"`
+
+	// TLS is the job's mutual TLS: PEM files of the job's CA, this
+	// process's certificate (naming the job: pki.JobURI) and its key; all
+	// three or none. With them every plane of this process — the data
+	// plane, the parameter servers', the actor remote, etcd — speaks TLS
+	// and refuses plaintext. The paths travel to launched processes; the
+	// key's bytes never do.
+	TLS pki.Files `json:"tls,omitempty"`
 
 	// This process: its data-plane listen address (host:port; port 0
 	// picks one), its preferred place in the first ring (-1: none), its
@@ -378,6 +387,9 @@ func (c *Config) ValidateCommon() error {
 		return Invalid("Unreachable", c.Unreachable, "must be positive")
 	case c.EtcdDialTimeout < 0:
 		return Invalid("EtcdDialTimeout", c.EtcdDialTimeout, "must not be negative (0: 30s)")
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return Invalid("TLS", c.TLS, "%v", err)
 	}
 	for _, e := range c.Etcd {
 		if strings.TrimSpace(e) == "" || strings.ContainsAny(e, ", ") {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/coordinator"
+	"github.com/phalanx-rt/phalanx/pki"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 	"github.com/phalanx-rt/phalanx/status"
 )
@@ -45,7 +46,11 @@ type CoordinatorConfig struct {
 	MinWorkersTimeout, JoinWindow time.Duration
 	LeaseTTL                      time.Duration // the leadership lease: a standby takes over within it (default 5s)
 	EtcdDialTimeout               time.Duration // how long to wait for etcd's first answer (default 30s)
-	Logger                        *zap.Logger   // default: none
+	// TLS is the job's mutual TLS (Config.TLS): etcd over TLS (the
+	// embedded server too: clients and peers must present the job's
+	// certificates), and the probes of workers' data planes.
+	TLS    pki.Files
+	Logger *zap.Logger // default: none
 	// OnEndpoints, when set, is told the etcd endpoints once they serve.
 	OnEndpoints func([]string)
 }
@@ -64,6 +69,10 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	case len(cfg.Etcd) == 0 && cfg.JobDir == "":
 		return Invalid("Etcd", cfg.Etcd, "give the endpoints, or a JobDir for an embedded etcd")
 	}
+	sec, err := LoadSecurity(&Config{Job: cfg.Job, TLS: cfg.TLS})
+	if err != nil {
+		return err
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -74,7 +83,8 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	}
 	endpoints := cfg.Etcd
 	if len(endpoints) == 0 {
-		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(cfg.JobDir, "etcd"), Logger: log})
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(cfg.JobDir, "etcd"), Logger: log,
+			TLS: cfg.TLS, Jobs: []string{cfg.Job}})
 		if err != nil {
 			return err
 		}
@@ -84,7 +94,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	if cfg.OnEndpoints != nil {
 		cfg.OnEndpoints(endpoints)
 	}
-	cli, err := coordinator.Dial(ctx, endpoints, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout})
+	cli, err := coordinator.Dial(ctx, endpoints, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout, TLS: sec.Client()})
 	if err != nil {
 		return err
 	}
@@ -95,7 +105,7 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 	}
 	c, err := coordinator.New(coordinator.NewJob(cli, keys), coordinator.Config{ID: cfg.ID, Rendezvous: coordinator.Rendezvous{MinWorkers: cfg.MinWorkers, MaxWorkers: cfg.MaxWorkers},
 		JoinWindow: cfg.JoinWindow, MinWorkersTimeout: cfg.MinWorkersTimeout, SessionTTL: cfg.LeaseTTL, Logger: log,
-		FirstRing: cfg.Workers, FirstRingWait: cmp.Or(cfg.MinWorkersTimeout, time.Minute), Probe: probeWorker})
+		FirstRing: cfg.Workers, FirstRingWait: cmp.Or(cfg.MinWorkersTimeout, time.Minute), Probe: probeWorker(sec)})
 	if err != nil {
 		return err
 	}
@@ -103,18 +113,30 @@ func RunCoordinator(ctx context.Context, cfg CoordinatorConfig) error {
 }
 
 // probeWorker is a coordinator's check of a reported loss: the worker's
-// data-plane transport must answer (collective.Probe), which a killed
-// process cannot, even while its listener still takes connections.
-func probeWorker(ctx context.Context, r *phalanxpb.Registration) error {
-	return collective.Probe(ctx, r.DataAddr, nil)
+// data-plane transport must answer (collective.Probe, over the job's TLS
+// when it has one), which a killed process cannot, even while its
+// listener still takes connections.
+func probeWorker(sec *Security) func(ctx context.Context, r *phalanxpb.Registration) error {
+	client := sec.Client()
+	return func(ctx context.Context, r *phalanxpb.Registration) error {
+		return collective.Probe(ctx, r.DataAddr, client)
+	}
+}
+
+// Access is how a tool reaches a running job's records: its etcd
+// endpoints, its name, and its TLS files when its etcd requires them.
+type Access struct {
+	Etcd []string
+	Job  string
+	TLS  pki.Files
 }
 
 // Stop asks every worker of a running job to stop at the next step
 // boundary after a final checkpoint (a job without checkpoints ignores
 // it). Each worker then ends with a *StoppedError; the same configuration
 // resumes the job.
-func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
-	j, done, err := connectJob(etcd, jobName)
+func Stop(ctx context.Context, a Access, reason string) error {
+	j, done, err := connectJob(a)
 	if err != nil {
 		return err
 	}
@@ -122,13 +144,17 @@ func Stop(ctx context.Context, etcd []string, jobName, reason string) error {
 	return j.RequestStop(ctx, reason)
 }
 
-// connectJob is a client of job's records in etcd; done closes it.
-func connectJob(etcd []string, jobName string) (j *coordinator.Job, done func(), err error) {
-	keys, err := coordinator.KeysFor(jobName)
+// connectJob is a client of the job's records in etcd; done closes it.
+func connectJob(a Access) (j *coordinator.Job, done func(), err error) {
+	keys, err := coordinator.KeysFor(a.Job)
 	if err != nil {
-		return nil, nil, Invalid("Job", jobName, "%v", err)
+		return nil, nil, Invalid("Job", a.Job, "%v", err)
 	}
-	cli, err := coordinator.Connect(etcd, nil)
+	sec, err := LoadSecurity(&Config{Job: a.Job, TLS: a.TLS})
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := coordinator.Connect(a.Etcd, sec.Client(), nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -137,15 +163,15 @@ func connectJob(etcd []string, jobName string) (j *coordinator.Job, done func(),
 
 // JobStatus reads a running job's status from its etcd (status.Fetch):
 // what its launcher published last, or its ring.
-func JobStatus(ctx context.Context, etcd []string, jobName string) (status.Snapshot, error) {
-	j, done, err := connectJob(etcd, jobName)
+func JobStatus(ctx context.Context, a Access) (status.Snapshot, error) {
+	j, done, err := connectJob(a)
 	if err != nil {
 		return status.Snapshot{}, err
 	}
 	defer done()
 	s, err := status.Fetch(ctx, j)
 	if errors.Is(err, status.ErrNoJob) {
-		return s, fmt.Errorf("job %q at %s: %w", jobName, JoinEndpoints(etcd), err)
+		return s, fmt.Errorf("job %q at %s: %w", a.Job, JoinEndpoints(a.Etcd), err)
 	}
 	return s, err
 }
@@ -153,15 +179,15 @@ func JobStatus(ctx context.Context, etcd []string, jobName string) (status.Snaps
 // ServeStatus serves the status page of a job started elsewhere on addr,
 // read from the job's etcd every second, until ctx ends; onServing is
 // told the address served.
-func ServeStatus(ctx context.Context, etcd []string, jobName, addr string, onServing func(addr string)) error {
-	j, done, err := connectJob(etcd, jobName)
+func ServeStatus(ctx context.Context, a Access, addr string, onServing func(addr string)) error {
+	j, done, err := connectJob(a)
 	if err != nil {
 		return err
 	}
 	defer done()
 	src, err := status.Follow(ctx, j, time.Second)
 	if errors.Is(err, status.ErrNoJob) {
-		return fmt.Errorf("job %q at %s: %w", jobName, JoinEndpoints(etcd), err)
+		return fmt.Errorf("job %q at %s: %w", a.Job, JoinEndpoints(a.Etcd), err)
 	}
 	if err != nil {
 		return err

@@ -38,7 +38,7 @@ func (e *Env) StartElastic(ctx context.Context) (*Elastic, error) {
 		co, err := coordinator.New(e.Coord, coordinator.Config{ID: fmt.Sprintf("%s-%d", host, os.Getpid()),
 			Rendezvous: coordinator.Rendezvous{MinWorkers: lc.MinWorkers, MaxWorkers: lc.MaxWorkers},
 			JoinWindow: lc.JoinWindow, MinWorkersTimeout: lc.MinWorkersTimeout, SessionTTL: lc.LeaseTTL, Logger: e.Log.Named("coordinator"),
-			FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout, Probe: probeWorker})
+			FirstRing: lc.Workers, FirstRingWait: lc.MinWorkersTimeout, Probe: probeWorker(e.Sec)})
 		if err != nil {
 			return nil, err
 		}

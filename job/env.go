@@ -85,6 +85,11 @@ type LaunchConfig struct {
 	// process records its spans in a file of its own under Trace.parts/,
 	// merged into Trace as the job ends, the processes' clocks aligned.
 	Trace string
+	// TLSAuto runs the job over mutual TLS with an ephemeral CA: a CA and
+	// one certificate of the job for this host, made at launch in a
+	// directory of the job's (removed at its end) and handed to every
+	// process as Config.TLS. For a local job; Config.TLS must be empty.
+	TLSAuto bool
 	// Command makes the command of a worker process; its environment is
 	// added to. Default: this program (os.Executable), which must call Main
 	// first thing.
@@ -203,6 +208,12 @@ func (lc *LaunchConfig) prepare(ctx context.Context) (Job, error) {
 	if err := checkTrace(lc.Trace); err != nil {
 		return nil, Invalid("Trace", lc.Trace, "%v", err)
 	}
+	if lc.TLSAuto && lc.TLS.Enabled() {
+		return nil, Invalid("TLSAuto", lc.TLSAuto, "makes the job's TLS material: name no TLS files with it")
+	}
+	if _, err := LoadSecurity(&lc.Config); err != nil {
+		return nil, err
+	}
 	return kind.Prepare(ctx, lc, spec, opts)
 }
 
@@ -218,6 +229,9 @@ type Env struct {
 	Events    events.Sink      // never nil
 	Out       io.Writer        // progress in plain words; never nil
 	Procs     *launch.Group
+	// Sec is the job's mutual TLS (nil: plaintext), LC.TLS loaded: the
+	// embedded etcd's, the launcher's etcd client's and its probes'.
+	Sec *Security
 	// Metrics are the launcher's own (from the job's events); Scraper
 	// gathers its processes' for the job's one endpoint.
 	Metrics    *metrics.Set
@@ -288,16 +302,28 @@ func OpenEnv(ctx, startup context.Context, lc *LaunchConfig) (_ *Env, err error)
 	if err := j.startTrace(); err != nil {
 		return nil, err
 	}
+	if lc.TLSAuto && !lc.TLS.Enabled() {
+		f, remove, err := ephemeralTLS(j.Dir, lc.Job, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		j.undo = append(j.undo, remove)
+		lc.TLS = f
+	}
+	if j.Sec, err = LoadSecurity(&lc.Config); err != nil {
+		return nil, err
+	}
 	j.Endpoints = lc.Etcd
 	if len(j.Endpoints) == 0 {
-		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(j.Dir, "etcd"), Logger: j.Log.Named("etcd")})
+		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: filepath.Join(j.Dir, "etcd"), Logger: j.Log.Named("etcd"),
+			TLS: lc.TLS, Jobs: []string{lc.Job}})
 		if err != nil {
 			return nil, err
 		}
 		j.undo = append(j.undo, e.Close)
 		j.Endpoints = e.Endpoints()
 	}
-	cli, err := coordinator.Dial(startup, j.Endpoints, coordinator.DialOptions{Logger: j.Log, Wait: lc.EtcdDialTimeout,
+	cli, err := coordinator.Dial(startup, j.Endpoints, coordinator.DialOptions{Logger: j.Log, Wait: lc.EtcdDialTimeout, TLS: j.Sec.Client(),
 		Say: func(line string) { fmt.Fprintf(j.Out, "phalanx: %s\n", line) }})
 	if err != nil {
 		return nil, err
@@ -385,7 +411,7 @@ func (j *Env) StartWorkers(ctx context.Context, role string, threads int, more .
 // spawn starts process index of role with spec.
 func (j *Env) Spawn(ctx context.Context, spec ProcessSpec) error {
 	spec.LogLevel = j.LC.LogLevel
-	spec.Config.Etcd, spec.Config.Job = j.Endpoints, j.LC.Job
+	spec.Config.Etcd, spec.Config.Job, spec.Config.TLS = j.Endpoints, j.LC.Job, j.LC.TLS
 	spec.Metrics = j.processMetrics()
 	if j.traceParts != "" {
 		spec.Trace = filepath.Join(j.traceParts, fmt.Sprintf("%s-%d.jsonl", spec.Role, spec.Index))

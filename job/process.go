@@ -156,14 +156,19 @@ type DataPlane struct {
 	HostID    string
 }
 
-// OpenDataPlane listens on c.Bind for c.Job's data plane; Close the TCP
-// listener when done.
+// OpenDataPlane listens on c.Bind for c.Job's data plane, over mutual TLS
+// when c.TLS names files (shared memory needs none: it never leaves the
+// host, and its files are 0600); Close the TCP listener when done.
 func OpenDataPlane(c *Config, log *zap.Logger) (*DataPlane, error) {
 	kind, err := collective.ParseTransportKind(string(c.Transport))
 	if err != nil {
 		return nil, Invalid("Transport", c.Transport, "%v", err)
 	}
-	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.Bind, Advertise: c.Advertise, Job: c.Job, Logger: log})
+	sec, err := LoadSecurity(c)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: c.Bind, Advertise: c.Advertise, Job: c.Job, Logger: log, TLS: sec.Transport()})
 	if err != nil {
 		return nil, err
 	}

@@ -59,7 +59,8 @@ type Leaf struct {
 	Cert, Key []byte
 }
 
-// Issue makes a certificate for name, usable as a TLS client and server,
+// Issue makes a certificate for name (its organizational unit; its common
+// name is JobCN(job)), usable as a TLS client and server,
 // naming job (URI SAN phalanx://job/<job>) and hosts (IP addresses and DNS
 // names, for tools that check them: etcd's peers do), valid from now for
 // validity (capped at the CA's own end).
@@ -77,7 +78,7 @@ func (ca *CA) Issue(name, job string, hosts []string, now time.Time, validity ti
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: name, Organization: []string{"phalanx"}},
+		Subject:      pkix.Name{CommonName: JobCN(job), OrganizationalUnit: []string{name}, Organization: []string{"phalanx"}},
 		NotBefore:    now.Add(-time.Minute),
 		NotAfter:     end,
 		KeyUsage:     x509.KeyUsageDigitalSignature,

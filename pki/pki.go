@@ -35,6 +35,21 @@ func JobURI(job string) *url.URL {
 	return &url.URL{Scheme: Scheme, Host: Host, Path: "/" + job}
 }
 
+// JobCN is the common name of a certificate of job: the name etcd's
+// client-certificate auth checks (its AllowedCNs), and its user when etcd
+// auth is on. The host a certificate was issued for is its
+// organizational unit.
+func JobCN(job string) string { return "phalanx-job:" + job }
+
+// nameOf is how messages name a certificate: its host, else its common
+// name.
+func nameOf(c *x509.Certificate) string {
+	if len(c.Subject.OrganizationalUnit) > 0 {
+		return c.Subject.OrganizationalUnit[0]
+	}
+	return c.Subject.CommonName
+}
+
 // JobsOf are the jobs a certificate's URI SANs name.
 func JobsOf(c *x509.Certificate) []string {
 	var jobs []string
@@ -83,7 +98,8 @@ type Material struct {
 // Load reads f and checks what it can alone: the key matches the
 // certificate, which chains to the CA, is valid now, and names job (the
 // process's own job: a process given another job's certificate is told
-// at once, not by its peers' refusals). now is the clock (nil: time.Now).
+// at once, not by its peers' refusals; "": any job, which it must name).
+// now is the clock (nil: time.Now).
 func Load(f Files, job string, now func() time.Time) (*Material, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
@@ -131,6 +147,11 @@ func Load(f Files, job string, now func() time.Time) (*Material, error) {
 		}
 	}
 	m := &Material{pool: pool, cert: cert, leaf: leaf, now: now}
+	if job == "" { // any job the certificate names: an etcd member may serve several
+		if jobs := JobsOf(leaf); len(jobs) > 0 {
+			job = jobs[0]
+		}
+	}
 	if err := m.verify(cert.Certificate, job); err != nil {
 		return nil, fmt.Errorf("pki: this process's certificate %s: %w", f.Cert, err)
 	}
@@ -170,18 +191,18 @@ func (m *Material) verify(raw [][]byte, job string) error {
 	}
 	now := m.now()
 	if now.After(leaf.NotAfter) {
-		return fmt.Errorf("certificate %q expired at %s", leaf.Subject.CommonName, leaf.NotAfter.UTC().Format(time.RFC3339))
+		return fmt.Errorf("certificate %q expired at %s", nameOf(leaf), leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	if now.Before(leaf.NotBefore) {
-		return fmt.Errorf("certificate %q is not valid before %s", leaf.Subject.CommonName, leaf.NotBefore.UTC().Format(time.RFC3339))
+		return fmt.Errorf("certificate %q is not valid before %s", nameOf(leaf), leaf.NotBefore.UTC().Format(time.RFC3339))
 	}
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: m.pool, Intermediates: inter, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}); err != nil {
 		var ua x509.UnknownAuthorityError
 		if errors.As(err, &ua) {
-			return fmt.Errorf("certificate %q is not signed by this job's CA (issuer %q)", leaf.Subject.CommonName, leaf.Issuer.CommonName)
+			return fmt.Errorf("certificate %q is not signed by this job's CA (issuer %q)", nameOf(leaf), leaf.Issuer.CommonName)
 		}
-		return fmt.Errorf("certificate %q: %w", leaf.Subject.CommonName, err)
+		return fmt.Errorf("certificate %q: %w", nameOf(leaf), err)
 	}
 	jobs := JobsOf(leaf)
 	for _, j := range jobs {
@@ -190,9 +211,9 @@ func (m *Material) verify(raw [][]byte, job string) error {
 		}
 	}
 	if len(jobs) == 0 {
-		return fmt.Errorf("certificate %q names no job (a URI SAN %s)", leaf.Subject.CommonName, JobURI(job))
+		return fmt.Errorf("certificate %q names no job (a URI SAN %s)", nameOf(leaf), JobURI(job))
 	}
-	return fmt.Errorf("certificate %q is for job %s, not %q", leaf.Subject.CommonName, quoteAll(jobs), job)
+	return fmt.Errorf("certificate %q is for job %s, not %q", nameOf(leaf), quoteAll(jobs), job)
 }
 
 func quoteAll(s []string) string {

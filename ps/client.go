@@ -3,6 +3,7 @@ package ps
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -68,6 +69,9 @@ type ClientConfig struct {
 	Sync      SyncSpec
 	Directory Directory
 	Logger    *zap.Logger
+	// TLS, when set, is the job's client side of mutual TLS: every
+	// server is dialed over it (a server with TLS refuses plaintext).
+	TLS *tls.Config
 	// CacheRows, when not 0, keeps up to this many pulled rows per table
 	// on the worker (hot keys): a cached row serves a pull while this
 	// worker's clock on its shard is at most CacheStaleness clocks past
@@ -447,7 +451,7 @@ func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
 	if cc := c.conns[addr]; cc != nil && !cc.broken() {
 		return cc, nil
 	}
-	cc, err := dialClient(ctx, addr, c.cfg.Logger)
+	cc, err := dialClient(ctx, addr, c.cfg.TLS, c.cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -477,13 +481,11 @@ type pendingCall struct {
 	got   func(*Frame) error
 }
 
-func dialClient(ctx context.Context, addr string, log *zap.Logger) (*clientConn, error) {
-	d := net.Dialer{Timeout: 10 * time.Second}
-	c, err := d.DialContext(ctx, "tcp", addr)
+func dialClient(ctx context.Context, addr string, tlsCfg *tls.Config, log *zap.Logger) (*clientConn, error) {
+	c, err := dial(ctx, addr, tlsCfg)
 	if err != nil {
 		return nil, fmt.Errorf("ps: connecting to %s: %w", addr, err)
 	}
-	tune(c)
 	bw := bufio.NewWriterSize(c, 1<<16)
 	cc := &clientConn{c: c, bw: bw, w: NewWriter(bw), calls: map[uint64]*pendingCall{}, readDone: make(chan struct{})}
 	go cc.read(log)

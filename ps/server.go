@@ -3,6 +3,7 @@ package ps
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +38,12 @@ type ServerConfig struct {
 	InFlight int
 	// Budget bounds the shard actors' restarts (default actors.DefaultBudget).
 	Budget *actors.Budget
+	// TLS, when set, is the listener's side of mutual TLS (the job's:
+	// pki): a client whose certificate it refuses, or a plaintext one, is
+	// closed and logged at warn with its address and the reason.
+	// DialTLS is the client side the server dials its shards' backups
+	// with. Both or neither.
+	TLS, DialTLS *tls.Config
 	// After schedules the hybrid deadlines (default time.AfterFunc); OnWait,
 	// when set, is told when a pull is held for its clock (tests).
 	After  func(d time.Duration, f func())
@@ -82,6 +89,9 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	}
 	if err := netaddr.Check(cfg.Addr, cfg.Advertise); err != nil {
 		return nil, fmt.Errorf("ps: %w", err)
+	}
+	if (cfg.TLS == nil) != (cfg.DialTLS == nil) {
+		return nil, errors.New("ps: TLS needs both the listener's and the dialer's configuration")
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -170,7 +180,7 @@ func (s *Server) SetRole(ctx context.Context, id uint32, primary bool, backups [
 			if l := old[addr]; l != nil && !l.broken() { // changes in flight on it keep their order
 				links[addr] = l
 			} else {
-				l, err := dialReplica(ctx, addr, id, s.log, func(a *replAck) { sys.Root.Send(pid, a) })
+				l, err := dialReplica(ctx, addr, id, s.cfg.DialTLS, s.log, func(a *replAck) { sys.Root.Send(pid, a) })
 				if err != nil {
 					return err
 				}
@@ -272,13 +282,24 @@ func (sc *serverConn) fail(h Header, st Status, msg string) error {
 
 func (s *Server) serve(c net.Conn) {
 	defer s.wg.Done()
-	defer func() {
+	defer func(raw net.Conn) {
 		s.mu.Lock()
-		delete(s.conns, c)
+		delete(s.conns, raw)
 		s.mu.Unlock()
-		c.Close()
-	}()
+		raw.Close()
+	}(c)
 	tune(c)
+	raw := c
+	if s.cfg.TLS != nil {
+		tc := tls.Server(c, s.cfg.TLS)
+		tc.SetDeadline(time.Now().Add(handshakeTimeout))
+		if err := tc.Handshake(); err != nil {
+			s.log.Warn("ps: refused a connection: TLS", zap.String("peer", raw.RemoteAddr().String()), zap.String("reason", err.Error()))
+			return
+		}
+		tc.SetDeadline(time.Time{})
+		c = tc
+	}
 	bw := bufio.NewWriterSize(c, 1<<16)
 	sc := &serverConn{c: c, bw: bw, w: NewWriter(bw)}
 	slots := make(chan struct{}, s.cfg.InFlight)
@@ -335,13 +356,11 @@ type replicaLink struct {
 
 // dialReplica connects to a backup; notify is told of each acknowledgement,
 // and of the link's failure.
-func dialReplica(ctx context.Context, addr string, shard uint32, log *zap.Logger, notify func(*replAck)) (*replicaLink, error) {
-	d := net.Dialer{Timeout: 10 * time.Second}
-	c, err := d.DialContext(ctx, "tcp", addr)
+func dialReplica(ctx context.Context, addr string, shard uint32, tlsCfg *tls.Config, log *zap.Logger, notify func(*replAck)) (*replicaLink, error) {
+	c, err := dial(ctx, addr, tlsCfg)
 	if err != nil {
 		return nil, fmt.Errorf("ps: connecting to shard %d's backup %s: %w", shard, addr, err)
 	}
-	tune(c)
 	bw := bufio.NewWriterSize(c, 1<<16)
 	l := &replicaLink{addr: addr, c: c, bw: bw, w: NewWriter(bw), done: make(chan struct{})}
 	go func() {
@@ -394,6 +413,31 @@ func (l *replicaLink) Close() error {
 
 // tune sets a data-plane connection's options: no Nagle delay, and socket
 // buffers big enough for a frame of thousands of rows in few system calls.
+// handshakeTimeout bounds a TLS handshake of the parameter servers' plane.
+const handshakeTimeout = 10 * time.Second
+
+// dial connects to a server at addr, over TLS with tlsCfg (the job's
+// client side) when set.
+func dial(ctx context.Context, addr string, tlsCfg *tls.Config) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tune(c)
+	if tlsCfg == nil {
+		return c, nil
+	}
+	tc := tls.Client(c, tlsCfg)
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("TLS: %w", err)
+	}
+	return tc, nil
+}
+
 func tune(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)

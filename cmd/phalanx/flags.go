@@ -149,6 +149,15 @@ func (f *configFlags) registerMembership(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.EtcdDialTimeout, "etcd-dial-timeout", c.EtcdDialTimeout, "how long to wait for etcd's first answer, saying every 5s what is awaited, before giving up")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "a worker's registration lease: a frozen or partitioned worker is removed this long after its last keep-alive")
 	fs.DurationVar(&c.Unreachable, "unreachable", c.Unreachable, "how long a worker trains on without etcd, or waits for a decision after its ring broke, before it fails")
+	registerTLS(fs, &c.TLS)
+}
+
+// registerTLS defines the flags of a process's mutual TLS files.
+func registerTLS(fs *pflag.FlagSet, f *phalanx.TLSFiles) {
+	fs.StringVar(&f.CA, "tls-ca", "", "mutual TLS: the job's CA (PEM). With --tls-cert and --tls-key (all three or none) every plane\n"+
+		"(the data plane, the parameter servers', the actors', etcd) speaks TLS and refuses plaintext")
+	fs.StringVar(&f.Cert, "tls-cert", "", "mutual TLS: this process's certificate (PEM), which names the job (phalanx certs init makes them)")
+	fs.StringVar(&f.Key, "tls-key", "", "mutual TLS: this process's private key (PEM)")
 }
 
 // apply converts the text flags into the configuration; the library
@@ -214,6 +223,7 @@ var flagOf = map[string]string{
 	"Workers": "--workers", "MinWorkers": "--min-workers", "MinWorkersTimeout": "--min-workers-timeout", "JoinWindow": "--join-window",
 	"Threads": "--threads", "LogLevel": "--log-level", "LogEvery": "--log-every", "MaxWorkers": "--max-workers",
 	"Checkpoint.Resume": "--resume", "Metrics": "--metrics", "Status": "--status", "Trace": "--trace",
+	"TLS": "--tls-ca, --tls-cert, --tls-key", "TLSAuto": "--tls",
 }
 
 // asUsage turns a configuration error into a usage error naming the flag,

@@ -53,6 +53,7 @@ var flagTopics = []struct {
 		"etcd-endpoints", "etcd-dial-timeout", "lease-ttl", "unreachable", "coordinator", "commit-every", "max-restarts",
 		"restart-window", "bind", "advertise", "rank-hint", "worker-index"}},
 	{"Data plane", []string{"transport", "bucket", "timeout", "wire-dtype", "error-feedback"}},
+	{"Mutual TLS (every plane)", []string{"tls", "tls-ca", "tls-cert", "tls-key"}},
 	{"Parameter server (sparse-lr)", []string{"ps-servers", "ps-shards", "ps-replicas", "ps-partition", "ps-optimizer", "ps-lr",
 		"ps-cache-rows", "ps-cache-staleness", "report-every"}},
 	{"Pipeline and tensor parallelism (deep-mlp, gpt)", []string{"pp", "dp", "tp", "max-memory", "pp-schedule", "pp-chunks", "pp-cuts", "pp-balance", "pp-recompute"}},

@@ -36,7 +36,7 @@ func coordinatorCmd(stdout, stderr io.Writer) *cobra.Command {
 	fs.DurationVar(&c.JoinWindow, "join-window", c.JoinWindow, "how long a newcomer waits so that newcomers arriving together enter one generation")
 	fs.StringVar(&c.JobDir, "job-dir", "", "with the embedded etcd: its data directory's parent (required then)")
 	return withLoggedRun(cmd, stderr, func(ctx context.Context, _ []string, log *zap.Logger) error {
-		c.Job, c.Etcd, c.LeaseTTL, c.EtcdDialTimeout, c.Logger = f.cfg.Job, endpointList(f.etcd), f.cfg.LeaseTTL, f.cfg.EtcdDialTimeout, log
+		c.Job, c.Etcd, c.LeaseTTL, c.EtcdDialTimeout, c.TLS, c.Logger = f.cfg.Job, endpointList(f.etcd), f.cfg.LeaseTTL, f.cfg.EtcdDialTimeout, f.cfg.TLS, log
 		c.OnEndpoints = func(e []string) { fmt.Fprintf(stdout, "etcd endpoints: %s\n", strings.Join(e, ",")) }
 		if err := phalanx.RunCoordinator(ctx, c); err != nil {
 			return asUsage(err)
@@ -81,7 +81,7 @@ func stopCmd(stdout io.Writer) *cobra.Command {
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if err := phalanx.Stop(sctx, endpointList(f.etcd), f.cfg.Job, *reason); err != nil {
+		if err := phalanx.Stop(sctx, phalanx.Access{Etcd: endpointList(f.etcd), Job: f.cfg.Job, TLS: f.cfg.TLS}, *reason); err != nil {
 			return asUsage(err)
 		}
 		fmt.Fprintf(stdout, "job %s asked to stop\n", f.cfg.Job)
@@ -103,21 +103,22 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 	f.cfg = phalanx.DefaultConfig()
 	fs.StringVar(&f.etcd, "etcd-endpoints", "", "comma-separated endpoints of the job's etcd cluster")
 	fs.StringVar(&f.cfg.Job, "job", "", "the job's name")
+	registerTLS(fs, &f.cfg.TLS)
 	asJSON := fs.Bool("json", false, "print the status as one JSON object")
 	serve := fs.String("serve", "", "serve the live status page at this address (host:port) until interrupted")
 	return withRun(cmd, func(ctx context.Context, _ []string) error {
 		if f.etcd == "" || f.cfg.Job == "" {
 			return usagef("status: --etcd-endpoints and --job are required")
 		}
-		etcd := endpointList(f.etcd)
+		access := phalanx.Access{Etcd: endpointList(f.etcd), Job: f.cfg.Job, TLS: f.cfg.TLS}
 		if *serve != "" {
-			return asUsage(phalanx.ServeStatus(ctx, etcd, f.cfg.Job, *serve, func(addr string) {
+			return asUsage(phalanx.ServeStatus(ctx, access, *serve, func(addr string) {
 				fmt.Fprintf(stdout, "status of job %s: http://%s/\n", f.cfg.Job, addr)
 			}))
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		s, err := phalanx.JobStatus(sctx, etcd, f.cfg.Job)
+		s, err := phalanx.JobStatus(sctx, access)
 		if err != nil {
 			return asUsage(err)
 		}
@@ -161,14 +162,18 @@ func debugCmd(stdout, stderr io.Writer) *cobra.Command {
 func etcdCmd(stdout, stderr io.Writer) *cobra.Command {
 	cmd := leaf("etcd", "one embedded etcd member (three make a cluster)",
 		"Runs one etcd member (the embedded server) until interrupted, and prints its client endpoint once\n"+
-			"it serves. With --initial-cluster, three such processes make a 3-member cluster.")
+			"it serves. With --initial-cluster, three such processes make a 3-member cluster. With --tls-ca,\n"+
+			"--tls-cert and --tls-key it serves clients and peers over mutual TLS (https), admitting only\n"+
+			"certificates of its CA for the jobs its own certificate names.")
 	fs := cmd.Flags()
 	name := fs.String("name", "phalanx", "member name")
 	dir := fs.String("dir", "", "data directory (required)")
 	host := fs.String("host", "127.0.0.1", "listen host")
 	clientPort := fs.Int("client-port", 0, "client port (0: any free one)")
 	peerPort := fs.Int("peer-port", 0, "peer port (0: any free one; fix it with --initial-cluster)")
-	cluster := fs.String("initial-cluster", "", "every member as name=http://host:peer-port, comma-separated (default: this member alone)")
+	cluster := fs.String("initial-cluster", "", "every member as name=http://host:peer-port (https:// with TLS), comma-separated (default: this member alone)")
+	var tlsFiles phalanx.TLSFiles
+	registerTLS(fs, &tlsFiles)
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn or error")
 	return withRun(cmd, func(ctx context.Context, _ []string) error {
 		switch {
@@ -185,7 +190,7 @@ func etcdCmd(stdout, stderr io.Writer) *cobra.Command {
 		}
 		defer log.Sync()
 		e, err := coordinator.StartEmbedded(ctx, coordinator.EmbeddedOptions{Dir: *dir, Name: *name, Host: *host, Logger: log,
-			ClientPort: *clientPort, PeerPort: *peerPort, InitialCluster: *cluster})
+			ClientPort: *clientPort, PeerPort: *peerPort, InitialCluster: *cluster, TLS: tlsFiles})
 		if err != nil {
 			return err
 		}

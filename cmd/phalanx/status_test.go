@@ -21,7 +21,7 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	cli, err := coordinator.Connect(e.Endpoints(), nil)
+	cli, err := coordinator.Connect(e.Endpoints(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,8 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 	fs.StringVar(&lc.Metrics, "metrics", "", "serve the job's Prometheus metrics (docs/metrics.md), /healthz and /readyz at this address\n(host:port); each process serves its own on the next ports (port 0: ports they choose), named in the output")
 	fs.StringVar(&lc.Status, "status", "", "serve the job's live status page at this address (host:port): the ring and its generations,\nthe workers, the loss curve, checkpoints and the last events")
 	fs.StringVar(&lc.Trace, "trace", "", "write the job's timeline to this file (Chrome trace JSON, for Perfetto or chrome://tracing;\nit must not exist): every process's forward/backward, collectives, optimizer, checkpoints")
+	tlsMode := fs.String("tls", "off", "auto: the job over mutual TLS with an ephemeral CA made at launch (a local job; plaintext is\n"+
+		"refused on every plane); off: plaintext, unless --tls-ca, --tls-cert and --tls-key name the job's files")
 	coordinate := fs.Bool("coordinator", true, "run a coordinator in this process (with an external etcd, others may run standbys: phalanx coordinator)")
 	completeTraining(cmd, reg)
 	completeLogLevel(cmd)
@@ -54,6 +56,13 @@ func trainCmd(reg *phalanx.Registry, stdout, stderr io.Writer) *cobra.Command {
 			return err
 		}
 		lc.Config, lc.Registry, lc.NoCoordinator = f.cfg, reg, !*coordinate
+		switch *tlsMode {
+		case "auto":
+			lc.TLSAuto = true
+		case "off":
+		default:
+			return usagef("--tls %q: want auto or off", *tlsMode)
+		}
 		lc.Output, lc.Stderr = stdout, stderr
 		if pl := lc.Pipeline; !fs.Changed("workers") && isPipeline(reg, &lc.Config) {
 			lc.Workers = pl.Stages * pl.Replicas // a pipeline's processes

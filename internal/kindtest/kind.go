@@ -149,12 +149,16 @@ func runWorker(ctx context.Context, cfg job.Config, _ *job.Registry) (*job.Resul
 	if log == nil {
 		log = zap.NewNop()
 	}
-	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: cfg.Bind, Advertise: cfg.Advertise, Job: cfg.Job, Logger: log})
+	sec, err := job.LoadSecurity(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := collective.ListenTCP(collective.TCPOptions{Bind: cfg.Bind, Advertise: cfg.Advertise, Job: cfg.Job, Logger: log, TLS: sec.Transport()})
 	if err != nil {
 		return nil, err
 	}
 	defer tr.Close()
-	cli, err := coordinator.Dial(ctx, cfg.Etcd, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout})
+	cli, err := job.DialEtcd(ctx, &cfg, log)
 	if err != nil {
 		return nil, err
 	}

@@ -161,7 +161,7 @@ func (w *pipeWorker) start(ctx context.Context) error {
 	tr, hostID := dp.TCP, dp.HostID
 	w.tr, w.data = tr, dp.Transport
 	w.undo = append(w.undo, func() { tr.Close() })
-	cli, err := coordinator.Dial(ctx, c.Etcd, coordinator.DialOptions{Logger: w.log, Wait: c.EtcdDialTimeout})
+	cli, err := job.DialEtcd(ctx, c, w.log)
 	if err != nil {
 		return err
 	}

@@ -434,7 +434,7 @@ func (p *psLaunch) reportDone(done *Done, shards []ShardAccount, start time.Time
 func (p *psLaunch) pushAccounts(ctx context.Context, steps int64) []ShardAccount {
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	accounts, err := psAccounts(actx, p.Coord, p.rec, p.Log.Named("accounts"))
+	accounts, err := psAccounts(actx, p.Coord, p.rec, p.Sec.Client(), p.Log.Named("accounts"))
 	if err != nil {
 		p.Log.Warn("the shards' accounts of the pushes", zap.Error(err))
 		fmt.Fprintf(p.Out, "the shards' accounts of the pushes: %v\n", err)
@@ -495,6 +495,10 @@ func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
+	sec, err := job.LoadSecurity(&cfg)
+	if err != nil {
+		return err
+	}
 	ready := func(addr string) {
 		cfg.Observe.Ready("") // /readyz: the server serves its shards
 		if onReady != nil {
@@ -502,7 +506,7 @@ func RunServer(ctx context.Context, cfg job.Config, id string, onReady func(addr
 		}
 	}
 	return cluster.Serve(ctx, coord, cluster.NodeConfig{ID: id, Listen: listen, Advertise: cfg.Advertise, LeaseTTL: cfg.LeaseTTL,
-		Logger: log.With(zap.String("ps", id)), OnReady: ready})
+		Logger: log.With(zap.String("ps", id)), OnReady: ready, TLS: sec.Server(), DialTLS: sec.Client()})
 }
 
 // runPSWorkerProcess is worker index of a parameter-server job: it reads
@@ -538,8 +542,12 @@ func runPSWorkerProcess(ctx context.Context, cfg job.Config, reg *job.Registry, 
 	if err != nil {
 		return nil, err
 	}
+	sec, err := job.LoadSecurity(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	host, _ := os.Hostname()
-	w := &psWorkerProc{cfg: cfg, log: log, coord: coord, job: rec, spec: spec, model: model, dir: dir,
+	w := &psWorkerProc{cfg: cfg, log: log, coord: coord, job: rec, spec: spec, model: model, dir: dir, tls: sec.Client(),
 		rep: job.NewReporter(cfg.Reports), index: index, id: fmt.Sprintf("%s-%d-w%d", host, os.Getpid(), index)}
 	if err := w.run(ctx); err != nil {
 		return nil, err
@@ -564,7 +572,7 @@ func psProcess(ctx context.Context, cfg *job.Config) (log *zap.Logger, coord *co
 	if log == nil {
 		log = zap.NewNop()
 	}
-	cli, err := coordinator.Dial(ctx, cfg.Etcd, coordinator.DialOptions{Logger: log, Wait: cfg.EtcdDialTimeout})
+	cli, err := job.DialEtcd(ctx, cfg, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -2,6 +2,7 @@ package psjob
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -48,6 +49,7 @@ type psWorkerProc struct {
 	spec  cluster.Spec
 	model job.ModelSpec
 	dir   *cluster.Directory
+	tls   *tls.Config // the job's client side of mutual TLS (nil: plaintext)
 	rep   *job.Reporter
 	index int
 	id    string
@@ -332,7 +334,7 @@ func (w *psWorkerProc) runShare(ctx context.Context, share int, reason string) e
 func (w *psWorkerProc) shareClient(share int) (*ps.Client, error) {
 	rec, spec := w.job, w.spec
 	return ps.NewClient(ps.ClientConfig{Worker: share, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
-		Sync: spec.Sync, Directory: w.dir, Logger: w.log.Named("ps-client").With(zap.Int("share", share)), CacheRows: int(rec.CacheRows), CacheStaleness: rec.CacheStaleness})
+		Sync: spec.Sync, Directory: w.dir, TLS: w.tls, Logger: w.log.Named("ps-client").With(zap.Int("share", share)), CacheRows: int(rec.CacheRows), CacheStaleness: rec.CacheStaleness})
 }
 
 // resume sets the client's clocks to the share's progress as the shards
@@ -469,7 +471,7 @@ func (w *psWorkerProc) awaitOtherShares(ctx context.Context) error {
 // psAccounts asks every shard of every table for its account of the
 // pushes (after the workers are done): the evidence that no acknowledged
 // push was lost or applied twice.
-func psAccounts(ctx context.Context, coord *coordinator.Job, job *phalanxpb.PSJob, log *zap.Logger) ([]psShardAccount, error) {
+func psAccounts(ctx context.Context, coord *coordinator.Job, job *phalanxpb.PSJob, tlsCfg *tls.Config, log *zap.Logger) ([]psShardAccount, error) {
 	spec, err := cluster.SpecOf(job)
 	if err != nil {
 		return nil, err
@@ -479,7 +481,7 @@ func psAccounts(ctx context.Context, coord *coordinator.Job, job *phalanxpb.PSJo
 		return nil, err
 	}
 	cl, err := ps.NewClient(ps.ClientConfig{Worker: 0, Tables: spec.Tables, Partition: spec.Partition, Shards: spec.Shards,
-		Sync: spec.Sync, Directory: dir, Logger: log})
+		Sync: spec.Sync, Directory: dir, TLS: tlsCfg, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -8,15 +8,16 @@ import (
 
 	"github.com/phalanx-rt/phalanx/job"
 	"github.com/phalanx-rt/phalanx/nn"
+	"github.com/phalanx-rt/phalanx/pki"
 )
 
 // jobHash identifies what every worker of a job must share: the training
 // configuration without what each process may set for itself (etcd
 // endpoints and how long to wait for them, membership timing, injected
-// faults).
+// faults, its TLS files).
 func jobHash(c *job.Config) string {
 	s := *c
-	s.Etcd, s.EtcdDialTimeout, s.LeaseTTL, s.Unreachable, s.Faults = nil, 0, 0, 0, job.FaultConfig{}
+	s.Etcd, s.EtcdDialTimeout, s.LeaseTTL, s.Unreachable, s.Faults, s.TLS = nil, 0, 0, 0, job.FaultConfig{}, pki.Files{}
 	return hashOf(s)
 }
 

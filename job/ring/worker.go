@@ -135,7 +135,11 @@ func (w *ringWorker) start(ctx context.Context) error {
 	// The control plane listens where peers reach this host: the data
 	// plane's advertised host; or, bound to every interface, every
 	// interface too, advertising that host.
-	ao := actors.Options{Logger: w.log, Remote: true, Bind: net.JoinHostPort(host, "0")}
+	sec, err := job.LoadSecurity(c)
+	if err != nil {
+		return err
+	}
+	ao := actors.Options{Logger: w.log, Remote: true, Bind: net.JoinHostPort(host, "0"), ServerTLS: sec.Server(), ClientTLS: sec.Client()}
 	if bh, _, err := net.SplitHostPort(c.Bind); err == nil && netaddr.Unspecified(bh) {
 		ao.Bind, ao.Advertise = net.JoinHostPort(bh, "0"), host
 	}
@@ -145,7 +149,7 @@ func (w *ringWorker) start(ctx context.Context) error {
 	}
 	w.sys = sys
 	w.undo = append(w.undo, sys.Shutdown, sys.Quiet)
-	cli, err := coordinator.Dial(ctx, c.Etcd, coordinator.DialOptions{Logger: w.log, Wait: c.EtcdDialTimeout})
+	cli, err := job.DialEtcd(ctx, c, w.log)
 	if err != nil {
 		return err
 	}

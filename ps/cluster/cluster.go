@@ -8,6 +8,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -130,6 +131,9 @@ type NodeConfig struct {
 	Advertise string
 	LeaseTTL  time.Duration
 	Logger    *zap.Logger
+	// TLS and DialTLS are the job's mutual TLS (ps.ServerConfig): the
+	// data plane's listener and the dialer of the shards' backups.
+	TLS, DialTLS *tls.Config
 	// OnReady, when set, is told the data-plane address once registered.
 	OnReady func(addr string)
 }
@@ -154,7 +158,8 @@ func Serve(ctx context.Context, coord *coordinator.Job, cfg NodeConfig) error {
 		return err
 	}
 	defer sys.Shutdown()
-	srv, err := ps.Listen(ps.ServerConfig{Addr: cfg.Listen, Advertise: cfg.Advertise, Tables: spec.Tables, Sync: spec.Sync, System: sys, Logger: log})
+	srv, err := ps.Listen(ps.ServerConfig{Addr: cfg.Listen, Advertise: cfg.Advertise, Tables: spec.Tables, Sync: spec.Sync, System: sys, Logger: log,
+		TLS: cfg.TLS, DialTLS: cfg.DialTLS})
 	if err != nil {
 		return err
 	}
