@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/phalanx-rt/phalanx/pki"
 )
@@ -135,12 +136,10 @@ func startOnce(ctx context.Context, opts EmbeddedOptions, pick func(host string)
 		for i, j := range opts.Jobs {
 			cns[i] = pki.JobCN(j)
 		}
-		log := opts.Logger
+		// etcd logs its refusals itself (its HandshakeFailure is its own):
+		// refusals below turns them into this package's.
 		info := transport.TLSInfo{CertFile: opts.TLS.Cert, KeyFile: opts.TLS.Key, TrustedCAFile: opts.TLS.CA, ClientCertAuth: true,
-			AllowedCNs: cns, MinVersion: tls.VersionTLS13, Logger: log.Named("etcd-tls"),
-			HandshakeFailure: func(c *tls.Conn, err error) {
-				log.Warn("etcd refused a connection: TLS", zap.String("peer", c.RemoteAddr().String()), zap.String("reason", err.Error()))
-			}}
+			AllowedCNs: cns, MinVersion: tls.VersionTLS13, Logger: opts.Logger.Named("etcd-tls")}
 		cfg.ClientTLSInfo, cfg.PeerTLSInfo = info, info
 	}
 	cu := url.URL{Scheme: scheme, Host: net.JoinHostPort(opts.Host, clientPort)}
@@ -160,7 +159,10 @@ func startOnce(ctx context.Context, opts EmbeddedOptions, pick func(host string)
 	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = "periodic", "1h"
 	cfg.Logger = "zap"
 	level := zap.NewAtomicLevelAt(zap.ErrorLevel) // its warnings (single port, simple token) are expected here
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger.Named("etcd").WithOptions(zap.IncreaseLevel(level)))
+	etcdLog := opts.Logger.Named("etcd").WithOptions(zap.IncreaseLevel(level), zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewTee(c, refusals{opts.Logger})
+	}))
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLog)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: starting embedded etcd in %s: %w", opts.Dir, err)
@@ -180,6 +182,34 @@ func startOnce(ctx context.Context, opts EmbeddedOptions, pick func(host string)
 		return nil, ctx.Err()
 	}
 	return &Embedded{etcd: e, endpoints: []string{cu.String()}, level: level}, nil
+}
+
+// refusals passes etcd's own log of a refused TLS connection, whatever
+// the level kept of etcd's other lines, to out as "etcd refused a
+// connection: TLS" with the peer's address and the reason.
+type refusals struct{ out *zap.Logger }
+
+func (r refusals) Enabled(zapcore.Level) bool        { return true }
+func (r refusals) With([]zapcore.Field) zapcore.Core { return r }
+func (r refusals) Sync() error                       { return nil }
+
+func (r refusals) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if strings.HasPrefix(e.Message, "rejected connection on ") {
+		return ce.AddCore(e, r)
+	}
+	return ce
+}
+
+func (r refusals) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	enc := zapcore.NewMapObjectEncoder()
+	for _, f := range fields {
+		f.AddTo(enc)
+	}
+	peer, _ := enc.Fields["remote-addr"].(string)
+	reason, _ := enc.Fields["error"].(string)
+	r.out.Warn("etcd refused a connection: TLS", zap.String("peer", peer), zap.String("reason", reason),
+		zap.String("endpoint", strings.TrimPrefix(e.Message, "rejected connection on ")))
+	return nil
 }
 
 // Endpoints are the client URLs.

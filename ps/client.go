@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/phalanx-rt/phalanx/pki"
 )
 
 // Directory tells a client where each shard's primary is. The coordinator's
@@ -56,6 +58,14 @@ func retryable(err error) bool {
 	var re *RemoteError
 	if errors.As(err, &re) {
 		return re.Status == StatusNotPrimary || re.Status == StatusUnavailable
+	}
+	// A refused certificate, either way, or a server without TLS: trying
+	// again cannot change the answer.
+	var peer *pki.PeerError
+	var header tls.RecordHeaderError
+	var op *net.OpError
+	if errors.As(err, &peer) || errors.As(err, &header) || errors.As(err, &op) && op.Op == "remote error" { // crypto/tls's received alert
+		return false
 	}
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
@@ -543,7 +553,7 @@ func (cc *clientConn) read(log *zap.Logger) {
 		cc.mu.Unlock()
 		if pc == nil {
 			if f.Status != StatusOK && f.Seq == 0 {
-				cc.close(&RemoteError{Status: f.Status, Message: f.Message})
+				cc.close(fmt.Errorf("ps: connection to %s: %w", cc.c.RemoteAddr(), &RemoteError{Status: f.Status, Message: f.Message}))
 				return
 			}
 			log.Warn("an answer to no request", zap.Uint64("seq", f.Seq), zap.Stringer("op", f.Op))

@@ -295,6 +295,10 @@ func (s *Server) serve(c net.Conn) {
 		tc.SetDeadline(time.Now().Add(handshakeTimeout))
 		if err := tc.Handshake(); err != nil {
 			s.log.Warn("ps: refused a connection: TLS", zap.String("peer", raw.RemoteAddr().String()), zap.String("reason", err.Error()))
+			var plain tls.RecordHeaderError
+			if errors.As(err, &plain) && plain.Conn != nil {
+				tellPlaintext(raw)
+			}
 			return
 		}
 		tc.SetDeadline(time.Time{})
@@ -413,6 +417,23 @@ func (l *replicaLink) Close() error {
 
 // tune sets a data-plane connection's options: no Nagle delay, and socket
 // buffers big enough for a frame of thousands of rows in few system calls.
+// tellPlaintext answers a client that spoke plaintext to a server with TLS
+// in its own protocol, so that its call fails saying why rather than on
+// a closed connection: the server half-closes, then drains what the
+// client sent (a close with unread bytes would reset the answer away).
+func tellPlaintext(c net.Conn) {
+	c.SetDeadline(time.Now().Add(time.Second))
+	bw := bufio.NewWriter(c)
+	sc := &serverConn{c: c, bw: bw, w: NewWriter(bw)}
+	if sc.fail(Header{Op: OpInfo}, StatusBadRequest, "this parameter server requires mutual TLS (a certificate of the job's CA)") != nil {
+		return
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	io.Copy(io.Discard, c)
+}
+
 // handshakeTimeout bounds a TLS handshake of the parameter servers' plane.
 const handshakeTimeout = 10 * time.Second
 
