@@ -87,3 +87,35 @@ func procNetAddr(s string) (net.IP, uint16, bool) {
 	}
 	return net.IP(raw), uint16(port), true
 }
+
+// Listening are the addresses process pid listens on (host:port, from
+// /proc/net/tcp and tcp6 and its descriptors).
+func Listening(pid int) ([]string, error) {
+	fds, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
+	if err != nil {
+		return nil, err
+	}
+	mine := map[string]bool{}
+	for _, fd := range fds {
+		if l, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "fd", fd.Name())); err == nil && strings.HasPrefix(l, "socket:[") {
+			mine[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	var out []string
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" || !mine[f[9]] {
+				continue
+			}
+			if ip, port, ok := procNetAddr(f[1]); ok {
+				out = append(out, net.JoinHostPort(ip.String(), strconv.Itoa(int(port))))
+			}
+		}
+	}
+	return out, nil
+}

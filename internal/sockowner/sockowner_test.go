@@ -3,6 +3,7 @@ package sockowner
 import (
 	"net"
 	"os"
+	"slices"
 	"testing"
 )
 
@@ -27,5 +28,32 @@ func TestListener(t *testing.T) {
 	}
 	if _, err := Listener("nowhere"); err == nil {
 		t.Error("Listener of no address: no error")
+	}
+}
+
+// TestListening: this process's listeners are listed, on IPv4 and IPv6
+// loopback, and a closed one no longer.
+func TestListening(t *testing.T) {
+	for _, network := range []struct{ net, addr string }{{"tcp4", "127.0.0.1:0"}, {"tcp6", "[::1]:0"}} {
+		ln, err := net.Listen(network.net, network.addr)
+		if err != nil {
+			t.Logf("%s: %v (no such loopback here)", network.net, err)
+			continue
+		}
+		addr := ln.Addr().String()
+		has := func() bool {
+			l, err := Listening(os.Getpid())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return slices.Contains(l, addr)
+		}
+		if !has() {
+			t.Errorf("Listening: %s not listed", addr)
+		}
+		ln.Close()
+		if has() {
+			t.Errorf("Listening: %s listed once closed", addr)
+		}
 	}
 }
