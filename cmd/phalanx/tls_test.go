@@ -85,6 +85,16 @@ func TestTLSJob(t *testing.T) {
 		t.Fatal("a plaintext etcd client read the job's etcd")
 	}
 
+	// phalanx status reads the job's etcd with the job's files, and is
+	// refused without them.
+	status := command(t, "status", "--json", "--etcd-endpoints", ep, "--job", "tlsjob", "--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key)
+	if out, err := status.CombinedOutput(); err != nil || !strings.Contains(string(out), `"tlsjob"`) {
+		t.Fatalf("phalanx status with the job's TLS files: %v\n%s", err, out)
+	}
+	if out, err := command(t, "status", "--json", "--etcd-endpoints", ep, "--job", "tlsjob").CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "needs the job's TLS material") {
+		t.Fatalf("phalanx status of an https etcd without TLS files: %v\n%s", err, out)
+	}
 	killed := a.KillWorker(t, 1, syscall.SIGKILL)
 	a.Until(t, "the worker's exit", func(e jobtest.Event) bool {
 		return e["event"] == "worker_exited" && jobtest.Num(e, "pid") == killed
