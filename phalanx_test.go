@@ -169,6 +169,13 @@ func TestLaunchRefusesBadInput(t *testing.T) {
 		{"log level", func(lc *phalanx.LaunchConfig) { lc.LogLevel = "loud" }, "LogLevel", "loud", "LogLevel loud"},
 		{"checkpoint location is a file", func(lc *phalanx.LaunchConfig) { lc.Checkpoint.Location = file }, "Checkpoint.Location", file, "is a file, not a directory"},
 		{"period without a location", func(lc *phalanx.LaunchConfig) { lc.Checkpoint.EverySteps = 5 }, "Checkpoint.Location", "", `Checkpoint.Location "": `},
+		{"a TLS CA alone", func(lc *phalanx.LaunchConfig) { lc.TLS.CA = file }, "TLS", phalanx.TLSFiles{CA: file}, "missing the certificate and the key"},
+		{"TLS files that are not there", func(lc *phalanx.LaunchConfig) { lc.TLS = phalanx.TLSFiles{CA: file + ".ca", Cert: file + ".pem", Key: file + ".key"} },
+			"TLS", nil, "no such file"},
+		{"TLS auto and files", func(lc *phalanx.LaunchConfig) {
+			lc.TLSAuto, lc.TLS = true, phalanx.TLSFiles{CA: file + ".ca", Cert: file + ".pem", Key: file + ".key"}
+		}, "TLSAuto", true, "name no TLS files with it"},
+		{"TLS auto and an external etcd", func(lc *phalanx.LaunchConfig) { lc.TLSAuto, lc.Etcd = true, []string{"127.0.0.1:1"} }, "TLSAuto", true, "external etcd"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

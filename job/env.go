@@ -88,7 +88,8 @@ type LaunchConfig struct {
 	// TLSAuto runs the job over mutual TLS with an ephemeral CA: a CA and
 	// one certificate of the job for this host, made at launch in a
 	// directory of the job's (removed at its end) and handed to every
-	// process as Config.TLS. For a local job; Config.TLS must be empty.
+	// process as Config.TLS. For a local job on its embedded etcd; Config.TLS
+	// must be empty.
 	TLSAuto bool
 	// Command makes the command of a worker process; its environment is
 	// added to. Default: this program (os.Executable), which must call Main
@@ -208,8 +209,11 @@ func (lc *LaunchConfig) prepare(ctx context.Context) (Job, error) {
 	if err := checkTrace(lc.Trace); err != nil {
 		return nil, Invalid("Trace", lc.Trace, "%v", err)
 	}
-	if lc.TLSAuto && lc.TLS.Enabled() {
+	switch {
+	case lc.TLSAuto && lc.TLS.Enabled():
 		return nil, Invalid("TLSAuto", lc.TLSAuto, "makes the job's TLS material: name no TLS files with it")
+	case lc.TLSAuto && len(lc.Etcd) > 0:
+		return nil, Invalid("TLSAuto", lc.TLSAuto, "makes a CA for a local job, which an external etcd (Etcd) does not trust: give the job's TLS files instead")
 	}
 	if _, err := LoadSecurity(&lc.Config); err != nil {
 		return nil, err

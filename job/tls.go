@@ -33,7 +33,7 @@ func LoadSecurity(c *Config) (*Security, error) {
 	}
 	m, err := pki.Load(c.TLS, c.Job, c.Now)
 	if err != nil {
-		return nil, fmt.Errorf("phalanx: TLS: %w", err)
+		return nil, Invalid("TLS", c.TLS, "%v", err)
 	}
 	return &Security{m: m, job: c.Job}, nil
 }
