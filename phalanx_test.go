@@ -170,7 +170,9 @@ func TestLaunchRefusesBadInput(t *testing.T) {
 		{"checkpoint location is a file", func(lc *phalanx.LaunchConfig) { lc.Checkpoint.Location = file }, "Checkpoint.Location", file, "is a file, not a directory"},
 		{"period without a location", func(lc *phalanx.LaunchConfig) { lc.Checkpoint.EverySteps = 5 }, "Checkpoint.Location", "", `Checkpoint.Location "": `},
 		{"a TLS CA alone", func(lc *phalanx.LaunchConfig) { lc.TLS.CA = file }, "TLS", phalanx.TLSFiles{CA: file}, "missing the certificate and the key"},
-		{"TLS files that are not there", func(lc *phalanx.LaunchConfig) { lc.TLS = phalanx.TLSFiles{CA: file + ".ca", Cert: file + ".pem", Key: file + ".key"} },
+		{"TLS files that are not there", func(lc *phalanx.LaunchConfig) {
+			lc.TLS = phalanx.TLSFiles{CA: file + ".ca", Cert: file + ".pem", Key: file + ".key"}
+		},
 			"TLS", nil, "no such file"},
 		{"TLS auto and files", func(lc *phalanx.LaunchConfig) {
 			lc.TLSAuto, lc.TLS = true, phalanx.TLSFiles{CA: file + ".ca", Cert: file + ".pem", Key: file + ".key"}
