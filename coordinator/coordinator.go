@@ -330,6 +330,24 @@ func (c *Coordinator) verify(ctx context.Context, f fence, s *snapshot, detected
 	for _, r := range s.live {
 		byID[r.Id] = r
 	}
+	remove := func(r *phalanxpb.Registration, why string) error {
+		if err := retry("removing a worker", func(ctx context.Context) error {
+			if err := f.check(ctx, c.cli, "removing worker "+r.Id); err != nil {
+				return err
+			}
+			_, err := c.cli.Revoke(ctx, s.leases[r.Id])
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				return nil // gone already: expired, or revoked by a try whose answer was lost
+			}
+			return err
+		}); err != nil {
+			return fmt.Errorf("coordinator: removing worker %s: %w", r.Id, err)
+		}
+		detected[r.Id] = why
+		delete(byID, r.Id)
+		return nil
+	}
+	lost := false // a current member found gone
 	for _, rep := range s.reports {
 		current := s.cur != nil && rep.msg.Generation == s.cur.Number && !s.cur.Stopped
 		member := func(id string) bool {
@@ -349,20 +367,10 @@ func (c *Coordinator) verify(ctx context.Context, f fence, s *snapshot, detected
 			if err != nil {
 				c.log.Warn("reported worker does not answer; removing it", zap.String("worker", r.Id),
 					zap.String("reporter", rep.msg.ReporterId), zap.Error(err))
-				if err := retry("removing a worker", func(ctx context.Context) error {
-					if err := f.check(ctx, c.cli, "removing worker "+r.Id); err != nil {
-						return err
-					}
-					_, err := c.cli.Revoke(ctx, s.leases[r.Id])
-					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-						return nil // gone already: expired, or revoked by a try whose answer was lost
-					}
-					return err
-				}); err != nil {
-					return false, fmt.Errorf("coordinator: removing worker %s: %w", r.Id, err)
+				if err := remove(r, fmt.Sprintf("%s reported by %s, probe failed", rep.msg.Detail, rep.msg.ReporterId)); err != nil {
+					return false, err
 				}
-				detected[r.Id] = fmt.Sprintf("%s reported by %s, probe failed", rep.msg.Detail, rep.msg.ReporterId)
-				delete(byID, r.Id)
+				lost = lost || current
 			} else {
 				c.log.Info("reported worker answers; keeping it", zap.String("worker", r.Id), zap.String("reporter", rep.msg.ReporterId))
 				broken = broken || current
@@ -378,7 +386,57 @@ func (c *Coordinator) verify(ctx context.Context, f fence, s *snapshot, detected
 			return false, fmt.Errorf("coordinator: clearing report %s: %w", rep.key, err)
 		}
 	}
+	if lost {
+		if err := c.sweep(ctx, s, byID, remove); err != nil {
+			return false, err
+		}
+	}
 	return broken, nil
+}
+
+// sweep probes, at once, every other member of the current generation
+// after one was found gone: workers fail together (a host's), and a ring
+// rebuilt around a dead member it was not told of waits out its join
+// timeout before its next loss report. Only a definite answer removes a
+// member (refused, reset, closed: its process is gone); one that does not
+// answer in time (frozen, or slow) stays, as it would unreported.
+func (c *Coordinator) sweep(ctx context.Context, s *snapshot, byID map[string]*phalanxpb.Registration, remove func(*phalanxpb.Registration, string) error) error {
+	type result struct {
+		r   *phalanxpb.Registration
+		err error
+	}
+	var probed []*phalanxpb.Registration
+	for _, m := range s.cur.Members {
+		if r := byID[m.Id]; r != nil {
+			probed = append(probed, r)
+		}
+	}
+	results := make(chan result, len(probed))
+	for _, r := range probed {
+		go func() {
+			pctx, cancel := context.WithTimeout(ctx, c.cfg.ProbeTimeout)
+			defer cancel()
+			results <- result{r, c.cfg.Probe(pctx, r)}
+		}()
+	}
+	for range probed {
+		res := <-results
+		if res.err == nil || !gone(res.err) {
+			continue
+		}
+		c.log.Warn("a member does not answer after another was lost; removing it", zap.String("worker", res.r.Id), zap.Error(res.err))
+		if err := remove(res.r, fmt.Sprintf("gone (found with another member's loss: %v)", res.err)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gone says whether a probe's failure is definite: an answer that the
+// worker's process is not there, not a wait that ran out.
+func gone(err error) bool {
+	var ne net.Error
+	return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !(errors.As(err, &ne) && ne.Timeout())
 }
 
 // ErrDone is returned by Run once the job's done key is written.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -408,5 +410,50 @@ func TestExcludeAndReadmit(t *testing.T) {
 	g = next(t, gens)
 	if !slices.Equal(memberIDs(g), []string{"a", "c", "b"}) || !slices.Equal(g.Readmitted, []string{"b"}) {
 		t.Fatalf("after the readmission: %v readmitted %v (%s)", memberIDs(g), g.Readmitted, g.Reason)
+	}
+}
+
+// TestCorrelatedLoss: when a reported member is found gone, the other
+// members are probed at once: one whose process is gone too (a host's
+// second worker, not reported yet) is removed in the same generation;
+// one that only does not answer in time (frozen) stays, as it would
+// unreported.
+func TestCorrelatedLoss(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := client(t)
+	keys := jobKeys(t, "correlated")
+	gens := generations(t, ctx, cli, keys)
+	var hostDown atomic.Bool
+	probe := func(ctx context.Context, r *phalanxpb.Registration) error {
+		switch {
+		case r.Id == "e": // frozen: never answers
+			<-ctx.Done()
+			return ctx.Err()
+		case hostDown.Load() && (r.Id == "c" || r.Id == "d"):
+			return fmt.Errorf("dial %s: %w", r.DataAddr, syscall.ECONNREFUSED)
+		}
+		return nil
+	}
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		register(t, cli, keys, id, "127.0.0.1:1")
+	}
+	c, err := New(NewJob(cli, keys), Config{ID: "coord", Rendezvous: Rendezvous{MinWorkers: 1, MaxWorkers: 5}, JoinWindow: time.Millisecond,
+		FirstRing: 5, FirstRingWait: 30 * time.Second, SessionTTL: testTTL, Probe: probe, ProbeTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCancelled(t, ctx, c)
+	g := next(t, gens)
+	if len(g.Members) != 5 {
+		t.Fatalf("rendezvous: %v", memberIDs(g))
+	}
+	hostDown.Store(true)
+	if err := NewJob(cli, keys).ReportLoss(ctx, &phalanxpb.LossReport{ReporterId: "a", LostId: "c", Generation: g.Number, Detail: "peer lost"}); err != nil {
+		t.Fatal(err)
+	}
+	g = next(t, gens)
+	if ids := memberIDs(g); !slices.Equal(ids, []string{"a", "b", "e"}) {
+		t.Fatalf("after c's reported loss with d gone too and e frozen: %v (%s), want [a b e]", ids, g.Reason)
 	}
 }
