@@ -10,7 +10,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/phalanx-rt/phalanx/internal/pkitest"
-	"github.com/phalanx-rt/phalanx/pki"
 	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
@@ -20,14 +19,7 @@ import (
 // peer's address and the reason.
 func TestTLSRemote(t *testing.T) {
 	set := pkitest.New(t, "j")
-	load := func(f pki.Files) *pki.Material {
-		m, err := pki.Load(f, "j", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	good := load(set.Good)
+	good := pkitest.Load(t, set.Good, "j")
 	log, logs := pkitest.Logger()
 	a, err := NewSystem(Options{Remote: true, Logger: log, ServerTLS: good.Server("j"), ClientTLS: good.Client("j")})
 	if err != nil {
@@ -39,7 +31,7 @@ func TestTLSRemote(t *testing.T) {
 		if raceEnabled {
 			t.Skip("two protoactor remotes in one process race inside protoactor under -race; the full pass runs this")
 		}
-		peer := load(set.Peer)
+		peer := pkitest.Load(t, set.Peer, "j")
 		b, err := NewSystem(Options{Remote: true, ServerTLS: peer.Server("j"), ClientTLS: peer.Client("j")})
 		if err != nil {
 			t.Fatal(err)

@@ -22,13 +22,6 @@ import (
 // endpoints are refused before any dial.
 func TestTLSEtcd(t *testing.T) {
 	set := pkitest.New(t, "j")
-	load := func(f pki.Files, job string) *pki.Material {
-		m, err := pki.Load(f, job, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	log, logs := pkitest.Logger()
@@ -43,7 +36,7 @@ func TestTLSEtcd(t *testing.T) {
 	}
 	host := strings.TrimPrefix(ep, "https://")
 
-	peer := load(set.Peer, "j")
+	peer := pkitest.Load(t, set.Peer, "j")
 	cli, err := Dial(ctx, []string{host}, DialOptions{TLS: peer.Client("j"), Wait: 20 * time.Second}) // a bare host:port is https with TLS
 	if err != nil {
 		t.Fatalf("a client of the job: %v", err)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/phalanx-rt/phalanx/actors"
 	"github.com/phalanx-rt/phalanx/internal/pkitest"
-	"github.com/phalanx-rt/phalanx/pki"
 )
 
 // TestTLSPlane: a server with the job's mutual TLS serves a client of the
@@ -19,14 +18,7 @@ import (
 // fails naming the server.
 func TestTLSPlane(t *testing.T) {
 	set := pkitest.New(t, "j")
-	load := func(f pki.Files) *pki.Material {
-		m, err := pki.Load(f, "j", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	good, peer := load(set.Good), load(set.Peer)
+	good, peer := pkitest.Load(t, set.Good, "j"), pkitest.Load(t, set.Peer, "j")
 	spec := sgdTable(1)
 	sys, err := actors.NewSystem(actors.Options{})
 	if err != nil {

@@ -184,3 +184,13 @@ func Refusal(t testing.TB, logs <-chan Logged, msg, reason string, within time.D
 		}
 	}
 }
+
+// Load is f's material for job (pki.Load), failing the test on an error.
+func Load(t testing.TB, f pki.Files, job string) *pki.Material {
+	t.Helper()
+	m, err := pki.Load(f, job, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
