@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,6 +26,8 @@ import (
 	"github.com/phalanx-rt/phalanx/internal/miniotest"
 	"github.com/phalanx-rt/phalanx/internal/netns"
 	"github.com/phalanx-rt/phalanx/internal/testwait"
+	"github.com/phalanx-rt/phalanx/pki"
+	"github.com/phalanx-rt/phalanx/proto/phalanxpb"
 )
 
 // The multi-host job: its training flags, every worker's, and its
@@ -49,7 +53,10 @@ var labTrain = []string{"--example", "mlp", "--hidden", "16", "--samples", "4096
 // interface and advertising the host's address); host 0 runs the
 // coordinator (phalanx coordinator), host 1 MinIO, where checkpoints go.
 // Every process runs inside a namespace and every address it is given is
-// a lab address: the job's traffic never leaves the lab.
+// a lab address: the job's traffic never leaves the lab. Every phalanx
+// process has its host's certificate from phalanx certs init (mutual TLS):
+// etcd refuses a plaintext client, and every worker's data plane and
+// control plane answer a TLS handshake with its host's certificate.
 //
 // The job trains in a ring of 6; host 2's two workers are SIGKILLed, and
 // the four others train on in a ring of 4. Then all four are SIGKILLed,
@@ -61,20 +68,30 @@ func TestSeveralHosts(t *testing.T) {
 	lab := netns.Start(t, 3)
 	j := newLabJob(t, lab, miniotest.RequireBinary(t))
 	j.startEtcd()
+	j.etcdRefusesPlaintext()
 	j.startMinIO(1)
 	coord, coordWait := j.startCoordinator(0)
 
+	// The first workers pause halfway through the job, for longer than the
+	// test takes to kill them all: the job cannot end before.
 	var ws []*labWorker
+	hold := fmt.Sprintf("rank=0,at=%d,for=20s", labSteps/2)
 	for host := range 3 {
-		ws = append(ws, j.startWorker(host, false), j.startWorker(host, true))
+		ws = append(ws, j.startWorker(host, false, "--inject-pause", hold), j.startWorker(host, true, "--inject-pause", hold))
 	}
 	before := j.until("a step in a ring of 6", func(r labReport) bool { return r.isStep(6) && num(r.r, "step") >= 20 })
-	j.checkRing(ws)
 
-	// Host 2's workers die; the others are frozen meanwhile, so the job
-	// is surely short of its end when they go.
+	// The ring is held while the test looks at it: every step waits for
+	// every worker, so one frozen worker holds them all. Host 2's are
+	// frozen while the others' planes are probed, then the others while
+	// host 2's are; then host 2's die, the others still frozen.
 	survivors, lost := ws[:4], ws[4:]
-	jobtest.Freeze(t, pids(ws)...)
+	jobtest.Freeze(t, pids(lost)...)
+	g := j.checkRing(ws)
+	j.checkTLS(g, survivors)
+	jobtest.Freeze(t, pids(survivors)...)
+	jobtest.Thaw(pids(lost)...)
+	j.checkTLS(g, lost)
 	for _, w := range lost {
 		jobtest.Kill(t, w.pid, syscall.SIGKILL)
 	}
@@ -84,6 +101,9 @@ func TestSeveralHosts(t *testing.T) {
 	first := j.until("a step in a ring of 4", func(r labReport) bool { return r.isStep(4) })
 	t.Logf("host 2's workers SIGKILLed: the ring of 4 resumed at step %d %.3fs later, its first step (%d) %.3fs after the kill",
 		num(ring.r, "step"), ring.at.Sub(killed).Seconds(), num(first.r, "step"), first.at.Sub(killed).Seconds())
+	if plane, _ := ring.r["data_plane"].(string); !strings.HasPrefix(plane, "hierarchical") {
+		t.Errorf("the ring of 4 (two workers on each of two hosts) reaches its peers by %q, want hierarchical (shared memory within a host)", plane)
+	}
 	if num(ring.r, "step") < num(before.r, "step") {
 		t.Errorf("the ring of 4 resumed at step %d, behind step %d trained before the kill", num(ring.r, "step"), num(before.r, "step"))
 	}
@@ -162,6 +182,7 @@ type labJob struct {
 	lab  *netns.Lab
 	name string // the job's
 	dir  string
+	tls  []pki.Files // each host's mutual TLS files, by host
 	// minioBin is the MinIO server; ckpt the checkpoint location on it,
 	// env its credentials, as a worker's environment.
 	minioBin, ckpt string
@@ -172,9 +193,30 @@ type labJob struct {
 	workers        int
 }
 
+// newLabJob makes the job's TLS material as an operator would, with
+// phalanx certs init: a CA and a certificate per host, naming the job.
 func newLabJob(t *testing.T, lab *netns.Lab, minioBin string) *labJob {
-	name := fmt.Sprintf("hosts-%d", time.Now().UnixNano())
-	return &labJob{t: t, lab: lab, name: name, dir: t.TempDir(), minioBin: minioBin, reports: make(chan labReport, 1<<14)}
+	t.Helper()
+	j := &labJob{t: t, lab: lab, name: fmt.Sprintf("hosts-%d", time.Now().UnixNano()), dir: t.TempDir(), minioBin: minioBin,
+		reports: make(chan labReport, 1<<14)}
+	certs := filepath.Join(j.dir, "certs")
+	var hosts []string
+	for i := range lab.Len() {
+		hosts = append(hosts, j.addr(i, 0))
+		j.tls = append(j.tls, pki.Files{CA: filepath.Join(certs, "ca.pem"), Cert: filepath.Join(certs, hosts[i]+".pem"),
+			Key: filepath.Join(certs, hosts[i]+"-key.pem")})
+	}
+	var out, errOut strings.Builder
+	if err := runCommand(t, []string{"certs", "init", certs, "--job", j.name, "--hosts", strings.Join(hosts, ",")}, &out, &errOut); err != nil {
+		t.Fatalf("phalanx certs init: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	return j
+}
+
+// tlsFlags are the mutual TLS flags of a process on host i.
+func (j *labJob) tlsFlags(i int) []string {
+	f := j.tls[i]
+	return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
 }
 
 // addr is host i's address, with port (0: none).
@@ -185,12 +227,15 @@ func (j *labJob) addr(i, port int) string {
 	return netip.AddrPortFrom(j.lab.Host(i).Addr(), uint16(port)).String()
 }
 
-// process starts phalanx with args on host i, killed when the test ends.
-func (j *labJob) process(i int, name string, env []string, args ...string) (*exec.Cmd, *jobtest.Buffer, func() error) {
-	cmd := commandIn(j.t, j.lab.Host(i), args...)
-	cmd.Env = append(cmd.Env, env...)
-	out, wait := jobtest.Process(j.t, name, cmd)
-	return cmd, out, wait
+// command is phalanx with args and host i's TLS flags, on host i.
+func (j *labJob) command(i int, args ...string) *exec.Cmd {
+	return commandIn(j.t, j.lab.Host(i), append(args, j.tlsFlags(i)...)...)
+}
+
+// process starts phalanx with args on host i (command), killed when the
+// test ends.
+func (j *labJob) process(i int, name string, args ...string) (*jobtest.Buffer, func() error) {
+	return jobtest.Process(j.t, name, j.command(i, args...))
 }
 
 // startEtcd starts one etcd member on each host and waits until each
@@ -199,12 +244,12 @@ func (j *labJob) startEtcd() {
 	j.t.Helper()
 	var cluster []string
 	for i := range j.lab.Len() {
-		cluster = append(cluster, fmt.Sprintf("m%d=http://%s", i, j.addr(i, labEtcdPeer)))
-		j.etcd = append(j.etcd, "http://"+j.addr(i, labEtcd))
+		cluster = append(cluster, fmt.Sprintf("m%d=https://%s", i, j.addr(i, labEtcdPeer)))
+		j.etcd = append(j.etcd, "https://"+j.addr(i, labEtcd))
 	}
 	var outs []*jobtest.Buffer
 	for i := range j.lab.Len() {
-		_, out, _ := j.process(i, fmt.Sprintf("etcd member m%d", i), nil, "etcd", "--name", fmt.Sprintf("m%d", i),
+		out, _ := j.process(i, fmt.Sprintf("etcd member m%d", i), "etcd", "--name", fmt.Sprintf("m%d", i),
 			"--dir", filepath.Join(j.dir, fmt.Sprintf("etcd-m%d", i)), "--host", j.addr(i, 0),
 			"--client-port", fmt.Sprint(labEtcd), "--peer-port", fmt.Sprint(labEtcdPeer), "--initial-cluster", strings.Join(cluster, ","))
 		outs = append(outs, out)
@@ -246,7 +291,7 @@ func (j *labJob) startMinIO(i int) {
 // startCoordinator starts the job's coordinator on host i, told to
 // expect the six workers.
 func (j *labJob) startCoordinator(i int) (*jobtest.Buffer, func() error) {
-	_, out, wait := j.process(i, "coordinator", nil, "coordinator", "--etcd-endpoints", strings.Join(j.etcd, ","), "--job", j.name,
+	out, wait := j.process(i, "coordinator", "coordinator", "--etcd-endpoints", strings.Join(j.etcd, ","), "--job", j.name,
 		"--workers", "6", "--min-workers", "2", "--max-workers", "6")
 	return out, wait
 }
@@ -260,10 +305,10 @@ type labWorker struct {
 	drained chan struct{} // closed once its stdout is read to the end
 }
 
-// startWorker starts a worker on host i: bound to the host's address, or
-// (anyAddr) to every interface, advertising the host's address. Its
-// reports (one JSON object a line on stdout) go to j.reports.
-func (j *labJob) startWorker(i int, anyAddr bool) *labWorker {
+// startWorker starts a worker on host i, with flags extra: bound to the
+// host's address, or (anyAddr) to every interface, advertising the host's
+// address. Its reports (one JSON object a line on stdout) go to j.reports.
+func (j *labJob) startWorker(i int, anyAddr bool, extra ...string) *labWorker {
 	j.t.Helper()
 	j.workers++
 	w := &labWorker{name: fmt.Sprintf("worker %d (host %d)", j.workers, i), host: i, drained: make(chan struct{})}
@@ -272,12 +317,12 @@ func (j *labJob) startWorker(i int, anyAddr bool) *labWorker {
 		bind = []string{"--bind", "0.0.0.0:0", "--advertise", j.addr(i, 0)}
 	}
 	args := append(append([]string{"worker", "--etcd-endpoints", strings.Join(j.etcd, ","), "--job", j.name, "--checkpoint", j.ckpt},
-		labTrain...), bind...)
+		labTrain...), append(bind, extra...)...)
 	r, pw, err := os.Pipe()
 	if err != nil {
 		j.t.Fatal(err)
 	}
-	cmd := commandIn(j.t, j.lab.Host(i), args...)
+	cmd := j.command(i, args...)
 	cmd.Env = append(cmd.Env, j.env...)
 	cmd.Stdout = pw
 	lines := &jobtest.Buffer{}
@@ -380,14 +425,22 @@ func (j *labJob) last(n int) string {
 }
 
 // etcdClient is a client of the job's etcd that dials from inside host
-// 0's namespace (this process's own has no route to the lab).
-func (j *labJob) etcdClient() *coordinator.Job {
+// 0's namespace (this process's own has no route to the lab), over the
+// job's mutual TLS, or (plain) over plaintext, which the members refuse.
+func (j *labJob) etcdClient(plain bool) *coordinator.Job {
 	j.t.Helper()
 	h := j.lab.Host(0)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: j.etcd, DialTimeout: 10 * time.Second,
+	cfg := clientv3.Config{Endpoints: j.etcd, DialTimeout: 10 * time.Second, TLS: j.material().Client(j.name),
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return h.DialContext(ctx, "tcp", addr)
-		})}})
+		})}}
+	if plain {
+		cfg.TLS, cfg.Endpoints = nil, nil
+		for _, e := range j.etcd {
+			cfg.Endpoints = append(cfg.Endpoints, "http://"+strings.TrimPrefix(e, "https://"))
+		}
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		j.t.Fatal(err)
 	}
@@ -399,11 +452,68 @@ func (j *labJob) etcdClient() *coordinator.Job {
 	return coordinator.NewJob(cli, keys)
 }
 
-// checkRing: the current ring holds the six workers, each advertising its
-// own host's lab address for its data and control planes.
-func (j *labJob) checkRing(ws []*labWorker) {
+// material is host 0's TLS material, as the test's own client's.
+func (j *labJob) material() *pki.Material {
 	j.t.Helper()
-	g, _, err := j.etcdClient().CurrentGeneration(testContext(j.t, labWait))
+	m, err := pki.Load(j.tls[0], j.name, nil)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	return m
+}
+
+// etcdRefusesPlaintext: the members serve only TLS clients.
+func (j *labJob) etcdRefusesPlaintext() {
+	j.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := j.etcdClient(true).Client().Get(ctx, "/"); err == nil {
+		j.t.Errorf("etcd answered a plaintext client at %v", j.etcd)
+	}
+}
+
+// checkTLS: the workers ws, members of ring g, speak TLS on their data
+// plane and their control plane (the actor remote, gRPC), each with the
+// certificate of its own host.
+func (j *labJob) checkTLS(g *phalanxpb.Generation, ws []*labWorker) {
+	j.t.Helper()
+	ctx := testContext(j.t, labWait)
+	h, m := j.lab.Host(0), j.material()
+	for _, w := range ws {
+		i := slices.IndexFunc(g.GetMembers(), func(m *phalanxpb.Member) bool { return m.Pid == int64(w.pid) })
+		if i < 0 {
+			j.t.Fatalf("%s (pid %d) is not in the ring %v", w.name, w.pid, g.GetMembers())
+		}
+		mem, host := g.GetMembers()[i], j.lab.Host(w.host)
+		for _, plane := range []struct{ name, addr, alpn string }{{"data plane", mem.DataAddr, ""}, {"control plane", mem.ControlAddr, "h2"}} {
+			c, err := h.DialContext(ctx, "tcp", plane.addr)
+			if err != nil {
+				j.t.Fatalf("%s's %s at %s: %v", w.name, plane.name, plane.addr, err)
+			}
+			cfg := m.Client(j.name)
+			if plane.alpn != "" {
+				cfg.NextProtos = []string{plane.alpn}
+			}
+			tc := tls.Client(c, cfg)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				j.t.Errorf("%s's %s at %s: a TLS handshake with the job's certificate: %v", w.name, plane.name, plane.addr, err)
+			} else if leaf := tc.ConnectionState().PeerCertificates[0]; !slices.ContainsFunc(leaf.IPAddresses, func(ip net.IP) bool {
+				a, _ := netip.AddrFromSlice(ip)
+				return a.Unmap() == host.Addr()
+			}) {
+				j.t.Errorf("%s's %s at %s presents a certificate for %v, not for its host %s", w.name, plane.name, plane.addr,
+					leaf.IPAddresses, host.Addr())
+			}
+			tc.Close()
+		}
+	}
+}
+
+// checkRing: the current ring (returned) holds the six workers, each
+// advertising its own host's lab address for its data and control planes.
+func (j *labJob) checkRing(ws []*labWorker) *phalanxpb.Generation {
+	j.t.Helper()
+	g, _, err := j.etcdClient(false).CurrentGeneration(testContext(j.t, labWait))
 	if err != nil {
 		j.t.Fatal(err)
 	}
@@ -427,6 +537,7 @@ func (j *labJob) checkRing(ws []*labWorker) {
 			}
 		}
 	}
+	return g
 }
 
 // noRegistrations waits until the killed workers' registrations have
@@ -434,7 +545,7 @@ func (j *labJob) checkRing(ws []*labWorker) {
 // no dead peer in their first ring.
 func (j *labJob) noRegistrations() {
 	j.t.Helper()
-	job := j.etcdClient()
+	job := j.etcdClient(false)
 	testwait.Until(j.t, labWait, "the killed workers' registrations to expire", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
