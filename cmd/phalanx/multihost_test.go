@@ -59,7 +59,8 @@ var labTrain = []string{"--example", "mlp", "--hidden", "16", "--samples", "4096
 // control plane answer a TLS handshake with its host's certificate.
 //
 // The job trains in a ring of 6; host 2's two workers are SIGKILLed, and
-// the four others train on in a ring of 4. Then all four are SIGKILLed,
+// the four others train on from memory in a ring of 4, the next
+// generation (both losses found at once). Then all four are SIGKILLed,
 // and four workers started again on hosts 0 and 1 only resume from the
 // newest checkpoint in MinIO and finish the job, every step of it, with
 // finite held-out loss and the same parameters on every rank. The time
@@ -84,7 +85,8 @@ func TestSeveralHosts(t *testing.T) {
 	// The ring is held while the test looks at it: every step waits for
 	// every worker, so one frozen worker holds them all. Host 2's are
 	// frozen while the others' planes are probed, then the others while
-	// host 2's are; then host 2's die, the others still frozen.
+	// host 2's are; then host 2's die, and are gone before the others
+	// thaw.
 	survivors, lost := ws[:4], ws[4:]
 	jobtest.Freeze(t, pids(lost)...)
 	g := j.checkRing(ws)
@@ -96,6 +98,9 @@ func TestSeveralHosts(t *testing.T) {
 		jobtest.Kill(t, w.pid, syscall.SIGKILL)
 	}
 	killed := time.Now()
+	for _, w := range lost {
+		w.gone(t)
+	}
 	jobtest.Thaw(pids(survivors)...)
 	ring := j.until("the ring of 4", func(r labReport) bool { return r.kind() == "restored" && num(r.r, "world") == 4 })
 	first := j.until("a step in a ring of 4", func(r labReport) bool { return r.isStep(4) })
@@ -107,8 +112,9 @@ func TestSeveralHosts(t *testing.T) {
 	if num(ring.r, "step") < num(before.r, "step") {
 		t.Errorf("the ring of 4 resumed at step %d, behind step %d trained before the kill", num(ring.r, "step"), num(before.r, "step"))
 	}
-	for _, w := range lost {
-		w.gone(t)
+	if num(ring.r, "generation") != num(before.r, "generation")+1 {
+		t.Errorf("the ring of 4 is generation %d, the ring of 6 was %d: the host's two workers did not leave in one generation",
+			num(ring.r, "generation"), num(before.r, "generation"))
 	}
 	saved := j.until("a checkpoint saved by the ring of 4, two periods after its first step", func(r labReport) bool {
 		return r.saved() && num(r.ck(), "world_after") == 4 && num(r.r, "step") >= num(first.r, "step")+2*labEvery
