@@ -48,6 +48,9 @@ const (
 	netnsGWEnd = 254  // the root namespace's address on the lab subnet
 )
 
+// netnsDir is where `ip netns add` keeps its namespaces' handles.
+const netnsDir = "/run/netns"
+
 // The variables a launched worker reads for its data plane's bind and
 // advertised addresses.
 const (
@@ -126,11 +129,11 @@ func (s *netnsLab) start(ctx context.Context, dir string) (err error) {
 	}
 	for i := range s.lab.Len() {
 		h := s.lab.Host(i)
-		ln, err := listenIn(h.Name(), netip.AddrPortFrom(h.Addr(), netnsFront).String())
+		ln, err := h.Listen("tcp", netip.AddrPortFrom(h.Addr(), netnsFront).String())
 		if err != nil {
 			return err
 		}
-		s.proxies = append(s.proxies, NewProxy(ln, dialerIn(h.Name(), fmt.Sprintf("127.0.0.1:%d", netnsData)), uint64(i)+1))
+		s.proxies = append(s.proxies, NewProxy(ln, dialerIn(h, fmt.Sprintf("127.0.0.1:%d", netnsData)), uint64(i)+1))
 	}
 	s.log.Info("lab ready", zap.String("lab", s.labName), zap.Stringer("subnet", s.lab.Subnet()),
 		zap.Strings("etcd", s.etcd.Endpoints()))
@@ -205,6 +208,11 @@ func (s *netnsLab) Configure(lc *phalanx.LaunchConfig) {
 		}
 		return cmd, nil
 	}
+}
+
+// dialerIn dials addr from inside host h's namespace.
+func dialerIn(h *netns.Host, addr string) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) { return h.DialContext(ctx, "tcp", addr) }
 }
 
 // Leftovers are the lab's namespaces and the gateway link, if still there.

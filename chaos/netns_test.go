@@ -133,7 +133,7 @@ func TestNetnsLab(t *testing.T) {
 	h0, h1 := s.lab.Host(0), s.lab.Host(1)
 
 	// The worker's data plane on host 0's loopback: an echo server.
-	ln, err := listenIn(h0.Name(), fmt.Sprintf("127.0.0.1:%d", netnsData))
+	ln, err := h0.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", netnsData))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestNetnsLab(t *testing.T) {
 	}()
 	front := netip.AddrPortFrom(h0.Addr(), netnsFront).String()
 	echo := func(ctx context.Context, msg string) error {
-		c, err := dialerIn(h1.Name(), front)(ctx)
+		c, err := h1.DialContext(ctx, "tcp", front)
 		if err != nil {
 			return err
 		}
@@ -181,15 +181,17 @@ func TestNetnsLab(t *testing.T) {
 
 	// etcd: from the root namespace and from host 1.
 	ep := strings.TrimPrefix(s.etcd.Endpoints()[0], "http://")
-	for _, from := range []string{"", h1.Name()} {
+	for _, from := range []*netns.Host{nil, h1} {
 		var c net.Conn
-		if from == "" {
+		where := "the root namespace"
+		if from == nil {
 			c, err = net.Dial("tcp", ep)
 		} else {
-			c, err = dialerIn(from, ep)(ctx)
+			where = from.Name()
+			c, err = from.DialContext(ctx, "tcp", ep)
 		}
 		if err != nil {
-			t.Fatalf("etcd %s from %q: %v", ep, from, err)
+			t.Fatalf("etcd %s from %s: %v", ep, where, err)
 		}
 		c.Close()
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net"
@@ -17,15 +18,29 @@ import (
 	"github.com/phalanx-rt/phalanx/chaos"
 	"github.com/phalanx-rt/phalanx/coordinator"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
+	"github.com/phalanx-rt/phalanx/internal/netns"
 )
 
+// command is this test binary as the phalanx command with args.
 func command(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	return commandIn(t, nil, args...)
+}
+
+// commandIn is command run inside lab host h's network namespace (nil:
+// this process's); its pid is the command's own either way.
+func commandIn(t *testing.T, h *netns.Host, args ...string) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, args...)
+	var cmd *exec.Cmd
+	if h == nil {
+		cmd = exec.Command(exe, args...)
+	} else {
+		cmd = h.Command(context.Background(), exe, args...)
+	}
 	cmd.Env = append(os.Environ(), "PHALANX_TEST_AS_COMMAND=1")
 	return cmd
 }

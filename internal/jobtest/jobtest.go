@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"slices"
@@ -107,15 +108,7 @@ func Start(t testing.TB, cmd *exec.Cmd) *Job {
 	go func() {
 		defer close(j.events)
 		defer r.Close()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 0, 1<<16), 1<<22)
-		for sc.Scan() {
-			var e Event
-			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-				e = Event{"event": "garbage", "line": sc.Text()}
-			}
-			j.events <- e
-		}
+		Decode(r, func(e Event) { j.events <- e })
 	}()
 	go func() { j.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
@@ -127,6 +120,21 @@ func Start(t testing.TB, cmd *exec.Cmd) *Job {
 		}
 	})
 	return j
+}
+
+// Decode reads JSON objects, one a line, from r until it ends (an event
+// log, a worker's --json reports), and hands each to f in order; a line
+// that is not one is handed as {"event": "garbage", "line": ...}.
+func Decode(r io.Reader, f func(Event)) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<16), 1<<22)
+	for sc.Scan() {
+		var e Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			e = Event{"event": "garbage", "line": sc.Text()}
+		}
+		f(e)
+	}
 }
 
 // Until reads events until one satisfies pred, and returns it. It fails the
@@ -317,13 +325,17 @@ func LastLines(s string, n int) string {
 
 // Process starts cmd as a helper process (a worker added by hand, a
 // coordinator, an etcd member), killed when the test ends; its output is
-// logged if the test failed. wait returns its exit error, or, if it has not
-// exited within PHALANX_TEST_WAIT or DefaultDeadline, kills it and returns
-// an error saying so.
+// logged if the test failed. A cmd whose Stdout is set keeps it (a pipe
+// its caller reads), and out holds its stderr alone. wait returns its exit
+// error, or, if it has not exited within PHALANX_TEST_WAIT or
+// DefaultDeadline, kills it and returns an error saying so.
 func Process(t testing.TB, name string, cmd *exec.Cmd) (out *Buffer, wait func() error) {
 	t.Helper()
 	out = &Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
+	if cmd.Stdout == nil {
+		cmd.Stdout = out
+	}
+	cmd.Stderr = out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,9 @@
 // Package minioserver runs a real MinIO server process: the binary
 // scripts/install-minio installs, on a loopback port chosen at run time,
 // with a data directory of the caller's, started, waited on until healthy,
-// signalled by PID and started again on the same port and data.
+// signalled by PID and started again on the same port and data. Given an
+// endpoint, a command maker and a dialer (Config.Command, Config.Dial), it
+// runs the server elsewhere, such as inside a network namespace.
 //
 // It is what the tests (internal/miniotest) and the chaos harness (chaos)
 // share; it knows nothing of testing and is no MinIO client.
@@ -70,6 +72,14 @@ type Config struct {
 	SecretKey string        // root password; "": a random one
 	Output    io.Writer     // the server's stdout and stderr; nil: discarded
 	ReadyWait time.Duration // how long a start may take to answer healthy; 0: DefaultReadyWait
+	// Command makes the server's process (nil: exec.Command), for example
+	// netns.Host.Command to run it inside a network namespace; the pid of
+	// the command it returns must be the server's. Dial connects the
+	// health probe to Endpoint (nil: a net.Dialer's), for a server this
+	// process reaches only through such a namespace. With either set,
+	// Endpoint is required: New cannot pick a free port elsewhere.
+	Command func(ctx context.Context, name string, args ...string) *exec.Cmd
+	Dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Server is one MinIO server on a fixed endpoint and data directory; its
@@ -105,6 +115,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("minioserver: data directory: %w", err)
 	}
 	auto := cfg.Endpoint == ""
+	if auto && (cfg.Command != nil || cfg.Dial != nil) {
+		return nil, errors.New("minioserver: a server started by Config.Command or probed through Config.Dial needs an Endpoint")
+	}
+	if cfg.Command == nil {
+		cfg.Command = exec.CommandContext
+	}
 	if auto {
 		var err error
 		if cfg.Endpoint, err = loopbackPort(); err != nil {
@@ -210,7 +226,7 @@ func (s *Server) Start(ctx context.Context) (int, error) {
 
 // startOnce runs a server process and waits until it answers healthy.
 func (s *Server) startOnce(ctx context.Context) (int, error) {
-	cmd := exec.Command(s.cfg.Binary, "server", s.cfg.Dir, "--address", s.cfg.Endpoint, "--console-address", "127.0.0.1:0", "--quiet")
+	cmd := s.cfg.Command(context.Background(), s.cfg.Binary, "server", s.cfg.Dir, "--address", s.cfg.Endpoint, "--console-address", "127.0.0.1:0", "--quiet")
 	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.cfg.AccessKey, "MINIO_ROOT_PASSWORD="+s.cfg.SecretKey,
 		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "CI=")
 	cmd.Stdout, cmd.Stderr = s.cfg.Output, s.cfg.Output
@@ -236,6 +252,10 @@ func (s *Server) waitReady(ctx context.Context, pid int, exited <-chan struct{})
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyWait)
 	defer cancel()
 	url := "http://" + s.cfg.Endpoint + healthPath
+	client := http.DefaultClient
+	if s.cfg.Dial != nil {
+		client = &http.Client{Transport: &http.Transport{DialContext: s.cfg.Dial, DisableKeepAlives: true}}
+	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -251,7 +271,7 @@ func (s *Server) waitReady(ctx context.Context, pid int, exited <-chan struct{})
 			return fmt.Errorf("minioserver: %w", err)
 		}
 		var last string
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		pcancel()
 		if err == nil {
 			resp.Body.Close()

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -35,6 +37,25 @@ func TestBinaryMissing(t *testing.T) {
 	}
 	if _, err := minioserver.New(minioserver.Config{Dir: t.TempDir()}); !errors.Is(err, minioserver.ErrNoBinary) {
 		t.Fatalf("New without a binary: %v, want ErrNoBinary", err)
+	}
+}
+
+// TestElsewhereNeedsEndpoint: a server started by Config.Command or
+// probed through Config.Dial (in a network namespace, say) has no free
+// port New could pick: it must be given its Endpoint.
+func TestElsewhereNeedsEndpoint(t *testing.T) {
+	for name, cfg := range map[string]minioserver.Config{
+		"Command": {Command: exec.CommandContext},
+		"Dial":    {Dial: (&net.Dialer{}).DialContext},
+	} {
+		cfg.Binary, cfg.Dir = "/nonexistent/minio", t.TempDir()
+		if _, err := minioserver.New(cfg); err == nil || !strings.Contains(err.Error(), "needs an Endpoint") {
+			t.Errorf("New with %s and no Endpoint: %v, want an error saying it needs one", name, err)
+		}
+		cfg.Endpoint = "10.250.0.1:9000"
+		if s, err := minioserver.New(cfg); err != nil || s.Endpoint() != cfg.Endpoint {
+			t.Errorf("New with %s and an Endpoint: %v", name, err)
+		}
 	}
 }
 

@@ -45,6 +45,9 @@
 //	func (h *Host) Name() string                          // the namespace's name
 //	func (h *Host) Addr() netip.Addr                      // its address on the lab's subnet (10.250.x.(i+1))
 //	func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd
+//	func (h *Host) Do(f func() error) error               // f on an OS thread inside the namespace
+//	func (h *Host) Listen(network, addr string) (net.Listener, error)              // inside it
+//	func (h *Host) DialContext(ctx context.Context, network, addr string) (net.Conn, error) // from inside it
 //
 // LinkDown takes the switch-side end of host i's veth down: the host keeps its
 // address, but nothing reaches it or leaves it, so a connect times out (it is
@@ -59,7 +62,10 @@
 // The usual pattern is the test binary re-executing itself (os.Args[0]) with an
 // environment variable that selects a child role, talking to the parent over
 // stdin/stdout (see internal/launch): the parent, in the root namespace, has
-// no route to the lab's addresses.
+// no route to the lab's addresses. The parent reaches them through a host
+// instead: DialContext (an HTTP transport's or a gRPC client's dialer) and
+// Listen make sockets that belong to the host's namespace, from a thread
+// that Do moves into it and back.
 //
 // ip netns exec passes the environment through and gives the program a mount
 // namespace of its own with /sys remounted; the file system is otherwise the

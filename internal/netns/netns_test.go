@@ -263,6 +263,46 @@ func TestLab(t *testing.T) {
 	}
 }
 
+// TestHostSockets: this process listens inside host 1 (Listen) and dials
+// from inside host 0 (DialContext): the connection crosses the lab, from
+// host 0's address. From its own namespace, which has no route to the lab,
+// the same address is unreachable.
+func TestHostSockets(t *testing.T) {
+	l := Start(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ln, err := l.Host(1).Listen("tcp", netip.AddrPortFrom(l.Host(1).Addr(), 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	addr := ln.Addr().String()
+	c, err := l.Host(0).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatalf("host 0 -> host 1's %s: %v", addr, err)
+	}
+	defer c.Close()
+	select {
+	case a := <-accepted:
+		defer a.Close()
+		if from := a.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap(); from != l.Host(0).Addr() {
+			t.Errorf("host 1 accepted a connection from %s, want host 0's %s", from, l.Host(0).Addr())
+		}
+	case <-ctx.Done():
+		t.Fatalf("host 1's listener accepted nothing from host 0's connection to %s", addr)
+	}
+	if c, err := net.DialTimeout("tcp", addr, 2*time.Second); err == nil {
+		c.Close()
+		t.Fatalf("this process reached %s from its own namespace", addr)
+	}
+}
+
 func TestShape(t *testing.T) {
 	l := Start(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
