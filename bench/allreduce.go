@@ -30,7 +30,7 @@ const (
 const (
 	TLSOff     = "off"     // plaintext (also the empty string)
 	TLSOn      = "on"      // mutual TLS between the rank processes
-	TLSCompare = "compare" // every size plaintext, then with TLS, and the ratio of the two
+	TLSCompare = "compare" // every size plaintext and with TLS, iterations alternating, and the ratio of the two
 )
 
 // isProcessTransport reports whether t runs one process per rank.
@@ -69,7 +69,7 @@ type AllReduceConfig struct {
 	// planes never leave the host). With TLS the launcher makes an
 	// ephemeral CA in a temporary directory, a certificate of it per rank,
 	// and hands each rank process its files; TLSFiles are those files in
-	// the rank process, which runs over mutual TLS when they are set.
+	// the rank process (set exactly when TLS is on or compared).
 	TLS      string
 	TLSFiles pki.Files
 
@@ -134,21 +134,13 @@ func (c AllReduceConfig) groupOptions() collective.Options {
 
 // AllReduce measures float32 sum-allreduce over cfg.Ranks ranks, one size
 // after the other, and calls report with each size's figures in order, from
-// one goroutine. With TLSCompare every size is measured plaintext first,
-// then with TLS, each by rank processes of its own.
+// one goroutine. With TLSCompare every size has two: plaintext, then TLS,
+// measured by the same rank processes over two data planes, their timed
+// iterations alternating so that the machine's other load weighs on both
+// alike.
 func AllReduce(ctx context.Context, cfg AllReduceConfig, report func(AllReduceResult)) error {
 	if err := cfg.validate(); err != nil {
 		return err
-	}
-	if cfg.TLS == TLSCompare {
-		for _, mode := range []string{TLSOff, TLSOn} {
-			c := cfg
-			c.TLS = mode
-			if err := allreduceProcesses(ctx, c, report); err != nil {
-				return err
-			}
-		}
-		return nil
 	}
 	if cfg.Transport == TransportInproc {
 		return allreduceInproc(ctx, cfg, report)
@@ -210,7 +202,7 @@ func allreduceInproc(ctx context.Context, cfg AllReduceConfig, report func(AllRe
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[r] = measureRank(ctx, g, cfg, report); errs[r] != nil {
+			if errs[r] = measureRank(ctx, []*collective.Group{g}, cfg, func(_ int, res AllReduceResult) { report(res) }); errs[r] != nil {
 				g.Abort(errs[r].Error()) // the other ranks fail now, not at their timeout
 			}
 		}()
@@ -224,53 +216,64 @@ func allreduceInproc(ctx context.Context, cfg AllReduceConfig, report func(AllRe
 	return nil
 }
 
-// measureRank runs the measurement on one rank of g; rank 0 reports each size.
-func measureRank(ctx context.Context, g *collective.Group, cfg AllReduceConfig, report func(AllReduceResult)) error {
+// measureRank runs the measurement on one rank of each group of gs (one,
+// or two over the same ranks, whose timed iterations alternate); rank 0
+// reports each size's figures of each group in turn, with its index in gs.
+func measureRank(ctx context.Context, gs []*collective.Group, cfg AllReduceConfig, report func(int, AllReduceResult)) error {
 	x := make([]float32, slices.Max(cfg.Sizes)/4)
-	n := g.Size()
+	n := gs[0].Size()
 	for _, size := range cfg.Sizes {
 		x := x[:size/4]
 		buf := collective.Float32s(x)
-		// Correctness first: every rank contributes rank+1.
-		for i := range x {
-			x[i] = float32(g.Rank() + 1)
-		}
-		if err := g.AllReduceWith(ctx, buf, collective.Sum, cfg.Algorithm); err != nil {
-			return err
-		}
-		want := float32(n * (n + 1) / 2)
-		for i, v := range x {
-			if v != want {
-				return fmt.Errorf("allreduce of %d bytes: element %d = %v, want %v", size, i, v, want)
+		for _, g := range gs {
+			// Correctness first: every rank contributes rank+1.
+			for i := range x {
+				x[i] = float32(g.Rank() + 1)
 			}
-		}
-		clear(x)
-		for range cfg.Warmup {
 			if err := g.AllReduceWith(ctx, buf, collective.Sum, cfg.Algorithm); err != nil {
 				return err
 			}
+			want := float32(n * (n + 1) / 2)
+			for i, v := range x {
+				if v != want {
+					return fmt.Errorf("allreduce of %d bytes: element %d = %v, want %v", size, i, v, want)
+				}
+			}
+			clear(x)
+			for range cfg.Warmup {
+				if err := g.AllReduceWith(ctx, buf, collective.Sum, cfg.Algorithm); err != nil {
+					return err
+				}
+			}
 		}
-		times := make([]float64, cfg.iters(size))
-		for it := range times {
-			if err := g.Barrier(ctx); err != nil {
+		times := make([][]float64, len(gs))
+		for i := range times {
+			times[i] = make([]float64, cfg.iters(size))
+		}
+		for it := range cfg.iters(size) {
+			for i, g := range gs {
+				if err := g.Barrier(ctx); err != nil {
+					return err
+				}
+				t0 := time.Now()
+				if err := g.AllReduceWith(ctx, buf, collective.Sum, cfg.Algorithm); err != nil {
+					return err
+				}
+				times[i][it] = time.Since(t0).Seconds()
+			}
+		}
+		for i, g := range gs {
+			ran := g.LastAlgorithm() // before the allreduce of the times below
+			// The slowest rank's time of each iteration, through the group itself.
+			if err := g.AllReduce(ctx, collective.Float64s(times[i]), collective.Max); err != nil {
 				return err
 			}
-			t0 := time.Now()
-			if err := g.AllReduceWith(ctx, buf, collective.Sum, cfg.Algorithm); err != nil {
-				return err
+			if g.Rank() == 0 {
+				med := median(times[i])
+				algbw := float64(size) / med / 1e9
+				report(i, AllReduceResult{Op: "allreduce", Ranks: n, Bytes: size, Algo: cfg.Algorithm.String(), Algorithm: ran.String(), Transport: cfg.Transport,
+					Iters: len(times[i]), MedianS: med, AlgBW: algbw, BusBW: algbw * 2 * float64(n-1) / float64(n)})
 			}
-			times[it] = time.Since(t0).Seconds()
-		}
-		ran := g.LastAlgorithm() // before the allreduce of the times below
-		// The slowest rank's time of each iteration, through the group itself.
-		if err := g.AllReduce(ctx, collective.Float64s(times), collective.Max); err != nil {
-			return err
-		}
-		if g.Rank() == 0 {
-			med := median(times)
-			algbw := float64(size) / med / 1e9
-			report(AllReduceResult{Op: "allreduce", Ranks: n, Bytes: size, Algo: cfg.Algorithm.String(), Algorithm: ran.String(), Transport: cfg.Transport,
-				Iters: len(times), MedianS: med, AlgBW: algbw, BusBW: algbw * 2 * float64(n-1) / float64(n)})
 		}
 	}
 	return nil

@@ -32,11 +32,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// runTestRank is one rank process: "ranks,rank,transport", and in a TLS
-// run ",ca,cert,key" (its files: the test's temporary paths have no comma).
+// runTestRank is one rank process: "ranks,rank,transport,tls", and in a
+// TLS run ",ca,cert,key" (its files: the test's temporary paths have no
+// comma).
 func runTestRank(arg string) int {
 	f := strings.Split(arg, ",")
-	if len(f) != 3 && len(f) != 6 {
+	if len(f) != 4 && len(f) != 7 {
 		fmt.Fprintf(os.Stderr, "bad %s%s\n", rankArg, arg)
 		return 2
 	}
@@ -46,9 +47,9 @@ func runTestRank(arg string) int {
 		fmt.Fprintf(os.Stderr, "bad %s%s\n", rankArg, arg)
 		return 2
 	}
-	cfg := processConfig(ranks, f[2])
-	if len(f) == 6 {
-		cfg.TLSFiles = pki.Files{CA: f[3], Cert: f[4], Key: f[5]}
+	cfg := processConfig(ranks, f[2], f[3])
+	if len(f) == 7 {
+		cfg.TLSFiles = pki.Files{CA: f[4], Cert: f[5], Key: f[6]}
 	}
 	// A rank outlives no test: one whose parent died before ending it
 	// (go test's own timeout) gives up rather than waiting on.
@@ -63,10 +64,10 @@ func runTestRank(arg string) int {
 
 // processConfig is the configuration the process cases and their rank
 // processes share, as the command's flags do.
-func processConfig(ranks int, transport string) AllReduceConfig {
-	return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 256 << 10, 3 << 20}, Transport: transport, Iters: 3, Warmup: 1, Threads: 1,
+func processConfig(ranks int, transport, tlsMode string) AllReduceConfig {
+	return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 256 << 10, 3 << 20}, Transport: transport, Iters: 3, Warmup: 1, Threads: 1, TLS: tlsMode,
 		RankArgs: func(rank int, tls pki.Files) []string {
-			arg := rankArg + strconv.Itoa(ranks) + "," + strconv.Itoa(rank) + "," + transport
+			arg := rankArg + strconv.Itoa(ranks) + "," + strconv.Itoa(rank) + "," + transport + "," + tlsMode
 			if tls.Enabled() {
 				arg += "," + tls.CA + "," + tls.Cert + "," + tls.Key
 			}
@@ -91,11 +92,11 @@ func TestBenchAllReduce(t *testing.T) {
 		{"inproc 3 ranks auto", inproc(3, collective.AlgoAuto), []string{"rd", "ring"}},
 		{"inproc 4 ranks ring", inproc(4, collective.AlgoRing), []string{"ring", "ring"}},
 		{"inproc 3 ranks rd", inproc(3, collective.AlgoRecursiveDoubling), []string{"rd", "rd"}},
-		{"tcp 2 rank processes", processConfig(2, TransportTCP), []string{"rd", "ring", "ring"}},
-		{"tcp 3 rank processes", processConfig(3, TransportTCP), []string{"rd", "ring", "ring"}},
-		{"shm 4 rank processes", processConfig(4, TransportShm), []string{"single-copy", "single-copy", "single-copy"}},
-		{"auto 3 rank processes", processConfig(3, TransportAuto), []string{"single-copy", "single-copy", "single-copy"}},
-		{"tcp 2 rank processes over TLS", withTLS(processConfig(2, TransportTCP), TLSOn), []string{"rd", "ring", "ring"}},
+		{"tcp 2 rank processes", processConfig(2, TransportTCP, TLSOff), []string{"rd", "ring", "ring"}},
+		{"tcp 3 rank processes", processConfig(3, TransportTCP, TLSOff), []string{"rd", "ring", "ring"}},
+		{"shm 4 rank processes", processConfig(4, TransportShm, TLSOff), []string{"single-copy", "single-copy", "single-copy"}},
+		{"auto 3 rank processes", processConfig(3, TransportAuto, TLSOff), []string{"single-copy", "single-copy", "single-copy"}},
+		{"tcp 2 rank processes over TLS", processConfig(2, TransportTCP, TLSOn), []string{"rd", "ring", "ring"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -130,11 +131,6 @@ func TestBenchAllReduce(t *testing.T) {
 	}
 }
 
-func withTLS(c AllReduceConfig, mode string) AllReduceConfig {
-	c.TLS = mode
-	return c
-}
-
 // wantSuite is the cipher suite a result of a run in TLS mode names: TLS
 // 1.3's AES-128-GCM on a CPU with AES-NI (crypto/tls's first choice
 // then), none in plaintext.
@@ -149,10 +145,10 @@ func wantSuite(mode string) string {
 }
 
 // TestBenchAllReduceTLSCompare: --tls compare measures every size over
-// plaintext rank processes, then over TLS ones, and ends the table with
-// the TLS/plaintext busbw ratio of each size.
+// a plaintext and a TLS data plane of the same rank processes, a row for
+// each, and ends the table with the TLS/plaintext busbw ratio of each.
 func TestBenchAllReduceTLSCompare(t *testing.T) {
-	cfg := withTLS(processConfig(2, TransportTCP), TLSCompare)
+	cfg := processConfig(2, TransportTCP, TLSCompare)
 	var out bytes.Buffer
 	if err := WriteAllReduce(testContext(t), cfg, Output{W: &out}); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -160,17 +156,17 @@ func TestBenchAllReduceTLSCompare(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	n := len(cfg.Sizes)
 	if len(lines) != 3+3*n || !strings.HasPrefix(lines[1], "# mutual TLS 1.3 (compare); this CPU has AES-NI: ") {
-		t.Fatalf("want 3 comment lines, %d rows of each and %d ratios:\n%s", n, n, out.String())
+		t.Fatalf("want 3 comment lines, %d pairs of rows and %d ratios:\n%s", n, n, out.String())
 	}
-	busbw := make([]float64, 2*n) // the plaintext rows', then the TLS rows'
+	busbw := make([]float64, 2*n) // each size's plaintext row's, then its TLS row's
 	for i, l := range lines[3 : 3+2*n] {
 		f := strings.Fields(l)
 		wantTLS := "-"
-		if i >= n {
+		if i%2 == 1 {
 			wantTLS = wantSuite(TLSOn)
 		}
-		if len(f) != 7 || f[0] != strconv.Itoa(cfg.Sizes[i%n]) || f[6] != wantTLS {
-			t.Fatalf("row %d %q: want %d bytes, tls %s", i, l, cfg.Sizes[i%n], wantTLS)
+		if len(f) != 7 || f[0] != strconv.Itoa(cfg.Sizes[i/2]) || f[6] != wantTLS {
+			t.Fatalf("row %d %q: want %d bytes, tls %s", i, l, cfg.Sizes[i/2], wantTLS)
 		}
 		busbw[i], _ = strconv.ParseFloat(f[5], 64)
 	}
@@ -178,9 +174,10 @@ func TestBenchAllReduceTLSCompare(t *testing.T) {
 		var size int
 		var ratio float64
 		// The rows print busbw to 0.0005 GB/s.
-		lo, hi := (busbw[n+i]-5e-4)/(busbw[i]+5e-4), (busbw[n+i]+5e-4)/max(busbw[i]-5e-4, 1e-9)
+		p, q := busbw[2*i], busbw[2*i+1]
+		lo, hi := (q-5e-4)/(p+5e-4), (q+5e-4)/max(p-5e-4, 1e-9)
 		if _, err := fmt.Sscanf(l, "# TLS/plaintext busbw at %d B: %g", &size, &ratio); err != nil || size != cfg.Sizes[i] || ratio < lo-5e-4 || ratio > hi+5e-4 {
-			t.Errorf("ratio line %q (%v): want the ratio of %d bytes' busbw, %v/%v", l, err, cfg.Sizes[i], busbw[n+i], busbw[i])
+			t.Errorf("ratio line %q (%v): want the ratio of %d bytes' busbw, %v/%v", l, err, cfg.Sizes[i], q, p)
 		}
 	}
 }

@@ -33,8 +33,8 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 			"rank (on 127.0.0.1, or through shared memory); with inproc, goroutines in this process. For every size it prints the median over the\n"+
 			"iterations of the slowest rank's time, algbw = bytes/time and busbw = algbw·2(N−1)/N; with --json also\n"+
 			"the algorithm asked for (algo) and the one that ran (algorithm). With --tls on or compare the rank processes\n"+
-			"speak mutual TLS 1.3 (the cipher suite in the tls column or field); compare measures every size plaintext, then\n"+
-			"with TLS, and prints the TLS/plaintext busbw ratio of each.")
+			"speak mutual TLS 1.3 (the cipher suite in the tls column or field); compare measures every size over a plaintext\n"+
+			"and a TLS data plane of the same processes, their timed iterations alternating, and prints the TLS/plaintext busbw ratio.")
 	fs := cmd.Flags()
 	cfg := bench.AllReduceConfig{Stderr: stderr}
 	fs.IntVar(&cfg.Ranks, "ranks", 4, "number of ranks (1..64)")
@@ -49,7 +49,7 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 	jsonOut := fs.Bool("json", false, "print one JSON object per size and nothing else on stdout")
 	asRank := fs.Int("as-rank", -1, "internal: run as this rank of a benchmark launched by phalanx itself")
 	fs.StringVar(&cfg.Bind, "bind", "127.0.0.1:0", "with --as-rank: data-plane listen address")
-	fs.StringVar(&cfg.TLS, "tls", bench.TLSOff, "with --transport tcp: off, on (mutual TLS 1.3 between the rank processes, from an ephemeral CA\nwith a certificate per rank) or compare (every size plaintext, then with TLS, and the ratio of their busbw)")
+	fs.StringVar(&cfg.TLS, "tls", bench.TLSOff, "with --transport tcp: off, on (mutual TLS 1.3 between the rank processes, from an ephemeral CA\nwith a certificate per rank) or compare (every size plaintext and with TLS, iterations alternating, and the ratio of their busbw)")
 	fs.StringVar(&cfg.TLSFiles.CA, "tls-ca", "", "internal, with --as-rank: the CA of the rank's TLS")
 	fs.StringVar(&cfg.TLSFiles.Cert, "tls-cert", "", "internal, with --as-rank: the rank's certificate")
 	fs.StringVar(&cfg.TLSFiles.Key, "tls-key", "", "internal, with --as-rank: the rank's key")

@@ -92,17 +92,17 @@ func TestBenchAllReduceJSON(t *testing.T) {
 }
 
 // TestBenchAllReduceTLSCompare runs --tls compare over rank processes
-// (this test binary as the command): every size plaintext, then over the
+// (this test binary as the command): every size plaintext and over the
 // mutual TLS of an ephemeral CA, each rank given its files by the command.
 func TestBenchAllReduceTLSCompare(t *testing.T) {
 	t.Setenv("PHALANX_TEST_AS_COMMAND", "1") // the rank processes are this binary
 	lines := benchLines(t, 4, "--ranks", "2", "--sizes", "4KiB,1MiB", "--iters", "2", "--warmup", "1", "--tls", "compare")
-	for i, l := range lines { // 2 sizes, plaintext then TLS
+	for i, l := range lines { // each size plaintext, then over TLS
 		var r bench.AllReduceResult
 		if err := json.Unmarshal([]byte(l), &r); err != nil {
 			t.Fatal(err)
 		}
-		if tls := i >= 2; r.Bytes != []int{4096, 1 << 20}[i%2] || r.BusBW <= 0 || tls != strings.HasPrefix(r.TLS, "TLS_") || !tls && r.TLS != "" {
+		if tls := i%2 == 1; r.Bytes != []int{4096, 1 << 20}[i/2] || r.BusBW <= 0 || tls != strings.HasPrefix(r.TLS, "TLS_") || !tls && r.TLS != "" {
 			t.Errorf("line %d: %+v, want the %s run's", i, r, map[bool]string{false: "plaintext", true: "TLS"}[tls])
 		}
 	}
