@@ -6,12 +6,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/cpu"
+
 	"github.com/phalanx-rt/phalanx/collective"
+	"github.com/phalanx-rt/phalanx/pki"
 )
 
 // rankArg makes this test binary a rank process of
@@ -28,21 +32,30 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// runTestRank is one rank process: "ranks,rank,transport".
+// runTestRank is one rank process: "ranks,rank,transport,tls", and in a
+// TLS run ",ca,cert,key" (its files: the test's temporary paths have no
+// comma).
 func runTestRank(arg string) int {
-	ranksText, rest, _ := strings.Cut(arg, ",")
-	rankText, transport, _ := strings.Cut(rest, ",")
-	ranks, err1 := strconv.Atoi(ranksText)
-	rank, err2 := strconv.Atoi(rankText)
+	f := strings.Split(arg, ",")
+	if len(f) != 4 && len(f) != 7 {
+		fmt.Fprintf(os.Stderr, "bad %s%s\n", rankArg, arg)
+		return 2
+	}
+	ranks, err1 := strconv.Atoi(f[0])
+	rank, err2 := strconv.Atoi(f[1])
 	if err1 != nil || err2 != nil {
 		fmt.Fprintf(os.Stderr, "bad %s%s\n", rankArg, arg)
 		return 2
+	}
+	cfg := processConfig(ranks, f[2], f[3])
+	if len(f) == 7 {
+		cfg.TLSFiles = pki.Files{CA: f[4], Cert: f[5], Key: f[6]}
 	}
 	// A rank outlives no test: one whose parent died before ending it
 	// (go test's own timeout) gives up rather than waiting on.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := AllReduceRank(ctx, processConfig(ranks, transport), rank, os.Stdin, os.Stdout); err != nil {
+	if err := AllReduceRank(ctx, cfg, rank, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -51,10 +64,14 @@ func runTestRank(arg string) int {
 
 // processConfig is the configuration the process cases and their rank
 // processes share, as the command's flags do.
-func processConfig(ranks int, transport string) AllReduceConfig {
-	return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 256 << 10, 3 << 20}, Transport: transport, Iters: 3, Warmup: 1, Threads: 1,
-		RankArgs: func(rank int) []string {
-			return []string{rankArg + strconv.Itoa(ranks) + "," + strconv.Itoa(rank) + "," + transport}
+func processConfig(ranks int, transport, tlsMode string) AllReduceConfig {
+	return AllReduceConfig{Ranks: ranks, Sizes: []int{4 << 10, 256 << 10, 3 << 20}, Transport: transport, Iters: 3, Warmup: 1, Threads: 1, TLS: tlsMode,
+		RankArgs: func(rank int, tls pki.Files) []string {
+			arg := rankArg + strconv.Itoa(ranks) + "," + strconv.Itoa(rank) + "," + transport + "," + tlsMode
+			if tls.Enabled() {
+				arg += "," + tls.CA + "," + tls.Cert + "," + tls.Key
+			}
+			return []string{arg}
 		},
 		Stderr: os.Stderr}
 }
@@ -75,10 +92,11 @@ func TestBenchAllReduce(t *testing.T) {
 		{"inproc 3 ranks auto", inproc(3, collective.AlgoAuto), []string{"rd", "ring"}},
 		{"inproc 4 ranks ring", inproc(4, collective.AlgoRing), []string{"ring", "ring"}},
 		{"inproc 3 ranks rd", inproc(3, collective.AlgoRecursiveDoubling), []string{"rd", "rd"}},
-		{"tcp 2 rank processes", processConfig(2, TransportTCP), []string{"rd", "ring", "ring"}},
-		{"tcp 3 rank processes", processConfig(3, TransportTCP), []string{"rd", "ring", "ring"}},
-		{"shm 4 rank processes", processConfig(4, TransportShm), []string{"single-copy", "single-copy", "single-copy"}},
-		{"auto 3 rank processes", processConfig(3, TransportAuto), []string{"single-copy", "single-copy", "single-copy"}},
+		{"tcp 2 rank processes", processConfig(2, TransportTCP, TLSOff), []string{"rd", "ring", "ring"}},
+		{"tcp 3 rank processes", processConfig(3, TransportTCP, TLSOff), []string{"rd", "ring", "ring"}},
+		{"shm 4 rank processes", processConfig(4, TransportShm, TLSOff), []string{"single-copy", "single-copy", "single-copy"}},
+		{"auto 3 rank processes", processConfig(3, TransportAuto, TLSOff), []string{"single-copy", "single-copy", "single-copy"}},
+		{"tcp 2 rank processes over TLS", processConfig(2, TransportTCP, TLSOn), []string{"rd", "ring", "ring"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,8 +123,62 @@ func TestBenchAllReduce(t *testing.T) {
 				if want := r.AlgBW * 2 * (n - 1) / n; r.BusBW < want*0.999 || r.BusBW > want*1.001 {
 					t.Errorf("busbw %v is not algbw·2(N−1)/N = %v", r.BusBW, want)
 				}
+				if want := wantSuite(tc.cfg.TLS); r.TLS != want {
+					t.Errorf("result %d: cipher suite %q, want %q", i, r.TLS, want)
+				}
 			}
 		})
+	}
+}
+
+// wantSuite is the cipher suite a result of a run in TLS mode names: TLS
+// 1.3's AES-128-GCM on a CPU with AES-NI (crypto/tls's first choice
+// then), none in plaintext.
+func wantSuite(mode string) string {
+	switch {
+	case mode == "" || mode == TLSOff:
+		return ""
+	case runtime.GOARCH == "amd64" && !(cpu.X86.HasAES && cpu.X86.HasPCLMULQDQ):
+		return "TLS_CHACHA20_POLY1305_SHA256"
+	}
+	return "TLS_AES_128_GCM_SHA256"
+}
+
+// TestBenchAllReduceTLSCompare: --tls compare measures every size over
+// a plaintext and a TLS data plane of the same rank processes, a row for
+// each, and ends the table with the TLS/plaintext busbw ratio of each.
+func TestBenchAllReduceTLSCompare(t *testing.T) {
+	cfg := processConfig(2, TransportTCP, TLSCompare)
+	var out bytes.Buffer
+	if err := WriteAllReduce(testContext(t), cfg, Output{W: &out}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	n := len(cfg.Sizes)
+	if len(lines) != 3+3*n || !strings.HasPrefix(lines[1], "# mutual TLS 1.3 (compare); this CPU has AES-NI: ") {
+		t.Fatalf("want 3 comment lines, %d pairs of rows and %d ratios:\n%s", n, n, out.String())
+	}
+	busbw := make([]float64, 2*n) // each size's plaintext row's, then its TLS row's
+	for i, l := range lines[3 : 3+2*n] {
+		f := strings.Fields(l)
+		wantTLS := "-"
+		if i%2 == 1 {
+			wantTLS = wantSuite(TLSOn)
+		}
+		if len(f) != 7 || f[0] != strconv.Itoa(cfg.Sizes[i/2]) || f[6] != wantTLS {
+			t.Fatalf("row %d %q: want %d bytes, tls %s", i, l, cfg.Sizes[i/2], wantTLS)
+		}
+		busbw[i], _ = strconv.ParseFloat(f[5], 64)
+	}
+	for i, l := range lines[3+2*n:] {
+		var size int
+		var ratio float64
+		// The rows print busbw to 0.0005 GB/s.
+		p, q := busbw[2*i], busbw[2*i+1]
+		lo, hi := (q-5e-4)/(p+5e-4), (q+5e-4)/max(p-5e-4, 1e-9)
+		if _, err := fmt.Sscanf(l, "# TLS/plaintext busbw at %d B: %g", &size, &ratio); err != nil || size != cfg.Sizes[i] || ratio < lo-5e-4 || ratio > hi+5e-4 {
+			t.Errorf("ratio line %q (%v): want the ratio of %d bytes' busbw, %v/%v", l, err, cfg.Sizes[i], q, p)
+		}
 	}
 }
 
@@ -123,6 +195,9 @@ func TestBenchAllReduceConfigErrors(t *testing.T) {
 		{"transport", func(c *AllReduceConfig) { c.Transport = "udp" }, `transport "udp"`},
 		{"negative warmup", func(c *AllReduceConfig) { c.Warmup = -1 }, "negative"},
 		{"tcp without RankArgs", func(c *AllReduceConfig) { c.Transport = TransportTCP }, "RankArgs"},
+		{"TLS in process", func(c *AllReduceConfig) { c.TLS = TLSOn }, "TLS is the TCP transport's"},
+		{"TLS over shm", func(c *AllReduceConfig) { c.TLS, c.Transport = TLSCompare, TransportShm }, "not shm's"},
+		{"TLS mode", func(c *AllReduceConfig) { c.TLS = "yes" }, `TLS "yes"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -82,7 +82,9 @@ func newLink(g *Group, peer int, c net.Conn) *link {
 func (l *link) writeFrame(h *header, p []byte) error {
 	h.encode(l.wbuf[:headerSize])
 	var err error
-	if len(p) <= smallFrame {
+	if tc, ok := l.conn.(*tlsConn); ok && len(p) > smallFrame {
+		err = tc.writeBuffers(l.wbuf[:headerSize], p)
+	} else if len(p) <= smallFrame {
 		n := copy(l.wbuf[headerSize:], p)
 		_, err = l.conn.Write(l.wbuf[:headerSize+n])
 	} else {

@@ -166,12 +166,13 @@ func (t *TCPTransport) acceptLoop() {
 func (t *TCPTransport) admit(c net.Conn) {
 	c.SetDeadline(time.Now().Add(t.hsTimeout))
 	if t.tls != nil {
-		tc := tls.Server(c, t.tls.Server)
+		raw := newBatchConn(c)
+		tc := tls.Server(raw, t.tls.Server)
 		if err := tc.Handshake(); err != nil {
 			t.refuseTLS(c, err)
 			return
 		}
-		c = tc
+		c = &tlsConn{Conn: tc, raw: raw}
 	}
 	hello := &phalanxpb.Hello{}
 	ver, err := readHandshake(c, hello)
@@ -395,7 +396,8 @@ func (t *TCPTransport) dial(ctx context.Context, m Membership, j int) (net.Conn,
 func (t *TCPTransport) handshakeTLS(ctx context.Context, c net.Conn) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.hsTimeout)
 	defer cancel()
-	tc := tls.Client(c, t.tls.Client)
+	raw := newBatchConn(c)
+	tc := tls.Client(raw, t.tls.Client)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
 		var rh tls.RecordHeaderError
@@ -406,7 +408,7 @@ func (t *TCPTransport) handshakeTLS(ctx context.Context, c net.Conn) (net.Conn, 
 		}
 		return nil, err
 	}
-	return tc, nil
+	return &tlsConn{Conn: tc, raw: raw}, nil
 }
 
 // greet sends our hello and reads the acceptor's reply. refused is true when

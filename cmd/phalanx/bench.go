@@ -15,6 +15,7 @@ import (
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/bytesize"
+	"github.com/phalanx-rt/phalanx/pki"
 	"github.com/phalanx-rt/phalanx/ps"
 )
 
@@ -31,7 +32,9 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 		"Measures float32 sum-allreduce over --ranks ranks: with --transport tcp, shm or auto, one OS process per\n"+
 			"rank (on 127.0.0.1, or through shared memory); with inproc, goroutines in this process. For every size it prints the median over the\n"+
 			"iterations of the slowest rank's time, algbw = bytes/time and busbw = algbw·2(N−1)/N; with --json also\n"+
-			"the algorithm asked for (algo) and the one that ran (algorithm).")
+			"the algorithm asked for (algo) and the one that ran (algorithm). With --tls on or compare the rank processes\n"+
+			"speak mutual TLS 1.3 (the cipher suite in the tls column or field); compare measures every size over a plaintext\n"+
+			"and a TLS data plane of the same processes, their timed iterations alternating, and prints the TLS/plaintext busbw ratio.")
 	fs := cmd.Flags()
 	cfg := bench.AllReduceConfig{Stderr: stderr}
 	fs.IntVar(&cfg.Ranks, "ranks", 4, "number of ranks (1..64)")
@@ -46,12 +49,19 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 	jsonOut := fs.Bool("json", false, "print one JSON object per size and nothing else on stdout")
 	asRank := fs.Int("as-rank", -1, "internal: run as this rank of a benchmark launched by phalanx itself")
 	fs.StringVar(&cfg.Bind, "bind", "127.0.0.1:0", "with --as-rank: data-plane listen address")
+	fs.StringVar(&cfg.TLS, "tls", bench.TLSOff, "with --transport tcp: off, on (mutual TLS 1.3 between the rank processes, from an ephemeral CA\nwith a certificate per rank) or compare (every size plaintext and with TLS, iterations alternating, and the ratio of their busbw)")
+	fs.StringVar(&cfg.TLSFiles.CA, "tls-ca", "", "internal, with --as-rank: the CA of the rank's TLS")
+	fs.StringVar(&cfg.TLSFiles.Cert, "tls-cert", "", "internal, with --as-rank: the rank's certificate")
+	fs.StringVar(&cfg.TLSFiles.Key, "tls-key", "", "internal, with --as-rank: the rank's key")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn or error")
-	if err := fs.MarkHidden("as-rank"); err != nil {
-		panic(err)
+	for _, f := range []string{"as-rank", "tls-ca", "tls-cert", "tls-key"} {
+		if err := fs.MarkHidden(f); err != nil {
+			panic(err)
+		}
 	}
 	completeValues(cmd, "transport", "tcp", "shm", "auto", "inproc")
 	completeValues(cmd, "algo", "auto", "ring", "tree", "single-copy")
+	completeValues(cmd, "tls", bench.TLSOff, bench.TLSOn, bench.TLSCompare)
 	return withRun(cmd, func(ctx context.Context, _ []string) error {
 		var err error
 		if cfg.Ranks < 1 || cfg.Ranks > 64 {
@@ -77,6 +87,15 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 		if cfg.Iters < 0 || cfg.Warmup < 0 {
 			return usagef("--iters and --warmup must not be negative")
 		}
+		switch cfg.TLS {
+		case bench.TLSOff:
+		case bench.TLSOn, bench.TLSCompare:
+			if cfg.Transport != bench.TransportTCP {
+				return usagef("--tls %s: only with --transport tcp (shared memory never leaves this host)", cfg.TLS)
+			}
+		default:
+			return usagef("--tls %q: want off, on or compare", cfg.TLS)
+		}
 		if cfg.Logger, err = newLogger(*logLevel, stderr); err != nil {
 			return err
 		}
@@ -87,8 +106,12 @@ func benchAllReduce(stdout, stderr io.Writer) *cobra.Command {
 		// Each rank is this binary again, with these flags and its rank.
 		given := []string{"bench", "allreduce"}
 		fs.Visit(func(f *pflag.Flag) { given = append(given, "--"+f.Name+"="+f.Value.String()) })
-		cfg.RankArgs = func(rank int) []string {
-			return append(slices.Clip(given), "--as-rank", strconv.Itoa(rank))
+		cfg.RankArgs = func(rank int, tls pki.Files) []string {
+			args := append(slices.Clip(given), "--as-rank", strconv.Itoa(rank))
+			if tls.Enabled() {
+				args = append(args, "--tls-ca", tls.CA, "--tls-cert", tls.Cert, "--tls-key", tls.Key)
+			}
+			return args
 		}
 		return bench.WriteAllReduce(ctx, cfg, bench.Output{W: stdout, JSON: *jsonOut})
 	})

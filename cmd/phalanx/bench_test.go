@@ -24,6 +24,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"bench", "allreduce", "--transport", "udp"}, "--transport"},
 		{[]string{"bench", "allreduce", "--segment", "8"}, "--segment"},
 		{[]string{"bench", "allreduce", "--nope"}, "unknown flag --nope"},
+		{[]string{"bench", "allreduce", "--tls", "yes"}, `--tls "yes"`},
+		{[]string{"bench", "allreduce", "--tls", "compare", "--transport", "shm"}, "only with --transport tcp"},
 		{[]string{"bench", "tcp", "--duration", "-1s"}, "--duration"},
 		{[]string{"bench", "tcp", "--write", "0"}, "--write"},
 		{[]string{"bench", "checkpoint"}, "--checkpoint"},
@@ -46,7 +48,7 @@ func TestHelpExplainsFlags(t *testing.T) {
 		bench string
 		flags []string
 	}{
-		{"allreduce", []string{"-ranks", "-sizes", "-transport", "-algo", "-json"}},
+		{"allreduce", []string{"-ranks", "-sizes", "-transport", "-algo", "-tls", "-json"}},
 		{"tcp", []string{"-duration", "-write", "-json"}},
 		{"checkpoint", []string{"-checkpoint", "-sizes", "-ranks", "-repeat", "-json"}},
 		{"ps", []string{"-workers", "-shards", "-replicas", "-keys", "-dim", "-key-space", "-duration", "-json"}},
@@ -68,16 +70,7 @@ func TestHelpExplainsFlags(t *testing.T) {
 // TestBenchAllReduceJSON runs the benchmark in process and checks the JSON
 // form: one object per size, nothing else on stdout.
 func TestBenchAllReduceJSON(t *testing.T) {
-	var out, errOut bytes.Buffer
-	err := runCommand(t, []string{"bench", "allreduce", "--transport", "inproc", "--ranks", "3",
-		"--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1", "--json"}, &out, &errOut)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, errOut.String())
-	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("got %d lines, want 2:\n%s", len(lines), out.String())
-	}
+	lines := benchLines(t, 2, "--transport", "inproc", "--ranks", "3", "--sizes", "4KiB,1MiB", "--iters", "3", "--warmup", "1")
 	// The algorithm that ran: recursive doubling up to 64 KiB, the ring above.
 	for i, ran := range []string{"rd", "ring"} {
 		if field := `"algorithm":"` + ran + `"`; !strings.Contains(lines[i], field) {
@@ -96,4 +89,36 @@ func TestBenchAllReduceJSON(t *testing.T) {
 			t.Errorf("busbw %v is not algbw·2(N−1)/N = %v", r.BusBW, bw)
 		}
 	}
+}
+
+// TestBenchAllReduceTLSCompare runs --tls compare over rank processes
+// (this test binary as the command): every size plaintext and over the
+// mutual TLS of an ephemeral CA, each rank given its files by the command.
+func TestBenchAllReduceTLSCompare(t *testing.T) {
+	t.Setenv("PHALANX_TEST_AS_COMMAND", "1") // the rank processes are this binary
+	lines := benchLines(t, 4, "--ranks", "2", "--sizes", "4KiB,1MiB", "--iters", "2", "--warmup", "1", "--tls", "compare")
+	for i, l := range lines { // each size plaintext, then over TLS
+		var r bench.AllReduceResult
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		if tls := i%2 == 1; r.Bytes != []int{4096, 1 << 20}[i/2] || r.BusBW <= 0 || tls != strings.HasPrefix(r.TLS, "TLS_") || !tls && r.TLS != "" {
+			t.Errorf("line %d: %+v, want the %s run's", i, r, map[bool]string{false: "plaintext", true: "TLS"}[tls])
+		}
+	}
+}
+
+// benchLines runs phalanx bench allreduce --json with args and returns
+// its n lines.
+func benchLines(t *testing.T, n int, args ...string) []string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if err := runCommand(t, append([]string{"bench", "allreduce", "--json"}, args...), &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != n {
+		t.Fatalf("got %d lines, want %d:\n%s", len(lines), n, out.String())
+	}
+	return lines
 }

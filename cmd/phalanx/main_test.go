@@ -236,6 +236,8 @@ func TestCompletion(t *testing.T) {
 		{"worker --log-level ", "debug info warn error"},
 		{"chaos run kill-r", "kill-random"},
 		{"help tr", "train"},
+		{"bench allreduce --tl", "--tls"}, // not the ranks' hidden --tls-ca, --tls-cert, --tls-key
+		{"bench allreduce --tls ", "off on compare"},
 	} {
 		words := strings.Fields(c.line)
 		cword := len(words)
