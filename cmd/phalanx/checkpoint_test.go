@@ -23,6 +23,18 @@ import (
 var ckptJobArgs = []string{"--steps", "120", "--samples", "8000", "--batch", "256", "--hidden", "64", "--seed", "5",
 	"--threads", "1", "--checkpoint-every-steps", "10", "--checkpoint-keep", "0"}
 
+// minioForJobs starts a MinIO whose credentials the test's jobs take from
+// the environment.
+func minioForJobs(t *testing.T) *miniotest.Server {
+	t.Helper()
+	srv := miniotest.Start(t)
+	for _, kv := range srv.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	return srv
+}
+
 // s3Store opens the store at url with the test server's credentials.
 func s3Store(t *testing.T, srv *miniotest.Server, url string) checkpoint.Store {
 	t.Helper()
@@ -48,11 +60,7 @@ func s3Store(t *testing.T, srv *miniotest.Server, url string) checkpoint.Store {
 // final checkpoint makes a resume take the one before, say why, and write a
 // new final checkpoint identical to the first, overwriting nothing.
 func TestCheckpointKillAllResumeReshaped(t *testing.T) {
-	srv := miniotest.Start(t)
-	for _, kv := range srv.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	srv := minioForJobs(t)
 	url := srv.URL("phalanx/kill-all")
 	store := s3Store(t, srv, url)
 	killAt := 40 + rand.IntN(20) // epoch 2 runs from step 33 to 63

@@ -12,7 +12,6 @@ import (
 
 	"github.com/phalanx-rt/phalanx/checkpoint"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
-	"github.com/phalanx-rt/phalanx/internal/miniotest"
 )
 
 // TestCredentialsNeverShown: a job checkpointing to a real MinIO, logging
@@ -21,11 +20,7 @@ import (
 // /proc/<pid>/cmdline while it runs), not in the events, not in any file
 // of the job's logs/, not on the launcher's terminal.
 func TestCredentialsNeverShown(t *testing.T) {
-	srv := miniotest.Start(t)
-	for _, kv := range srv.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	srv := minioForJobs(t)
 	secrets := map[string]string{"access key": srv.AccessKey, "secret key": srv.SecretKey}
 	jobDir := t.TempDir()
 	j := startJob(t, "--workers", "2", "--checkpoint", srv.URL("phalanx/creds"), "--checkpoint-every-steps", "5",

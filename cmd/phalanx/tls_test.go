@@ -14,7 +14,6 @@ import (
 
 	"github.com/phalanx-rt/phalanx/collective"
 	"github.com/phalanx-rt/phalanx/internal/jobtest"
-	"github.com/phalanx-rt/phalanx/internal/miniotest"
 	"github.com/phalanx-rt/phalanx/internal/pkitest"
 	"github.com/phalanx-rt/phalanx/internal/sockowner"
 	"github.com/phalanx-rt/phalanx/pki"
@@ -28,11 +27,7 @@ import (
 // No log of either run, and no event, holds a line of either key's PEM
 // body.
 func TestTLSJob(t *testing.T) {
-	srv := miniotest.Start(t)
-	for _, kv := range srv.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	srv := minioForJobs(t)
 	url := srv.URL("phalanx/tls")
 	store := s3Store(t, srv, url)
 	dir := t.TempDir()
@@ -42,8 +37,8 @@ func TestTLSJob(t *testing.T) {
 	}
 	f := files[0]
 	logsA, logsB := filepath.Join(dir, "logs-a"), filepath.Join(dir, "logs-b")
-	args := []string{"--job", "tlsjob", "--transport", "tcp", "--checkpoint", url, "--steps", "400", "--samples", "8000", "--batch", "256",
-		"--hidden", "64", "--seed", "5", "--threads", "1", "--checkpoint-every-steps", "20", "--checkpoint-keep", "0"}
+	args := []string{"--job", "tlsjob", "--transport", "tcp", "--checkpoint", url, "--steps", "1500", "--samples", "8000", "--batch", "256",
+		"--hidden", "64", "--seed", "5", "--threads", "1", "--checkpoint-every-steps", "50", "--checkpoint-keep", "0"}
 
 	a := startJob(t, append([]string{"--workers", "3", "--log-dir", logsA, "--log-level", "info",
 		"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}, args...)...)
